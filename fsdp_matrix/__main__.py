@@ -1,0 +1,3 @@
+from fsdp_matrix.cli import main
+
+raise SystemExit(main())

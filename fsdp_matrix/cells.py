@@ -1,0 +1,124 @@
+"""Cells: one case's grids expanded into concrete, stably named runs."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from fsdp_matrix.errors import UnknownCellError
+from fsdp_matrix.matrix import Case, Matrix, Requirement
+
+# Axes named in the id in this order, bare; any other axis follows as ``name_value`` (``name0/1`` for bools).
+ID_ORDER = ("adapter", "dtype", "orig", "wrap", "model")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of one case: a point of its grid, on a given device and world size."""
+
+    case: str
+    """Case id from matrix.yaml."""
+    params: Tuple[Tuple[str, Any], ...]
+    """Axis name -> value, sorted by name (a tuple so cells hash)."""
+    device: str = "cpu"
+    """``cpu`` (gloo) or ``cuda`` (nccl)."""
+    world_size: int = 2
+    """Ranks in the launch."""
+
+    @property
+    def params_dict(self) -> Dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def id(self) -> str:
+        return cell_id(self.params_dict, self.world_size)
+
+    @property
+    def key(self) -> str:
+        """Unique across cases: ``case/cell``."""
+        return f"{self.case}/{self.id}"
+
+    def context(self) -> Dict[str, Any]:
+        """What expectation and requirement rules can match on: params plus device and world size."""
+        return {**self.params_dict, "device": self.device, "world_size": self.world_size}
+
+
+def _fmt(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        value = int(value)
+    if name == "orig":
+        return f"orig{value}"
+    if name in ID_ORDER:
+        return str(value)
+    if isinstance(value, int):
+        return f"{name}{value}"
+    return f"{name}_{value}"
+
+
+def cell_id(params: Dict[str, Any], world_size: int) -> str:
+    names = [n for n in ID_ORDER if n in params] + sorted(n for n in params if n not in ID_ORDER)
+    return "-".join([_fmt(n, params[n]) for n in names] + [f"ws{world_size}"])
+
+
+def expand_case(case: Case, device: str = "cpu", world_size: int = 2) -> List[Cell]:
+    cells: Dict[str, Cell] = {}
+    for grid in case.grids:
+        names = sorted(grid)
+        for values in itertools.product(*(grid[n] for n in names)):
+            cell = Cell(case.id, tuple(zip(names, values)), device, world_size)
+            cells.setdefault(cell.id, cell)
+    return list(cells.values())
+
+
+def expand(matrix: Matrix, device: str = "cpu", world_size: int = 2, cases: Optional[Iterable[str]] = None) -> List[Cell]:
+    wanted = set(cases) if cases else None
+    return [c for case in matrix.cases if wanted is None or case.id in wanted for c in expand_case(case, device, world_size)]
+
+
+def find_cell(matrix: Matrix, ref: str, device: str = "cpu", world_size: Optional[int] = None) -> Cell:
+    """Resolve ``case/cell`` or a bare cell id (when unique) to a Cell.
+
+    The world size comes from the id's ``wsN`` suffix unless given, so an id copied from a report resolves as is.
+    """
+    case_id, _, cid = ref.rpartition("/")
+    if world_size is None:
+        tail = cid.rsplit("-", 1)[-1]
+        world_size = int(tail[2:]) if tail.startswith("ws") and tail[2:].isdigit() else 2
+    hits = [c for c in expand(matrix, device, world_size, [case_id] if case_id else None) if c.id == cid]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise UnknownCellError(f"no cell {ref!r} in matrix.yaml")
+    raise UnknownCellError(f"cell id {cid!r} is in several cases ({', '.join(h.case for h in hits)}); write CASE/CELL")
+
+
+def matches(when: Dict[str, Any], context: Dict[str, Any]) -> bool:
+    """True when every key of ``when`` is in ``context`` with the given value (a list means any of them)."""
+    for key, want in when.items():
+        if key not in context:
+            return False
+        options = want if isinstance(want, list) else [want]
+        if not any(_same(context[key], o) for o in options):
+            return False
+    return True
+
+
+def _same(value: Any, want: Any) -> bool:
+    # YAML writes orig as 0/1 or false/true; treat them alike
+    if isinstance(value, bool) or isinstance(want, bool):
+        return isinstance(value, (bool, int)) and isinstance(want, (bool, int)) and bool(value) == bool(want)
+    return value == want
+
+
+def unmet_requirement(requires: Iterable[Requirement], cell: Cell) -> Optional[str]:
+    """The reason a cell cannot run on this device/world size, or None."""
+    ctx = cell.context()
+    for req in requires:
+        if not matches(req.when, ctx):
+            continue
+        if req.device and cell.device != req.device:
+            return f"needs {req.device}, this run is on {cell.device}: {req.reason}"
+        if req.min_world_size and cell.world_size < req.min_world_size:
+            return f"needs world size >= {req.min_world_size}, this run has {cell.world_size}: {req.reason}"
+    return None

@@ -1,0 +1,91 @@
+"""Verdicts: what an expected outcome and an observed outcome together say about a cell."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional
+
+from fsdp_matrix.expectations import Expected, signature_matches
+
+
+class Verdict(str, enum.Enum):
+    REPRODUCED = "reproduced"
+    """The expected error was observed: the reported bug is still there."""
+    FIX_HOLDS = "fix-holds"
+    """ok was expected and observed, and every post-training check passed."""
+    REGRESSION = "REGRESSION"
+    """ok was expected, an error (or a failed check) was observed."""
+    UNEXPECTED_FIX = "UNEXPECTED-FIX"
+    """An error was expected and the cell trained fine: upstream changed, update matrix.yaml."""
+    DIFFERENT_ERROR = "DIFFERENT-ERROR"
+    """An error was expected and another one was observed (or no rule matched)."""
+    HANG = "hang"
+    """A rank did not finish within the per-cell timeout; stacks are in the record."""
+    CRASH = "crash"
+    """A rank died (signal or exit code) without reporting."""
+    SKIPPED = "skipped"
+    """Not run here: the machine lacks what it needs, or a rule says the env cannot do it."""
+    ENV_ERROR = "env-error"
+    """The env could not be built, imported or verified against its pins."""
+
+    @property
+    def passed(self) -> bool:
+        """pytest passes a cell exactly when the observed outcome matches the expected one."""
+        return self in (Verdict.REPRODUCED, Verdict.FIX_HOLDS)
+
+    @property
+    def needs_attention(self) -> bool:
+        return self not in (Verdict.REPRODUCED, Verdict.FIX_HOLDS, Verdict.SKIPPED)
+
+
+STATUSES = ("ok", "error", "hang", "crash", "skipped", "env-error")
+"""Observed statuses a record can carry."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A verdict and the one-line reason for it."""
+
+    verdict: Verdict
+    """The verdict."""
+    line: str
+    """``expected ... / observed ...``, the line a failing test prints."""
+
+
+def judge(expected: Expected, status: str, error_type: Optional[str] = None, message: Optional[str] = None,
+          location: Optional[str] = None) -> Judgement:
+    observed = _describe(status, error_type, message, location)
+    line = f"expected {expected.describe()} / observed {observed}"
+    if status not in STATUSES:
+        raise ValueError(f"unknown observed status {status!r}")
+    if status in ("hang", "crash", "env-error", "skipped"):
+        return Judgement(Verdict(status), line)
+    if expected.kind == "skip":
+        # a skip rule means the cell should not have been run at all; running it anyway is a harness bug
+        return Judgement(Verdict.DIFFERENT_ERROR, line + " (a skip rule matched, yet the cell ran)")
+    if status == "ok":
+        if expected.kind == "ok":
+            return Judgement(Verdict.FIX_HOLDS, line)
+        if expected.kind == "error":
+            return Judgement(Verdict.UNEXPECTED_FIX, line)
+        return Judgement(Verdict.DIFFERENT_ERROR, line + " (no rule in matrix.yaml matches this cell)")
+    if expected.kind == "ok":
+        return Judgement(Verdict.REGRESSION, line)
+    if signature_matches(expected, error_type, message, location):
+        return Judgement(Verdict.REPRODUCED, line)
+    if expected.kind == "none":
+        line += " (no rule in matrix.yaml matches this cell)"
+    return Judgement(Verdict.DIFFERENT_ERROR, line)
+
+
+def _describe(status: str, error_type: Optional[str], message: Optional[str], location: Optional[str]) -> str:
+    if status != "error":
+        return status if not message else f"{status} ({_first_line(message)})"
+    where = f" in {location}" if location else ""
+    return f"{error_type}: {_first_line(message)}{where}"
+
+
+def _first_line(text: Optional[str], limit: int = 200) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
