@@ -221,3 +221,19 @@ def prepare(venv: Path, pins: Mapping[str, str], extra: Sequence[str] = (), harn
             return EnvReport(False, f"import failed: {error}", versions, result.duration_s, time.monotonic() - start)
         write_stamp(venv, stamp_key, versions)
     return EnvReport(True, "", versions, result.duration_s, time.monotonic() - start, reused)
+
+
+def local_versions() -> Dict[str, Optional[str]]:
+    """Versions of the packages under test in this interpreter (what a record reports), plus python."""
+    from importlib import metadata
+
+    from fsdp_matrix.matrix import PACKAGES
+
+    out: Dict[str, Optional[str]] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    out["python"] = ".".join(map(str, sys.version_info[:3]))
+    return out
