@@ -12,7 +12,6 @@ import os
 import re
 import sys
 import time
-import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,7 +210,7 @@ def render_text(grid: Grid, width: int = 3) -> str:
         out.append(f"Combos in matrix.yaml with no record: {', '.join(grid.unrun)}")
     items = grid.attention()
     out += ["", f"Needs attention ({len(items)}):" if items else "Needs attention: nothing."]
-    out += [f"  {symbol(rec.verdict):<3}[{col.number} {col.id}] {row.key}: {_one_line(rec.line)}" for row, col, rec in items]
+    out += [f"  {symbol(rec.verdict):<3}[{col.number} {col.id}] {row.key}: {one_line(rec.line)}" for row, col, rec in items]
     return "\n".join(out) + "\n"
 
 
@@ -231,7 +230,7 @@ def _counts_text(grid: Grid) -> str:
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
-def _one_line(text: Optional[str], limit: int = 400) -> str:
+def one_line(text: Optional[str], limit: int = 400) -> str:
     flat = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", " ".join((text or "").split()))
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
@@ -241,7 +240,7 @@ _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|~&])")
 
 def md_escape(text: Optional[str], limit: int = 400) -> str:
     """One line of literal text for GitHub markdown: its HTML and table pipes are escaped, never interpreted."""
-    return _MD_SPECIAL.sub(r"\\\1", _one_line(text, limit))
+    return _MD_SPECIAL.sub(r"\\\1", one_line(text, limit))
 
 
 def render_markdown(grid: Grid) -> str:
@@ -287,7 +286,7 @@ def append_step_summary(markdown: str, env: Optional[Dict[str, str]] = None) -> 
     return Path(target)
 
 
-# -------------------------------------------------------------------------------------------------------- JSON, JUnit
+# -------------------------------------------------------------------------------------------------------------- JSON
 
 def record_summary(rec: Record) -> Dict[str, Any]:
     obs = rec.observed
@@ -311,58 +310,14 @@ def to_json(grid: Grid) -> Dict[str, Any]:
     }
 
 
-# XML 1.0 cannot hold most control characters, and ElementTree writes them anyway (ANSI colors in a message would
-# make the whole file unparseable), so they are replaced before they reach the tree
-_XML_BAD = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-def xml_text(text: Any) -> str:
-    return _XML_BAD.sub("\ufffd", "" if text is None else str(text))
-
-
-def _failure_text(rec: Record) -> str:
-    parts = [rec.line]
-    for rank in rec.observed.ranks:
-        how = ", ".join(f"{k} {v}" for k, v in (("exit code", rank.exit_code), ("signal", rank.signal)) if v is not None)
-        parts.append(f"--- rank {rank.rank}: {rank.status}" + (f" ({how})" if how else ""))
-        for text in (rank.traceback, rank.stack):
-            if text:
-                parts.append(text.rstrip())
-    return "\n".join(parts)
-
-
-def junit_xml(grid: Grid, column: Column) -> bytes:
-    """One testsuite for one combo: a testcase per recorded cell, failure when it needs attention."""
-    recs = [(row, rec) for row in grid.rows if (rec := grid.entry(column, row)) is not None]
-    fails = sum(needs_attention(rec.verdict) for _, rec in recs)
-    skips = sum(rec.verdict == Verdict.SKIPPED.value for _, rec in recs)
-    suites = ET.Element("testsuites")
-    suite = ET.SubElement(suites, "testsuite", name=xml_text(f"fsdp-matrix {column.id}"), tests=str(len(recs)),
-                          failures=str(fails), errors="0", skipped=str(skips),
-                          time=f"{sum(rec.duration_s or 0 for _, rec in recs):.3f}")
-    props = ET.SubElement(suite, "properties")
-    for name, version in [("combo", column.id), ("label", column.label)] + sorted(column.versions.items()):
-        ET.SubElement(props, "property", name=xml_text(name), value=xml_text(version or "-"))
-    for row, rec in recs:
-        case = ET.SubElement(suite, "testcase", classname=xml_text(f"fsdp_matrix.{row.case}"), name=xml_text(row.cell),
-                             time=f"{rec.duration_s or 0:.3f}")
-        if needs_attention(rec.verdict):
-            fail = ET.SubElement(case, "failure", message=xml_text(_one_line(rec.line)), type=xml_text(rec.verdict))
-            fail.text = xml_text(_failure_text(rec))
-        elif rec.verdict == Verdict.SKIPPED.value:
-            ET.SubElement(case, "skipped", message=xml_text(_one_line(rec.line)))
-    return ET.tostring(suites, encoding="utf-8", xml_declaration=True)
-
-
-def junit_name(column: Column) -> str:
-    return "junit-" + re.sub(r"[^A-Za-z0-9_.-]", "", column.id) + ".xml"
-
 
 # ---------------------------------------------------------------------------------------------------------- writing
 
 def write_reports(grid: Grid, out: Path, formats: Sequence[str] = FORMATS) -> List[Path]:
     """Write the chosen formats into ``out``; returns the files written."""
-    from fsdp_matrix.report_html import render_html  # the page is the bulk of the code; only load it when asked
+    # imported here: both modules build on this one
+    from fsdp_matrix.report_html import render_html
+    from fsdp_matrix.report_junit import junit_name, junit_xml
 
     out.mkdir(parents=True, exist_ok=True)
     written: Dict[str, str] = {}

@@ -1,66 +1,18 @@
-"""The combined report: grid model, terminal/markdown/HTML/JSON/JUnit output and the ``report`` entry point."""
+"""The combined report: grid model, terminal/markdown/JSON output and the ``report`` entry point."""
 
 from __future__ import annotations
 
 import html
 import json
-import re
-import xml.etree.ElementTree as ET
-from html.parser import HTMLParser
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
 from fsdp_matrix import report
 from fsdp_matrix.matrix import parse_matrix
-from fsdp_matrix.records import Observed, RankResult, Record, append, iter_records
-from fsdp_matrix.report import LOCAL, MISSING, build_grid, load_grid
-from fsdp_matrix.report_html import render_html
-
-HOSTILE = "<script>alert('x')</script> & \"quoted\" `backticks` | pipe <b>bold</b>\x1b[31mred\x1b[0m"
-VERSIONS = {"torch": "2.13.0+cpu", "peft": "0.21.2", "transformers": "5.23.0", "accelerate": "1.15.0",
-            "bitsandbytes": None, "python": "3.11.9"}
-STATUS = {"reproduced": "error", "fix-holds": "ok", "REGRESSION": "error", "UNEXPECTED-FIX": "ok",
-          "DIFFERENT-ERROR": "error", "hang": "hang", "crash": "crash", "skipped": "skipped", "env-error": "env-error"}
-
-
-def make_record(cell: str, verdict: str, combo: Optional[str] = "cur", case: str = "dora", message: str = "boom",
-                finished_at: float = 1000.0, versions: Optional[dict] = None) -> Record:
-    status = STATUS[verdict]
-    err = status == "error"
-    ranks = [RankResult(rank=r, status=status, error_type="ValueError" if err else None,
-                        error_message=message if err else None,
-                        traceback=f"Traceback (most recent call last):\n  rank {r}\nValueError: {message}" if err else None,
-                        exit_code=-9 if status == "crash" else None) for r in range(2)]
-    obs = Observed(status=status, error_type="ValueError" if err else None, error_message=message if err else None,
-                   location="torch.distributed.fsdp._flat_param.f" if err else None, ranks=ranks)
-    return Record(case=case, cell=cell, params={"adapter": "dora"}, versions=dict(versions or VERSIONS), device="cpu",
-                  world_size=2, expected={"kind": "ok", "rule": 0, "source": "seed"}, observed=obs, verdict=verdict,
-                  duration_s=1.5, line=f"expected ok / observed {status} ({message})", combo=combo,
-                  finished_at=finished_at)
-
-
-MATRIX = {
-    "combos": [{"id": "new", "pins": {"torch": "2.13.0", "peft": "0.21.2", "transformers": "5.23.0",
-                                      "accelerate": "1.15.0", "bitsandbytes": "0.50.2"}},
-               {"id": "old", "pins": {"torch": "2.1.2", "peft": "0.10.0", "transformers": "4.40.0",
-                                      "accelerate": "0.30.0", "bitsandbytes": "0.43.0"}},
-               {"id": "never", "pins": {"torch": "2.1.2", "peft": "0.10.0", "transformers": "4.40.0",
-                                        "accelerate": "0.30.0", "bitsandbytes": "0.43.0"}}],
-    "cases": [{"id": "zeta", "title": "Zeta case", "report": "r", "repro": "repros/z.py",
-               "grids": [{"adapter": ["lora", "dora"]}], "expect": [{"ok": True, "source": "s"}]},
-              {"id": "alpha", "title": "Alpha case", "report": "r", "repro": "repros/a.py",
-               "grids": [{"adapter": ["lora"]}], "expect": [{"ok": True, "source": "s"}]}],
-}
-
-
-def sample_records():
-    return [make_record("lora-ws2", "fix-holds", "old", case="zeta"),
-            make_record("dora-ws2", "REGRESSION", "old", case="zeta", message=HOSTILE),
-            make_record("lora-ws2", "reproduced", "new", case="alpha"),
-            make_record("lora-ws2", "skipped", "new", case="zeta"),
-            make_record("dora-ws2", "hang", "new", case="zeta")]
+from fsdp_matrix.records import append, iter_records
+from fsdp_matrix.report import LOCAL, MISSING, build_grid
+from report_samples import HOSTILE, MATRIX, STATUS, make_record, sample_records
 
 
 def test_grid_orders_by_matrix_and_keeps_newest():
@@ -135,40 +87,6 @@ def test_step_summary_is_capped(tmp_path):
     assert summary.read_text().endswith("report.md)*\n")
 
 
-class _Collect(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.tags, self.texts, self.attrs = [], [], []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append(tag)
-        self.attrs += [v for _, v in attrs if v]
-
-    def handle_data(self, data):
-        self.texts.append(data)
-
-
-def test_html_escapes_hostile_messages_everywhere():
-    page = render_html(build_grid(sample_records(), parse_matrix(MATRIX)))
-    assert "<script" not in page and "<b>bold" not in page
-    parser = _Collect()
-    parser.feed(page)
-    assert "script" not in parser.tags and "b" in parser.tags  # our own <b> only
-    assert parser.tags.count("b") == page.count("<b>")
-    # the message survives, as text and in the tooltip, exactly as the rank raised it
-    assert any(HOSTILE in t for t in parser.texts)
-    assert any(HOSTILE in a for a in parser.attrs)
-    assert not re.search(r"https?://", page)  # self-contained: no external asset
-
-
-def test_html_links_every_entry_to_a_details_pane():
-    page = render_html(build_grid(sample_records(), parse_matrix(MATRIX)))
-    links = set(re.findall(r'href="#(e-\d+)"', page))
-    panes = set(re.findall(r'<section class="pane" id="(e-\d+)"', page))
-    assert links == panes and len(panes) == 5
-    assert "Traceback (most recent call last)" in page
-
-
 def test_json_has_grid_counts_and_summaries():
     data = json.loads(json.dumps(report.to_json(build_grid(sample_records(), parse_matrix(MATRIX)))))
     assert [c["id"] for c in data["columns"]] == ["new", "old"]
@@ -177,23 +95,6 @@ def test_json_has_grid_counts_and_summaries():
     assert "alpha/lora-ws2" not in data["entries"]["old"]
     assert data["counts"]["new"]["hang"] == 1 and data["counts"]["old"][MISSING] == 1
     assert data["unrun_combos"] == ["never"]
-
-
-def test_junit_is_valid_xml_with_counts_and_tracebacks():
-    grid = build_grid(sample_records(), parse_matrix(MATRIX))
-    new, old = grid.columns
-    root = ET.fromstring(report.junit_xml(grid, old))
-    suite = root.find("testsuite")
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("2", "1", "0")
-    failed = [tc for tc in suite.iter("testcase") if tc.find("failure") is not None]
-    assert [tc.get("name") for tc in failed] == ["dora-ws2"]
-    fail = failed[0].find("failure")
-    assert fail.get("type") == "REGRESSION" and "<script>" in fail.get("message")
-    assert "--- rank 1: error" in fail.text and "Traceback" in fail.text
-    assert "\x1b" not in fail.text  # escape codes are not valid XML 1.0
-    suite = ET.fromstring(report.junit_xml(grid, new)).find("testsuite")
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
-    assert len(list(suite.iter("skipped"))) == 1
 
 
 def test_main_writes_every_format_and_tolerates_torn_line(tmp_path, monkeypatch, capsys):
