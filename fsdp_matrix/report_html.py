@@ -34,7 +34,7 @@ body { font: 13px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 
 h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 22px 0 6px; }
 .sub { color: #616161; margin-bottom: 10px; }
 table { border-collapse: collapse; }
-.legend span.sw, .grid td.v, .counts td.n.hit { font: 600 12px ui-monospace, Menlo, Consolas, monospace; }
+.legend span.sw, .grid td.v { font: 600 12px ui-monospace, Menlo, Consolas, monospace; }
 .legend { display: flex; flex-wrap: wrap; gap: 6px 14px; margin: 8px 0 12px; align-items: center; }
 .legend span.sw { display: inline-block; min-width: 22px; text-align: center; padding: 1px 3px; border-radius: 3px;
   border: 1px solid #ccc; margin-right: 4px; }
