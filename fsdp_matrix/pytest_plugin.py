@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import List
 
@@ -35,6 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--cases", default=None, help="comma-separated case ids to run (default: all)")
     g.addoption("--resume", action="store_true", help="keep cells that already have a record in --results; run the rest")
     g.addoption("--cell-timeout", type=float, default=180.0, help="seconds before a cell counts as hung (default 180)")
+    g.addoption("--progress-line", action="store_true", help="print 'combo: N/M cells, elapsed' as cells finish")
     g.addoption("--torchrun-args", default=None, help="rendezvous options passed to torchrun instead of --standalone, e.g. for multi-node")
 
 
@@ -70,6 +72,30 @@ def _matrix(config: pytest.Config) -> Matrix:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cell: a matrix cell run on a multi-rank torchrun launch")
+    if config.getoption("--progress-line") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(Progress(config), "fsdp-matrix-progress")
+
+
+class Progress:
+    """One line per finished cell: which combo, how many cells done out of how many, time so far."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.label = config.getoption("--combo") or "local"
+        self.total = 0
+        self.done = 0
+        self.start = time.monotonic()
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.total = sum(1 for item in session.items if item.get_closest_marker("cell"))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if "cell" in report.keywords and (report.when == "call" or (report.when == "setup" and not report.passed)):
+            self.done += 1
+            tr = self.config.pluginmanager.get_plugin("terminalreporter")
+            if tr is not None:
+                tr.write_line(f"[{self.label}] {self.done}/{self.total or '?'} cells, "
+                              f"{time.monotonic() - self.start:.0f}s elapsed: {report.nodeid.split('[', 1)[-1][:-1]} {report.outcome}")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
