@@ -104,6 +104,8 @@ class Launcher:
     """Extra environment for the ranks."""
     seed: int = 0
     """Seed every rank sets before each cell."""
+    leak_budget_mb: int = 512
+    """Memory that modules left alive by cells may hold (FSDP1 leaks its flat parameters) before a fresh launch."""
     keep_dirs: bool = False
     """Keep launch directories of clean launches (those with a failure are always kept)."""
 
@@ -166,7 +168,8 @@ class Launcher:
         (run_dir / "scratch").mkdir()
         (run_dir / "launch.json").write_text(json.dumps({
             "scratch": str(run_dir / "scratch"), "seed": self.seed, "cell_timeout": self.cell_timeout,
-            "barrier_timeout": min(30.0, self.cell_timeout), "coordinator": os.getpid()}))
+            "barrier_timeout": min(30.0, self.cell_timeout), "coordinator": os.getpid(),
+            "leak_budget_mb": self.leak_budget_mb}))
         env = {**os.environ, **self.env, procs.MARKER: launch_id, "FSDP_MATRIX_DEVICE": self.device,
                "PYTHONUNBUFFERED": "1"}
         env.pop("TORCHELASTIC_ERROR_FILE", None)  # torchrun sets one per rank under --log-dir

@@ -26,11 +26,12 @@ import warnings
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from fsdp_matrix.records import RankResult
 
 TASKS = "tasks"
+_FIRST_USE_ENV = ("TORCHINDUCTOR_", "TRITON_", "KMP_", "CUDA_MODULE_LOADING")
 POLL_S = 0.01
 
 
@@ -110,22 +111,43 @@ def init_process_group(ctx: Any, timeout_s: float) -> None:
 
 
 class Hygiene:
-    """What a rank must look like between cells: no live modules, no children, a working process group."""
+    """What a rank must look like between cells for the next cell to be unaffected by this one.
 
-    def __init__(self) -> None:
+    FSDP1 keeps each flat parameter (and through it the wrapped modules) alive from C++ after the model is gone,
+    so "no nn.Module left" cannot be the test: every FSDP1 cell would fail it. Leaked modules and their bytes are
+    measured and reported; the launch is retired when they exceed a memory budget, and at once for what really
+    leaks into the next cell: child processes, a broken process group, changed global torch state or environment.
+    """
+
+    def __init__(self, leak_budget_bytes: int = 512 << 20) -> None:
         gc.collect()
         # everything alive now (torch, transformers, peft...) is permanent: later collections and leak scans then
         # only walk what cells created, ~100x fewer objects (0.5 s -> a few ms per cell)
         gc.freeze()
-        self.modules = self._count_modules()
+        self.budget = leak_budget_bytes
+        self.leaked_bytes = 0
+        self.state = self._global_state()
 
     @staticmethod
-    def _count_modules() -> int:
+    def _global_state() -> Dict[str, Any]:
         import torch
 
+        return {"default_dtype": str(torch.get_default_dtype()), "grad_enabled": torch.is_grad_enabled(),
+                "deterministic": torch.are_deterministic_algorithms_enabled(), "cwd": os.getcwd(),
+                "environ": dict(os.environ)}
+
+    @staticmethod
+    def _leaked_modules() -> Tuple[int, int]:
+        import torch
+
+        count, size = 0, 0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # isinstance probes deprecated torch objects, which warn
-            return sum(1 for o in gc.get_objects() if isinstance(o, torch.nn.Module))
+            for obj in gc.get_objects():
+                if isinstance(obj, torch.nn.Module):
+                    count += 1
+                    size += sum(p.numel() * p.element_size() for p in obj.parameters(recurse=False))
+        return count, size
 
     def check(self, barrier_timeout_s: float) -> Dict[str, Any]:
         import psutil
@@ -137,9 +159,12 @@ class Hygiene:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
         problems = []
-        leaked = self._count_modules() - self.modules
-        if leaked > 0:
-            problems.append(f"{leaked} nn.Module objects left alive by the cell")
+        modules, size = self._leaked_modules()
+        # frozen after each clean cell, so a scan sees only this cell's leftovers: the total is the running sum
+        self.leaked_bytes += size
+        if self.leaked_bytes > self.budget:
+            problems.append(f"leaked modules hold {self.leaked_bytes >> 20} MiB in this launch "
+                            f"(budget {self.budget >> 20} MiB; this cell left {modules})")
         children = psutil.Process().children(recursive=True)
         # multiprocessing's resource tracker and similar helpers are ours to keep; anything else was leaked
         stray = [c for c in children if "resource_tracker" not in " ".join(_cmdline(c))]
@@ -147,8 +172,15 @@ class Hygiene:
             problems.append("child processes left running: " + ", ".join(f"{c.pid} {' '.join(_cmdline(c))[:60]}" for c in stray))
             for child in stray:
                 child.kill()
-        if torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.memory_allocated():
-            problems.append(f"{torch.cuda.memory_allocated()} bytes of CUDA memory still allocated")
+        now = self._global_state()
+        changed = [k for k in now if k != "environ" and self.state[k] != now[k]]
+        env_before, env_after = self.state["environ"], now["environ"]
+        changed += [f"${k}" for k in sorted(set(env_before) | set(env_after))
+                    if env_before.get(k) != env_after.get(k) and not (k not in env_before and k.startswith(_FIRST_USE_ENV))]
+        # libraries export some settings on first use (torch's inductor cache dir): accept those once
+        self.state["environ"] = {k: v for k, v in env_after.items() if k in env_before or k.startswith(_FIRST_USE_ENV)}
+        if changed:
+            problems.append("global state changed by the cell: " + ", ".join(changed))
         dirty_here = bool(problems)
         try:
             if dist.get_backend() == "gloo":
@@ -161,8 +193,9 @@ class Hygiene:
         except Exception as exc:  # noqa: BLE001 - any failure here means the group is unusable
             problems.append(f"process group unusable: {type(exc).__name__}: {str(exc)[:300]}")
         if not problems:
-            gc.freeze()  # what a clean cell left behind (lazy imports, caches) holds no model: stop re-scanning it
-        return {"clean": not problems, "problems": problems, "dirty_here": dirty_here}
+            gc.freeze()  # what a clean cell left behind is measured already: stop re-scanning it every cell
+        return {"clean": not problems, "problems": problems, "dirty_here": dirty_here,
+                "leaked_modules": modules, "leaked_bytes": size}
 
 
 def _cmdline(proc: Any) -> list:
@@ -215,7 +248,7 @@ def main(run_dir: str) -> int:
     log.write(event="hello", pid=os.getpid(), rank=rank)
     ctx = make_context(Path(config["scratch"]), config.get("seed", 0))
     init_process_group(ctx, config["cell_timeout"])
-    hygiene = Hygiene()
+    hygiene = Hygiene(int(config.get("leak_budget_mb", 512)) << 20)
     log.write(event="ready", pid=os.getpid())
     seq = 0
     while True:

@@ -41,7 +41,7 @@ def run(params, ctx):
         return {"sum": total}
     if fault == "leak_module":
         global _LEAK
-        _LEAK = torch.nn.Linear(2, 2)
+        _LEAK = torch.nn.Linear(1024, 1024)  # 4 MiB: over the 1 MiB budget the fault test sets
         return {"sum": total}
     # ranks that are not the faulty one go on to the next collective, as a real training step would
     _collective(ctx)
