@@ -88,8 +88,12 @@ class Installer(Protocol[Env]):
     def prepare(self, candidate: str) -> Prepared[Env]: ...
 
 
+class Untestable(Exception):
+    """Raised by a Runner when the cell could not be run at all in the env (``git bisect skip``)."""
+
+
 class Runner(Protocol[Env]):
-    """Runs the cell under test in a prepared env and reports what it observed."""
+    """Runs the cell under test in a prepared env and reports what it observed; raises Untestable if it cannot."""
 
     def run(self, env: Env, candidate: str) -> Outcome: ...
 
@@ -165,7 +169,12 @@ class _Search(Generic[Env]):
             self.skipped[index] = prepared.reason
             self.steps.append(Step(candidate, False, reason=prepared.reason, seconds=self.clock() - start))
             return None
-        outcome = self.runner.run(prepared.env, candidate)
+        try:
+            outcome = self.runner.run(prepared.env, candidate)
+        except Untestable as exc:
+            self.skipped[index] = str(exc)
+            self.steps.append(Step(candidate, False, reason=str(exc), seconds=self.clock() - start))
+            return None
         self.outcomes[index] = outcome
         self.steps.append(Step(candidate, True, outcome, seconds=self.clock() - start))
         return outcome

@@ -8,7 +8,8 @@ from typing import Callable, Dict, List, Optional, Set
 
 import pytest
 
-from fsdp_matrix.bisect import (BisectResult, Outcome, Prepared, bisect, install_bound, normalise_message)
+from fsdp_matrix.bisect import (BisectResult, Outcome, Prepared, Untestable, bisect, install_bound,
+                                normalise_message)
 
 OK = Outcome("ok")
 BUG = Outcome.observed("error", "Exception", "Could not find the transformer layer class to wrap in the model.")
@@ -109,6 +110,20 @@ def test_uninstallable_ends_move_inwards() -> None:
     assert (result.first_changed, result.last_unchanged) == ("0.4.0", "0.3.0")
     assert "0.0.0 could not be installed; reference is 0.1.0" in result.answer
     assert "0.7.0 could not be installed; newest tested is 0.6.0" in result.answer
+
+
+def test_runner_that_cannot_run_the_cell_is_a_skip() -> None:
+    cands = versions(7)
+
+    class Flaky(FakeRunner):
+        def run(self, env: str, candidate: str) -> Outcome:
+            if candidate == "0.3.0":
+                raise Untestable("no record: the launch died before the cell ran")
+            return super().run(env, candidate)
+
+    result = bisect(FakeInstaller(), Flaky(flip_at(5), cands), cands, "peft")
+    assert (result.first_changed, result.last_unchanged) == ("0.5.0", "0.4.0")
+    assert [s.reason for s in result.steps if not s.installed] == ["no record: the launch died before the cell ran"]
 
 
 def test_only_one_installable() -> None:
