@@ -132,6 +132,14 @@ def install(python: Path, requirements: Sequence[str], *, device: str = "cpu", e
     return InstallResult(proc.returncode == 0, _tail(proc.stderr + proc.stdout), time.monotonic() - start)
 
 
+def run_quiet(cmd: Sequence[str], timeout: float = 30) -> str:
+    """stdout of a probe command, or "" if it is missing or fails."""
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
 def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
@@ -198,11 +206,12 @@ class EnvReport:
 
 
 def prepare(venv: Path, pins: Mapping[str, str], extra: Sequence[str] = (), harness: Sequence[str] = (),
-            device: str = "cpu", exclude_newer: Optional[str] = None) -> EnvReport:
+            device: str = "cpu", exclude_newer: Optional[str] = None, stamp_extra: Sequence[str] = ()) -> EnvReport:
     """Install pins (+ extra + harness requirements) into ``venv`` unless its stamp says they are there; verify."""
     python = venv / "bin" / "python"
     requirements = [f"{k}=={v}" for k, v in pins.items()] + list(extra) + list(harness)
-    stamp_key = requirements + ([f"exclude-newer={exclude_newer}"] if exclude_newer else []) + [f"device={device}"]
+    stamp_key = requirements + ([f"exclude-newer={exclude_newer}"] if exclude_newer else []) + [f"device={device}"] \
+        + list(stamp_extra)
     reused = is_current(venv, stamp_key)
     result = InstallResult(True, "", 0.0, skipped=True)
     if not reused:
@@ -221,3 +230,19 @@ def prepare(venv: Path, pins: Mapping[str, str], extra: Sequence[str] = (), harn
             return EnvReport(False, f"import failed: {error}", versions, result.duration_s, time.monotonic() - start)
         write_stamp(venv, stamp_key, versions)
     return EnvReport(True, "", versions, result.duration_s, time.monotonic() - start, reused)
+
+
+def local_versions() -> Dict[str, Optional[str]]:
+    """Versions of the packages under test in this interpreter (what a record reports), plus python."""
+    from importlib import metadata
+
+    from fsdp_matrix.matrix import PACKAGES
+
+    out: Dict[str, Optional[str]] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    out["python"] = ".".join(map(str, sys.version_info[:3]))
+    return out

@@ -1,0 +1,47 @@
+"""PEFT adapters on the tiny models: LoRA, DoRA, and LoRA on a 4-bit base (QLoRA)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import torch
+from peft import LoraConfig, get_peft_model
+from torch import nn
+
+TARGET_MODULES = ["q_proj", "v_proj"]
+"""Adapted projections: PEFT's own default for Llama-like models, and few enough FSDP units to stay fast."""
+
+ADAPTER_MARKERS = ("lora_",)
+"""A parameter whose name holds one of these is an adapter weight (``lora_A``, ``lora_B``, DoRA's
+``lora_magnitude_vector``); every other parameter is frozen base weight."""
+
+
+def is_adapter(name: str) -> bool:
+    return any(marker in name for marker in ADAPTER_MARKERS)
+
+
+def has_autocast_option() -> bool:
+    """Whether this PEFT's ``get_peft_model`` takes ``autocast_adapter_dtype`` (older releases do not)."""
+    return "autocast_adapter_dtype" in inspect.signature(get_peft_model).parameters
+
+
+def add_adapter(model: nn.Module, adapter: str, seed: int, autocast: Optional[bool] = None) -> nn.Module:
+    """``get_peft_model`` with a rank-4 LoRA (``dora``: ``use_dora=True``) on q/v projections.
+
+    ``autocast`` is passed as ``autocast_adapter_dtype`` (True upcasts fp16/bf16 adapter weights to fp32); None
+    leaves PEFT's default. Asking for a value on a PEFT without the option raises TypeError, as PEFT itself would.
+    """
+    if adapter not in ("lora", "dora", "qlora"):
+        raise ValueError(f"unknown adapter {adapter!r} (expected lora, dora or qlora)")
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(TARGET_MODULES),
+                        use_dora=adapter == "dora", task_type="CAUSAL_LM")
+    kwargs = {} if autocast is None else {"autocast_adapter_dtype": bool(autocast)}
+    # adapter init draws from the global RNG: seed it so every rank builds the same adapter
+    torch.manual_seed(seed)
+    return get_peft_model(model, config, **kwargs)
+
+
+def adapter_dtypes(model: nn.Module) -> list:
+    """Sorted names of the dtypes the adapter weights ended up in, e.g. ``['torch.float32']``."""
+    return sorted({str(p.dtype) for n, p in model.named_parameters() if is_adapter(n)})

@@ -1,0 +1,42 @@
+"""A cell's params turned into a PEFT model: the base (plain or 4-bit) plus its adapter, ready to wrap."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from torch import nn
+
+from fsdp_matrix.workload.adapters import add_adapter, adapter_dtypes
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.models import build_4bit_model, build_model, torch_dtype, count_linear4bit
+from fsdp_matrix.workload.training import train_and_check
+from fsdp_matrix.workload.wrapping import wrap
+
+
+def peft_model(params: Mapping[str, Any], ctx: RankContext, autocast: Optional[bool] = None) -> nn.Module:
+    """Base model from ``model``/``dtype`` (4-bit with ``storage`` when ``adapter`` is ``qlora``) plus the adapter.
+
+    ``autocast`` (``autocast_adapter_dtype``) comes from the ``autocast`` axis when the cell has one, else from the
+    argument; None keeps PEFT's default.
+    """
+    adapter, dtype = params["adapter"], params.get("dtype", "fp32")
+    if adapter == "qlora":
+        base = build_4bit_model(params["model"], dtype, params.get("storage", "uint8"), ctx)
+    else:
+        base = build_model(params["model"], dtype, ctx)
+    if "autocast" in params:
+        autocast = bool(params["autocast"])
+    return add_adapter(base, adapter, ctx.seed, autocast=autocast)
+
+
+def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext) -> dict:
+    """Wrap per the ``wrap``/``orig`` axes, train, check; the checks also say what was built."""
+    built = {"adapter_dtypes": adapter_dtypes(model), "linear4bit": count_linear4bit(model)}
+    orig = params.get("orig")
+    wrapped = wrap(model, params["wrap"], None if orig is None else bool(orig), ctx)
+    return {**built, **train_and_check(wrapped, ctx)}
+
+
+def base_dtype_name(params: Mapping[str, Any]) -> str:
+    """``torch.bfloat16`` etc. for the cell's ``dtype`` axis (fp32 when absent)."""
+    return str(torch_dtype(params.get("dtype", "fp32")))

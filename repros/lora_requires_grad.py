@@ -1,0 +1,31 @@
+"""Report 1 (seed 000): LoRA under FSDP1 with use_orig_params=False and frozen + trainable weights in one unit.
+
+Expected: ``ValueError: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False``` for
+orig0 + decoder_layer; use_orig_params=True, PEFT's wrap policy and FSDP2 train. bf16 cells keep the adapters in
+bf16 (``autocast_adapter_dtype=False``) so the dtype check (report 3) does not fire first.
+"""
+
+from __future__ import annotations
+
+from fsdp_matrix.workload.adapters import adapter_dtypes, has_autocast_option
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.recipe import base_dtype_name, peft_model, wrap_and_train
+
+CASE = "lora-requires-grad"
+
+
+def run(params: dict, ctx: RankContext) -> dict:
+    """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
+    keep = params.get("dtype", "fp32") != "fp32"
+    # PEFT releases without autocast_adapter_dtype leave adapters in the base dtype on their own
+    model = peft_model(params, ctx, autocast=False if keep and has_autocast_option() else None)
+    if keep and adapter_dtypes(model) != [base_dtype_name(params)]:
+        raise RuntimeError(f"adapters are {adapter_dtypes(model)}, not {base_dtype_name(params)}: this cell would "
+                           "test the dtype check, not the requires_grad one")
+    return wrap_and_train(model, params, ctx)
+
+
+if __name__ == "__main__":
+    from fsdp_matrix.standalone import main
+
+    main(run, CASE)

@@ -1,0 +1,86 @@
+"""Report 3's second error (seed 002): an adapter loaded with ``low_cpu_mem_usage=True`` onto a CUDA model.
+
+PEFT 0.13.0 loads the adapter weights with ``load_state_dict(..., assign=True)``, so they keep the state dict's
+device: with the weights read onto the CPU they stay there while the base model is on the GPU, and forward (or
+``merge_and_unload``) raises ``RuntimeError: Expected all tensors to be on the same device, but found at least two
+devices, cuda:0 and cpu!``. PEFT 0.13.1 (PR #2113) moves each adapter to its base layer's device after loading.
+CUDA only: on a CPU-only machine every tensor is on the CPU and the bug cannot show.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from torch import distributed as dist
+
+from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.training import synthetic_batch
+
+CASE = "merge-device"
+
+
+def _save_adapter(params: dict, ctx: RankContext):
+    path = ctx.scratch / f"adapter-{params['model']}-{params.get('dtype', 'fp32')}-seed{ctx.seed}"
+    failed = None
+    if ctx.is_main and not (path / "adapter_config.json").exists():
+        try:
+            base = build_model(params["model"], params.get("dtype", "fp32"), ctx)
+            torch.manual_seed(ctx.seed)
+            # init_lora_weights=False: random lora_B, so the adapter (and merging it) changes the output
+            config = LoraConfig(r=4, lora_alpha=8, target_modules=list(TARGET_MODULES), init_lora_weights=False)
+            get_peft_model(base, config).save_pretrained(str(path))
+        except Exception as exc:  # reach the barrier anyway, so the other ranks fail too instead of hanging
+            failed = exc
+    if dist.is_initialized():
+        dist.barrier()
+    if failed is not None:
+        raise failed
+    return path
+
+
+def run(params: dict, ctx: RankContext) -> dict:
+    """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
+    if ctx.device.type != "cuda":
+        raise RuntimeError("merge-device needs a CUDA device: on CPU every tensor shares one device")
+    if "low_cpu_mem_usage" not in inspect.signature(PeftModel.from_pretrained).parameters:
+        raise TypeError("this PEFT's PeftModel.from_pretrained has no low_cpu_mem_usage (added in 0.13.0)")
+    path = _save_adapter(params, ctx)
+    batch = synthetic_batch(ctx)
+    base = build_model(params["model"], params.get("dtype", "fp32"), ctx).eval()
+    with torch.no_grad():
+        base_logits = base(input_ids=batch).logits.float()
+    # the state dict is read onto the CPU, as in the report; the model is on ctx.device
+    model = PeftModel.from_pretrained(base, str(path), low_cpu_mem_usage=True, torch_device="cpu").eval()
+    devices = sorted({str(p.device) for n, p in model.named_parameters() if "lora_" in n})
+    with torch.no_grad():
+        adapted = model(input_ids=batch).logits.float()
+        merged_model = model.merge_and_unload()
+        merged = merged_model(input_ids=batch).logits.float()
+    checks = {
+        "adapter_devices": devices,
+        "adapter_effect": float((adapted - base_logits).abs().max()),
+        "merge_max_diff": float((merged - adapted).abs().max()),
+        "merged_devices": sorted({str(p.device) for p in merged_model.parameters()}),
+    }
+    failed = []
+    if checks["adapter_effect"] == 0.0:
+        failed.append("the loaded adapter does not change the output (adapter_effect 0)")
+    tolerance = 1e-3 if params.get("dtype", "fp32") == "fp32" else 5e-2
+    if not checks["merge_max_diff"] <= tolerance * max(1.0, float(adapted.abs().max())):
+        failed.append(f"merged output differs from the adapted one by {checks['merge_max_diff']}")
+    if checks["merged_devices"] != [str(ctx.device)]:
+        failed.append(f"merged model on {checks['merged_devices']}, not {ctx.device}")
+    if failed:
+        raise CheckFailed("; ".join(failed))
+    return checks
+
+
+if __name__ == "__main__":
+    from fsdp_matrix.standalone import main
+
+    main(run, CASE)
