@@ -75,7 +75,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         export_index_environment()
         args.cache.mkdir(parents=True, exist_ok=True)
         base = PinnedInstaller(combo, args.package or "peft", args.cache, parse_pins(args.pin), args.device)
-        runner = CellRunner(cell.key, args.device, cell.world_size, args.matrix, args.timeout)
+        # each step's results and launch logs stay under the cache, for a look at a surprising step
+        (args.cache / "runs").mkdir(exist_ok=True)
+        runner = CellRunner(cell.key, args.device, cell.world_size, args.matrix, args.timeout, args.cache / "runs")
         dated: Optional[DatedInstaller] = None
         if args.by_date:
             candidates: List[str] = days_between(*args.by_date)

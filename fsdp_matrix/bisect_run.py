@@ -221,7 +221,9 @@ class DatedInstaller:
             closure = self.torch_closure()
             fixed = {**closure, **self.base.overrides}
             requirements = [f"{k}=={v}" for k, v in fixed.items()] + self.floating + list(self.base.combo.extra)
-            exempt = [a for name in fixed for a in ("--exclude-newer-package", f"{name}=9999-12-31")]
+            # pinned exactly and resolved with no cutoff today, so tomorrow's cutoff lets each pinned file through
+            tomorrow = (dt.date.today() + dt.timedelta(days=1)).isoformat()
+            exempt = [a for name in fixed for a in ("--exclude-newer-package", f"{name}={tomorrow}")]
             self.resolutions[day] = self._compile(requirements, ["--exclude-newer", day, *exempt])
         return self.resolutions[day]
 
