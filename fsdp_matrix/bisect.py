@@ -155,13 +155,20 @@ def install_bound(n: int) -> int:
 
 class _Search(Generic[Env]):
     def __init__(self, installer: Installer[Env], runner: Runner[Env], candidates: Sequence[str],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], on_step: Optional[Callable[[Step], None]]) -> None:
         self.installer, self.runner, self.candidates, self.clock = installer, runner, list(candidates), clock
+        self.on_step = on_step
         self.steps: List[Step] = []
         self.outcomes: Dict[int, Outcome] = {}
         self.skipped: Dict[int, str] = {}
 
     def test(self, index: int) -> Optional[Outcome]:
+        outcome = self._test(index)
+        if self.on_step:
+            self.on_step(self.steps[-1])
+        return outcome
+
+    def _test(self, index: int) -> Optional[Outcome]:
         candidate = self.candidates[index]
         start = self.clock()
         prepared = self.installer.prepare(candidate)
@@ -187,18 +194,19 @@ class _Search(Generic[Env]):
 
 
 def bisect(installer: Installer[Env], runner: Runner[Env], candidates: Sequence[str], package: str,
-           clock: Callable[[], float] = time.monotonic) -> BisectResult:
+           clock: Callable[[], float] = time.monotonic,
+           on_step: Optional[Callable[[Step], None]] = None) -> BisectResult:
     """Binary search over ``candidates`` (oldest first) for the first whose outcome differs from the oldest one's.
 
     Assumes one change between the ends: when the outcome flips and flips back, it finds one of the changes. A
     candidate that cannot be installed is skipped and the median of the still-untested candidates is tried instead,
-    so installs stay within ``install_bound(n)`` plus the skips.
+    so installs stay within ``install_bound(n)`` plus the skips. ``on_step`` sees each step as it ends.
     """
     if not candidates:
         raise ValueError("no candidates to bisect")
     cands = list(candidates)
     result = BisectResult(package, cands[0], cands[-1], cands)
-    search = _Search(installer, runner, cands, clock)
+    search = _Search(installer, runner, cands, clock, on_step)
     result.steps = search.steps
     n = len(cands)
     name = "" if package == "date" else f"{package} "

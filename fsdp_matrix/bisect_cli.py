@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence
 
 from packaging.version import Version
 
-from fsdp_matrix.bisect import BisectResult, bisect, install_bound
+from fsdp_matrix.bisect import BisectResult, Step, bisect, install_bound
 from fsdp_matrix.bisect_run import (CellRunner, DatedInstaller, PinnedInstaller, days_between,
                                     export_index_environment, parse_pins)
 from fsdp_matrix.cells import find_cell
@@ -64,6 +64,11 @@ def table(result: BisectResult) -> str:
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>7}" for r in rows)
 
 
+def _progress(step: Step) -> None:
+    what = step.outcome.describe() if step.outcome else "skipped: " + (step.reason.strip().splitlines() or [""])[-1][:90]
+    print(f"  {step.candidate}: {what} ({step.seconds:.0f}s)", flush=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
     if not args.by_date and not (args.package and args.old and args.new):
@@ -89,7 +94,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bisecting {cell.key} on combo {combo.id} over {len(candidates)} candidates "
               f"({what} {candidates[0]} .. {candidates[-1]}); at most {install_bound(len(candidates))} installs "
               "plus skips", flush=True)
-        result = bisect(dated or base, runner, candidates, what)
+        result = bisect(dated or base, runner, candidates, what, on_step=_progress)
     except MatrixError as exc:
         print(f"fsdp-matrix bisect: {exc}", file=sys.stderr)
         return 2

@@ -166,6 +166,9 @@ def test_steps_record_outcomes_and_seconds() -> None:
     result = bisect(FakeInstaller(), FakeRunner(flip_at(1), cands), cands, "peft", clock=lambda: float(next(ticks)))
     assert [(s.candidate, s.outcome) for s in result.steps] == [("0.0.0", BUG), ("0.2.0", OK), ("0.1.0", OK)]
     assert all(s.seconds == 1.0 for s in result.steps)
+    seen = []
+    bisect(FakeInstaller(), FakeRunner(flip_at(1), cands), cands, "peft", on_step=seen.append)
+    assert [s.candidate for s in seen] == ["0.0.0", "0.2.0", "0.1.0"]
     assert result.to_json()["installs"] == 3
 
 
