@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import ssl
 import sys
@@ -135,7 +136,8 @@ def _parse_time(value: Optional[str]) -> Optional[datetime]:
     if not value:
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        # Python < 3.11 parses only 3 or 6 fraction digits; a second is precise enough for a cutoff date
+        return datetime.fromisoformat(re.sub(r"\.\d+", "", value).replace("Z", "+00:00"))
     except ValueError:
         return None
 
