@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -28,8 +29,19 @@ _UV_INDEX_VARS = ("UV_INDEX", "UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDE
 _CUDA_ONLY = re.compile(r"^(nvidia-|triton$|pytorch-triton)")
 
 
-def pip_config(python: str = sys.executable) -> Dict[str, str]:
-    """pip's effective settings (``pip config list``), keyed without their scope: ``find-links``, ``index-url``..."""
+def pip_config(python: Optional[str] = None) -> Dict[str, str]:
+    """pip's effective settings (``pip config list``), keyed without their scope: ``find-links``, ``index-url``...
+
+    Without ``python``, the first interpreter that has pip answers: uv-built envs (nox's own included) have no
+    pip, and reading nothing there would lose the user's find-links and send uv to the CUDA build of torch.
+    """
+    if python is None:
+        for candidate in dict.fromkeys(p for p in (sys.executable, getattr(sys, "_base_executable", None),
+                                                   shutil.which("python3"), shutil.which("python")) if p):
+            config = pip_config(candidate)
+            if config:
+                return config
+        return {}
     try:
         out = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):

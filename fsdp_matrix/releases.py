@@ -80,17 +80,8 @@ class Release:
 
 
 def pip_settings() -> Dict[str, str]:
-    """pip's configuration, read with the base interpreter when this one has no pip.
-
-    uv-built envs (nox's) have no pip, and ``pip config list`` run there says nothing: without this fallback the
-    user's find-links would be lost and uv would resolve the CUDA build of torch.
-    """
-    pythons = [sys.executable, getattr(sys, "_base_executable", None), shutil.which("python3")]
-    for python in dict.fromkeys(p for p in pythons if p):
-        config = pip_config(python)
-        if config:
-            return config
-    return {}
+    """pip's configuration (see envs.pip_config: read with an interpreter that has pip)."""
+    return pip_config()
 
 
 def configured_locations(environ: Optional[Mapping[str, str]] = None, pip: Optional[Dict[str, str]] = None) -> Locations:

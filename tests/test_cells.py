@@ -1,10 +1,46 @@
-"""The matrix itself: one test per cell of matrix.yaml, run for real on the installed versions.
+import pytest
 
-Passes when the observed outcome matches the expectation (reproduced / fix-holds); see fsdp_matrix.pytest_plugin.
-"""
+from fsdp_matrix.cells import Cell, cell_id, expand, find_cell, matches, unmet_requirement
+from fsdp_matrix.errors import UnknownCellError
+from fsdp_matrix.matrix import parse_matrix
+from helpers import matrix_data
 
-from fsdp_matrix.pytest_plugin import check_record
+
+def test_ids_are_stable_and_readable():
+    assert cell_id({"adapter": "dora", "dtype": "bf16", "orig": 1, "wrap": "peft_policy", "model": "llama"}, 2) == \
+        "dora-bf16-orig1-peft_policy-llama-ws2"
+    assert cell_id({"model": "llama", "adapter": "qlora", "storage": "uint8", "autocast": True}, 1) == \
+        "qlora-llama-autocast1-storage_uint8-ws1"
 
 
-def test_cell(cell, matrix_session):
-    check_record(matrix_session.run(cell))
+def test_expand_is_union_of_grids_in_order():
+    m = parse_matrix(matrix_data())
+    ids = [c.id for c in expand(m)]
+    assert ids == ["lora-fp32-orig0-decoder_layer-llama-ws2", "lora-fp32-orig1-decoder_layer-llama-ws2",
+                   "lora-fp32-fsdp2-llama-ws2"]
+    assert all(c.key.startswith("lora-requires-grad/") for c in expand(m))
+
+
+def test_find_cell_takes_world_size_from_id():
+    m = parse_matrix(matrix_data())
+    cell = find_cell(m, "lora-requires-grad/lora-fp32-fsdp2-llama-ws1")
+    assert cell.world_size == 1 and cell.params_dict["wrap"] == "fsdp2"
+    assert find_cell(m, "lora-fp32-fsdp2-llama-ws2").case == "lora-requires-grad"
+    with pytest.raises(UnknownCellError):
+        find_cell(m, "lora-fp32-fsdp2-gemma-ws2")
+
+
+def test_matches_lists_and_bools():
+    ctx = {"orig": 1, "wrap": "fsdp2", "device": "cpu"}
+    assert matches({"orig": True}, ctx)
+    assert not matches({"orig": False}, ctx)
+    assert matches({"wrap": ["peft_policy", "fsdp2"]}, ctx)
+    assert not matches({"model": "llama"}, ctx)
+
+
+def test_requirements_give_reasons():
+    m = parse_matrix(matrix_data())
+    case = m.case("lora-requires-grad")
+    ws1 = Cell(case.id, (("wrap", "fsdp2"),), "cpu", 1)
+    assert "needs world size >= 2" in unmet_requirement(case.requires, ws1)
+    assert unmet_requirement(case.requires, Cell(case.id, (("wrap", "fsdp2"),), "cpu", 2)) is None

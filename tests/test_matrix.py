@@ -1,0 +1,73 @@
+import copy
+
+import pytest
+
+from fsdp_matrix.errors import MatrixConfigError, UnknownCellError
+from fsdp_matrix.matrix import load_matrix, parse_matrix
+from helpers import BASE, matrix_data
+
+
+def test_valid_matrix_parses():
+    m = parse_matrix(matrix_data())
+    assert m.combo("current").pins.peft == "0.21.2"
+    assert m.case("lora-requires-grad").expect[0].error.module == "torch.distributed.fsdp._flat_param"
+    assert m.combo("current").requirements()[0] == "torch==2.13.0"
+
+
+def _broken(path, value):
+    data = copy.deepcopy(BASE)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    if value is KeyError:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize("path,value,expect", [
+    (("cases", 0, "expect", 0, "error", "match"), "(unbalanced", "cases[0](lora-requires-grad).expect[0].error.match: invalid regex"),
+    (("cases", 0, "expect", 0, "versions"), {"torch": ">=2.x"}, "cases[0](lora-requires-grad).expect[0].versions: invalid specifier for torch"),
+    (("cases", 0, "expect", 0, "versions"), {"pytorch": ">=2"}, "unknown package 'pytorch'"),
+    (("cases", 0, "expect", 3, "source"), KeyError, "cases[0](lora-requires-grad).expect[3].source: Field required"),
+    (("cases", 0, "expect", 3, "error"), {"type": "X", "match": "y"}, "needs exactly one of ok/error/skip"),
+    (("combos", 0, "pins", "peft"), ">=0.13", "combos[0](current).pins.peft: not an exact version"),
+    (("combos", 0, "pins", "torch"), KeyError, "combos[0](current).pins.torch: Field required"),
+    (("cases", 0, "grids"), [], "cases[0](lora-requires-grad).grids"),
+    (("cases", 0, "colour"), "red", "cases[0](lora-requires-grad).colour: Extra inputs are not permitted"),
+])
+def test_malformed_matrix_names_the_key_in_one_line(path, value, expect):
+    with pytest.raises(MatrixConfigError) as err:
+        parse_matrix(_broken(path, value))
+    message = str(err.value)
+    assert expect in message
+    assert "\n" not in message
+    assert message.startswith("matrix.yaml: ")
+
+
+def test_duplicate_ids_rejected():
+    data = matrix_data()
+    data["combos"].append(copy.deepcopy(data["combos"][0]))
+    with pytest.raises(MatrixConfigError, match="duplicate combos id 'current'"):
+        parse_matrix(data)
+
+
+def test_load_reports_yaml_errors_with_line(tmp_path):
+    bad = tmp_path / "matrix.yaml"
+    bad.write_text("combos:\n  - id: [unclosed\n")
+    with pytest.raises(MatrixConfigError, match=r"matrix.yaml: line \d+: not valid YAML"):
+        load_matrix(bad)
+
+
+def test_unknown_ids():
+    m = parse_matrix(matrix_data())
+    with pytest.raises(UnknownCellError, match="no combo 'nope'"):
+        m.combo("nope")
+    with pytest.raises(UnknownCellError, match="no case 'nope'"):
+        m.case("nope")
+
+
+def test_repo_matrix_is_valid():
+    m = load_matrix()
+    assert {c.id for c in m.combos} >= {"current", "old"}

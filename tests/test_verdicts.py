@@ -1,0 +1,41 @@
+import pytest
+
+from fsdp_matrix.expectations import Expected
+from fsdp_matrix.verdicts import Verdict, judge
+
+OK = Expected("ok")
+ERR = Expected("error", "IndexError", "tuple index out of range", "peft.tuners.lora")
+NONE = Expected("none")
+
+
+@pytest.mark.parametrize("expected,status,etype,msg,loc,verdict", [
+    (ERR, "error", "IndexError", "tuple index out of range", "peft.tuners.lora.dora.forward", Verdict.REPRODUCED),
+    (OK, "ok", None, None, None, Verdict.FIX_HOLDS),
+    (OK, "error", "ValueError", "boom", "x", Verdict.REGRESSION),
+    (OK, "error", "fsdp_matrix.errors.CheckFailed", "adapter weights unchanged", "x", Verdict.REGRESSION),
+    (ERR, "ok", None, None, None, Verdict.UNEXPECTED_FIX),
+    (ERR, "error", "AttributeError", "no attribute", "peft.tuners.lora.layer.f", Verdict.DIFFERENT_ERROR),
+    (ERR, "error", "IndexError", "tuple index out of range", "torch.nn.x", Verdict.DIFFERENT_ERROR),
+    (NONE, "ok", None, None, None, Verdict.DIFFERENT_ERROR),
+    (NONE, "error", "X", "y", None, Verdict.DIFFERENT_ERROR),
+    (OK, "hang", None, "no result within 60s", None, Verdict.HANG),
+    (ERR, "crash", None, "rank 0 died with exit code -11 (SIGSEGV)", None, Verdict.CRASH),
+    (OK, "skipped", None, "needs cuda", None, Verdict.SKIPPED),
+    (OK, "env-error", "EnvError", "install failed", None, Verdict.ENV_ERROR),
+])
+def test_verdict_table(expected, status, etype, msg, loc, verdict):
+    assert judge(expected, status, etype, msg, loc).verdict is verdict
+
+
+def test_only_matches_pass():
+    assert {v for v in Verdict if v.passed} == {Verdict.REPRODUCED, Verdict.FIX_HOLDS}
+
+
+def test_line_says_expected_and_observed():
+    line = judge(OK, "error", "ValueError", "Must flatten\nsecond line", "torch.x.f").line
+    assert line == "expected ok / observed ValueError: Must flatten in torch.x.f"
+
+
+def test_unknown_status_is_a_bug():
+    with pytest.raises(ValueError):
+        judge(OK, "fine")
