@@ -1,17 +1,16 @@
 """Tiny models without ``_no_split_modules``: a plain ``nn.Module`` and a transformers model whose attribute is None.
 
-Both have ``q_proj``/``v_proj`` linears, so the same LoRA target modules apply, and both return an object with a
+Both have ``q_proj``/``v_proj`` linears, so the same LoRA target modules apply, and both return a ``CausalLMOutput`` with a
 ``loss`` for ``(input_ids, labels)``, so the same training loop trains them.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
 
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import VOCAB
@@ -29,10 +28,12 @@ class _Layers(nn.Module):
         self.v_proj = nn.Linear(HIDDEN, HIDDEN)
         self.head = nn.Linear(HIDDEN, VOCAB)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor = None) -> SimpleNamespace:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor = None) -> CausalLMOutput:
+        # the output must be a type FSDP1 looks into (ModelOutput is a dict): it hooks the root's backward on the
+        # tensors it finds there, and without that hook no unit is reset after backward
         logits = self.head(F.gelu(self.v_proj(F.gelu(self.q_proj(self.embed(input_ids))))))
         loss = None if labels is None else F.cross_entropy(logits.reshape(-1, VOCAB).float(), labels.reshape(-1))
-        return SimpleNamespace(loss=loss, logits=logits)
+        return CausalLMOutput(loss=loss, logits=logits)
 
 
 class PlainNet(_Layers):
@@ -58,7 +59,7 @@ class TinyHFModel(PreTrainedModel):
         self.net = _Layers()
         self.post_init()
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor = None, **kwargs) -> SimpleNamespace:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor = None, **kwargs) -> CausalLMOutput:
         return self.net(input_ids, labels)
 
 
