@@ -18,7 +18,7 @@ from fsdp_matrix.matrix import Combo
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
 ACTIONLINT_CONFIG = ROOT / ".github" / "actionlint.yaml"
-COMBO_FILES = [ROOT / "matrix.yaml", ROOT / "combos.yaml"]
+COMBO_FILES = [ROOT / "matrix.yaml"]
 
 ERA_PEFT_MINORS = ["0.10", "0.11", "0.12", "0.13", "0.14", "0.15", "0.17", "0.18", "0.19", "0.21"]
 """One CPU combo per PEFT era: the releases FACTS.md found to install and train with torch 2.13 on CPU."""
@@ -120,7 +120,7 @@ def test_nightly_runs_gpu_sessions_and_diffs_against_the_previous_report():
 # ---------------------------------------------------------------------------------------------------- combos
 
 def combo_sources() -> Dict[str, List[Combo]]:
-    """Every combo list found (matrix.yaml and/or the combos.yaml fragment), parsed with the matrix model."""
+    """Every combo list found (matrix.yaml), parsed with the matrix model."""
     found = {}
     for path in COMBO_FILES:
         if path.exists():
