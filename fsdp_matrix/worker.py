@@ -239,9 +239,11 @@ def _alive(pid: int) -> bool:
 def main(run_dir: str) -> int:
     run = Path(run_dir)
     rank = int(os.environ.get("RANK", 0))
-    log = EventLog(run / f"rank{rank}.jsonl")
+    # files are per local rank: on a multi-node run each node's launcher watches only the ranks it started
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    log = EventLog(run / f"rank{local}.jsonl")
     # a hung rank gets its stack dumped here when the launcher sends SIGUSR1; a segfault dumps to stderr
-    stack_file = open(run / f"stack-rank{rank}.txt", "w")
+    stack_file = open(run / f"stack-rank{local}.txt", "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     faulthandler.enable()
     config = json.loads((run / "launch.json").read_text())
