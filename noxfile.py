@@ -145,3 +145,13 @@ def bisect(session: nox.Session) -> None:
     """Find the release that changed a cell's outcome: nox -s bisect -- CELL --package NAME --old V --new V."""
     session.install(*HARNESS)
     session.run("python", "-m", "fsdp_matrix", "bisect", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Batched runner vs one torchrun launch per cell vs the compute floor, on 30 real cells of the current combo."""
+    combo = MATRIX.combo("current")
+    report = _prepare(session, combo, "cpu")
+    if not report.ok:
+        session.error(f"env-error for {combo.id}: {report.message}")
+    session.run("python", "-m", "fsdp_matrix", "bench", *session.posargs)

@@ -18,6 +18,7 @@ COMMANDS = {
     "diff": "fsdp_matrix.diff",
     "bisect": "fsdp_matrix.bisect_cli",
     "export": "fsdp_matrix.export",
+    "bench": "fsdp_matrix.bench",
     "validate": "fsdp_matrix.cli",
 }
 

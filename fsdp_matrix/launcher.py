@@ -117,6 +117,8 @@ class Launcher:
         self._done: Dict[str, CellRun] = {}
         self._launches = 0
         self._failed_starts = 0
+        self.launch_seconds: List[float] = []
+        """Per launch: seconds from starting torchrun to every rank ready (imports + rendezvous)."""
 
     # ---- public API -------------------------------------------------------------------------------------------
     def submit(self, task: Task) -> None:
@@ -256,6 +258,8 @@ class Launcher:
             live.pids[rank] = int(ev["pid"])
         elif kind == "ready":
             live.ready.add(rank)
+            if len(live.ready) == self.world_size:
+                self.launch_seconds.append(round(time.monotonic() - live.born, 3))
         elif kind == "start":
             live.started.setdefault(str(ev["key"]), {})[rank] = float(ev["t"])
         elif kind == "end":
@@ -333,7 +337,7 @@ class Launcher:
                                     error_message=f"rank {rank} died with exit code {code}"
                                     + (f" ({procs.signal_name(code)})" if procs.signal_name(code) else ""),
                                     traceback=error_file, stack=stderr))
-        ended = live.ended.get(key, {})
-        status = "error" if any(r.status == "error" for r in ended.values()) else "crash"
+        # a rank that died takes precedence: the others' errors ("connection closed by peer") are its echo
+        status = "crash" if extra else "error"
         self._finish(live, key, status, extra, detect_s=round(time.time() - max(live.started[key].values()), 3),
                      note=f"torchrun exited with {live.proc.returncode}")

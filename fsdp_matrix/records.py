@@ -67,6 +67,10 @@ class Observed:
     """Rank 0's checks (values are already reduced across ranks)."""
     ranks: List[RankResult] = field(default_factory=list)
     """Every rank's own result, tracebacks and stacks included."""
+    detect_s: Optional[float] = None
+    """For hang / crash / one-rank errors: seconds from the first sign of trouble to the launcher's verdict."""
+    note: str = ""
+    """What the launcher did about it, e.g. why the launch was replaced after this cell."""
 
 
 @dataclass

@@ -22,13 +22,14 @@ from fsdp_matrix.verdicts import judge
 
 def observe(run: CellRun) -> Observed:
     """Fold per-rank results into one outcome: the lowest erroring rank speaks for the cell."""
-    errors = [r for r in run.ranks if r.status == "error"]
-    first = errors[0] if errors else next((r for r in run.ranks if r.status in ("crash", "hang", "env-error")), None)
+    # the rank whose status is the cell's speaks for it: the crashed one for a crash, the raising one for an error
+    first = next((r for r in run.ranks if r.status == run.status), None) or \
+        next((r for r in run.ranks if r.status != "ok"), None)
     checks = next((r.checks for r in run.ranks if r.rank == 0 and r.checks), {})
     if run.status == "ok":
-        return Observed("ok", checks=checks, ranks=run.ranks)
+        return Observed("ok", checks=checks, ranks=run.ranks, detect_s=run.detect_s, note=run.note)
     return Observed(run.status, first.error_type if first else None, first.error_message if first else run.note,
-                    first.location if first else None, checks, run.ranks)
+                    first.location if first else None, checks, run.ranks, run.detect_s, run.note)
 
 
 def make_record(cell: Cell, expected: Expected, observed: Observed, versions: Dict[str, Optional[str]],
