@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List
 
-from fsdp_matrix.cells import Cell, expand
+from fsdp_matrix.cells import Cell, expand, unmet_requirement
+from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.envs import local_versions
 from fsdp_matrix.launcher import Launcher
 from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
@@ -43,7 +44,9 @@ class Timing:
 def pick(n: int, matrix_path: Path) -> List[Cell]:
     """The first ``n`` runnable CPU cells, round-robin over cases so every kind of work is in the sample."""
     matrix = load_matrix(matrix_path)
-    by_case = [[c for c in expand(matrix, cases=[case.id]) if not case.requires or case.id != "merge-device"]
+    versions = local_versions()
+    by_case = [[c for c in expand(matrix, cases=[case.id])
+                if unmet_requirement(case.requires, c) is None and expected_for(case, c, versions).kind != "skip"]
                for case in matrix.cases]
     out: List[Cell] = []
     while len(out) < n and any(by_case):
