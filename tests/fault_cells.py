@@ -24,6 +24,7 @@ def run(params, ctx):
     fault = params["fault"]
     total = _collective(ctx)
     if fault == "ok":
+        time.sleep(params.get("sleep", 0))
         return {"sum": total}
     if fault == "raise_both":
         raise ValueError(f"injected error on rank {ctx.rank}")
