@@ -98,6 +98,11 @@ class Progress:
                               f"{time.monotonic() - self.start:.0f}s elapsed: {report.nodeid.split('[', 1)[-1][:-1]} {report.outcome}")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # validate before collection: a collection error would bury the one line that names the bad key
+    _matrix(session.config)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "cell" not in metafunc.fixturenames:
         return
