@@ -65,7 +65,7 @@ def module_file(module: str) -> Path:
     return pkg if pkg.exists() else PACKAGE_ROOT / rel.with_suffix(".py")
 
 
-def _is_stdlib(module: str) -> bool:
+def is_stdlib(module: str) -> bool:
     top = module.split(".")[0]
     names = getattr(sys, "stdlib_module_names", None)
     if names is not None:
@@ -129,10 +129,10 @@ class _Collector:
         for alias in node.names:
             if isinstance(node, ast.Import):
                 source, attr, name = alias.name, "", (alias.asname or alias.name.split(".")[0])
-                key, item = (_is_stdlib(alias.name), ""), (alias.name, alias.asname)
+                key, item = (is_stdlib(alias.name), ""), (alias.name, alias.asname)
             else:
                 source, attr, name = node.module, alias.name, alias.asname or alias.name
-                key, item = (_is_stdlib(node.module), node.module), (alias.name, alias.asname)
+                key, item = (is_stdlib(node.module), node.module), (alias.name, alias.asname)
             if isinstance(node, ast.Import) and alias.asname is None:
                 source = name  # ``import a.b`` binds ``a``
             previous = self.bindings.setdefault(name, (source, attr))
