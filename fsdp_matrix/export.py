@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Iterable, List, Optional
 
 from packaging.version import Version
 
@@ -205,7 +205,9 @@ def render_markdown(exp: Export) -> str:
             lines.append(f"**Observed** ({when}, {rec.host}, verdict {rec.verdict}): {obs.status}")
         failed = _first_error(rec)
         if failed is not None:
-            lines += ["", f"Traceback (rank {failed.rank}):", "", code_block(failed.traceback or failed.stack, "text")]
+            # recorded by the harness: its own frames lead, the library frames are the ones the script hits too
+            lines += ["", f"Traceback (rank {failed.rank}, as recorded by fsdp-matrix):", "",
+                      code_block(failed.traceback or failed.stack, "text")]
         elif obs.checks:
             lines += ["", "Checks:", "", code_block("\n".join(f"{k}: {v}" for k, v in obs.checks.items()), "text")]
     else:
