@@ -70,6 +70,7 @@ class _Live:
     seq: int = 0
     pids: Dict[int, int] = field(default_factory=dict)
     ready: set = field(default_factory=set)
+    byes: set = field(default_factory=set)
     offsets: Dict[int, int] = field(default_factory=dict)
     started: Dict[str, Dict[int, float]] = field(default_factory=dict)
     ended: Dict[str, Dict[int, RankResult]] = field(default_factory=dict)
@@ -146,12 +147,14 @@ class Launcher:
         if live is None:
             return
         self._write_task(live, {"op": "stop"})
-        try:
-            live.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
+        # once every rank has said goodbye there is nothing left to lose: killing beats torchrun's slow shutdown
+        deadline = time.monotonic() + 30
+        while len(live.byes) < self.world_size and live.proc.poll() is None and time.monotonic() < deadline:
+            self._read_events(live)
+            time.sleep(0.01)
+        clean = len(live.byes) == self.world_size or live.proc.returncode == 0
         self._kill(live)
-        if not self.keep_dirs and live.proc.returncode == 0:
+        if not self.keep_dirs and clean:
             shutil.rmtree(live.run_dir, ignore_errors=True)
 
     def __enter__(self) -> "Launcher":
@@ -270,8 +273,10 @@ class Launcher:
             live.clean.setdefault(str(ev["key"]), {})[rank] = list(ev["problems"])
             if not ev["clean"]:
                 live.retiring = f"rank {rank} not clean after {ev['key']}: " + "; ".join(ev["problems"])
-        elif kind == "bye" and ev.get("retire"):
-            live.retiring = str(ev.get("why"))
+        elif kind == "bye":
+            live.byes.add(rank)
+            if ev.get("retire"):
+                live.retiring = str(ev.get("why"))
 
     def _poll(self, live: _Live) -> None:
         self._read_events(live)
