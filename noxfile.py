@@ -65,12 +65,13 @@ def _host_has_gpu() -> bool:
 
 def _env_error_records(combo: Combo, results: Path, device: str, world_size: int, message: str, versions) -> None:
     """A combo whose env cannot be built still gets one record per cell, saying why."""
-    from fsdp_matrix.expectations import Expected
+    from fsdp_matrix.expectations import expected_for
     from fsdp_matrix.session import make_record
 
     observed = Observed("env-error", "EnvError", message, ranks=[RankResult(-1, "env-error", "EnvError", message)])
     for cell in expand(MATRIX, device, world_size):
-        append(results, make_record(cell, Expected("none"), observed, versions, 0.0, combo.id, "env-error"))
+        expected = expected_for(MATRIX.case(cell.case), cell, versions)
+        append(results, make_record(cell, expected, observed, versions, 0.0, combo.id, "env-error"))
 
 
 def _prepare(session: nox.Session, combo: Combo, device: str, extra=()) -> envs.EnvReport:
@@ -95,7 +96,9 @@ def _run_combo(session: nox.Session, combo: Combo, results_root: Path, pytest_ar
         (results / "cells.jsonl").replace(results / f"cells.{time.strftime('%Y%m%d-%H%M%S')}.jsonl.old")
     report = _prepare(session, combo, device, extra)
     if not report.ok:
-        _env_error_records(combo, results, device, world_size, report.message, report.versions or combo.pins.model_dump())
+        # the pins stand in for what is installed: the record says what this combo was meant to be
+        _env_error_records(combo, results, device, world_size, report.message, {**combo.pins.model_dump(), **{
+            k: v for k, v in report.versions.items() if v}})
         session.error(f"env-error for {combo.id}: {report.message.splitlines()[0]}")
     args = ["python", "-m", "pytest", str(HERE / "tests" / "test_repros.py"), "--results", str(results),
             "--combo", combo.id, "--device", device, "-p", "no:cacheprovider", "--progress-line", *rest]

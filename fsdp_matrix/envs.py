@@ -153,7 +153,9 @@ def run_quiet(cmd: Sequence[str], timeout: float = 30) -> str:
 
 
 def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+    # uv's "Using Python ... environment at" preamble would otherwise be the first line every report shows
+    kept = [line for line in text.strip().splitlines() if not line.startswith("Using Python ")]
+    return "\n".join(kept[-lines:])
 
 
 _VERSIONS_SCRIPT = """
