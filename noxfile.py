@@ -91,9 +91,6 @@ def _run_combo(session: nox.Session, combo: Combo, results_root: Path, pytest_ar
         session.skip(f"{combo.id} is not tagged {wanted!r} (this run is on {device})")
     results = Path(opts.results or results_root) / combo.id
     world_size = int(opts.world_size or 2)
-    if not opts.resume and (results / "cells.jsonl").exists():
-        # a fresh run supersedes the last one; keep it beside, out of the report's way
-        (results / "cells.jsonl").replace(results / f"cells.{time.strftime('%Y%m%d-%H%M%S')}.jsonl.old")
     report = _prepare(session, combo, device, extra)
     if not report.ok:
         # the pins stand in for what is installed: the record says what this combo was meant to be

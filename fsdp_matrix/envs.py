@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from filelock import FileLock
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -222,6 +223,13 @@ class EnvReport:
 def prepare(venv: Path, pins: Mapping[str, str], extra: Sequence[str] = (), harness: Sequence[str] = (),
             device: str = "cpu", exclude_newer: Optional[str] = None, stamp_extra: Sequence[str] = ()) -> EnvReport:
     """Install pins (+ extra + harness requirements) into ``venv`` unless its stamp says they are there; verify."""
+    # two runs at once must not install into one env together; the second waits, then finds the stamp current
+    with FileLock(str(venv) + ".fsdp-matrix.lock"):
+        return _prepare(venv, pins, extra, harness, device, exclude_newer, stamp_extra)
+
+
+def _prepare(venv: Path, pins: Mapping[str, str], extra: Sequence[str], harness: Sequence[str], device: str,
+             exclude_newer: Optional[str], stamp_extra: Sequence[str]) -> EnvReport:
     python = venv / "bin" / "python"
     requirements = [f"{k}=={v}" for k, v in pins.items()] + list(extra) + list(harness)
     stamp_key = requirements + ([f"exclude-newer={exclude_newer}"] if exclude_newer else []) + [f"device={device}"] \
