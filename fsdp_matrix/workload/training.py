@@ -77,17 +77,16 @@ def full_parameters(model: nn.Module, kind: str, names: Optional[List[str]] = No
     return out
 
 
-def _sum_over_ranks(value: float) -> float:
+def _sum_over_ranks(value: float, device: torch.device) -> float:
     if not dist.is_initialized():
         return value
-    # a float64 CPU tensor works on gloo; nccl needs it on the GPU
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    # on the rank's own device: nccl only reduces CUDA tensors, gloo takes CPU ones
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return float(t.item())
 
 
-def grad_norm(params: List[nn.Parameter]) -> float:
+def grad_norm(params: List[nn.Parameter], device: torch.device) -> float:
     """L2 norm of the trainable gradients over all ranks (each rank holds its shard of them)."""
     local = 0.0
     for p in params:
@@ -95,7 +94,7 @@ def grad_norm(params: List[nn.Parameter]) -> float:
             continue
         g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
         local += float(g.detach().float().pow(2).sum())
-    return math.sqrt(_sum_over_ranks(local))
+    return math.sqrt(_sum_over_ranks(local, device))
 
 
 def train_and_check(model: nn.Module, ctx: RankContext, steps: int = 3) -> dict:
@@ -118,9 +117,9 @@ def train_and_check(model: nn.Module, ctx: RankContext, steps: int = 3) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
-        norms.append(grad_norm(params))
+        norms.append(grad_norm(params, ctx.device))
         optimizer.step()
-        losses.append(_sum_over_ranks(float(loss.detach())) / ctx.world_size)
+        losses.append(_sum_over_ranks(float(loss.detach()), ctx.device) / ctx.world_size)
     train_s = time.perf_counter() - start
     after = full_parameters(model, kind, list(before))
     del optimizer
