@@ -8,7 +8,7 @@ from torch import nn
 
 from fsdp_matrix.workload.adapters import add_adapter, adapter_dtypes
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_4bit_model, build_model, torch_dtype, count_linear4bit
+from fsdp_matrix.workload.models import build_4bit_model, build_model, count_linear4bit, torch_dtype
 from fsdp_matrix.workload.training import train_and_check
 from fsdp_matrix.workload.wrapping import wrap
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from torch import distributed as dist
@@ -52,29 +52,41 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().reshape(-1).contiguous().view(torch.uint8).cpu().clone()
 
 
-def full_parameters(model: nn.Module, kind: str) -> Dict[str, torch.Tensor]:
-    """Every parameter, unsharded, as raw bytes on CPU, by its unwrapped name. Collective under FSDP."""
+def _resolve(model: nn.Module, name: str) -> torch.Tensor:
+    obj = model
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def full_parameters(model: nn.Module, kind: str, names: Optional[List[str]] = None) -> Dict[str, torch.Tensor]:
+    """Every parameter, unsharded, as raw bytes on CPU, by name. Collective under FSDP.
+
+    Pass the names of an earlier call to read the same tensors again: after a forward, FSDP1 can hold a unit's
+    unsharded views as plain tensor attributes that ``named_parameters`` no longer lists (seen at world size 1,
+    where NO_SHARD never reshards), so they are looked up by attribute path instead.
+    """
     if kind == "fsdp1":
         with FullyShardedDataParallel.summon_full_params(model, writeback=False):
-            return {_clean(n): _as_bytes(p) for n, p in model.named_parameters()}
+            names = names or [n for n, _ in model.named_parameters()]
+            return {n: _as_bytes(_resolve(model, n)) for n in names}
     out = {}
-    for name, param in model.named_parameters():
-        data = param.full_tensor() if isinstance(param, DTensor) else param
-        out[_clean(name)] = _as_bytes(data)
+    for name in names or [n for n, _ in model.named_parameters()]:
+        param = _resolve(model, name)
+        out[name] = _as_bytes(param.full_tensor() if isinstance(param, DTensor) else param)
     return out
 
 
-def _sum_over_ranks(value: float) -> float:
+def _sum_over_ranks(value: float, device: torch.device) -> float:
     if not dist.is_initialized():
         return value
-    # a float64 CPU tensor works on gloo; nccl needs it on the GPU
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    # on the rank's own device: nccl only reduces CUDA tensors, gloo takes CPU ones
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return float(t.item())
 
 
-def grad_norm(params: List[nn.Parameter]) -> float:
+def grad_norm(params: List[nn.Parameter], device: torch.device) -> float:
     """L2 norm of the trainable gradients over all ranks (each rank holds its shard of them)."""
     local = 0.0
     for p in params:
@@ -82,7 +94,7 @@ def grad_norm(params: List[nn.Parameter]) -> float:
             continue
         g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
         local += float(g.detach().float().pow(2).sum())
-    return math.sqrt(_sum_over_ranks(local))
+    return math.sqrt(_sum_over_ranks(local, device))
 
 
 def train_and_check(model: nn.Module, ctx: RankContext, steps: int = 3) -> dict:
@@ -105,17 +117,17 @@ def train_and_check(model: nn.Module, ctx: RankContext, steps: int = 3) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
-        norms.append(grad_norm(params))
+        norms.append(grad_norm(params, ctx.device))
         optimizer.step()
-        losses.append(_sum_over_ranks(float(loss.detach())) / ctx.world_size)
+        losses.append(_sum_over_ranks(float(loss.detach()), ctx.device) / ctx.world_size)
     train_s = time.perf_counter() - start
-    after = full_parameters(model, kind)
+    after = full_parameters(model, kind, list(before))
     del optimizer
 
     frozen = [n for n in before if not is_adapter(n)]
     adapters = [n for n in before if is_adapter(n)]
-    frozen_changed = [n for n in frozen if not torch.equal(before[n], after[n])]
-    adapter_same = [n for n in adapters if torch.equal(before[n], after[n])]
+    frozen_changed = [_clean(n) for n in frozen if not torch.equal(before[n], after[n])]
+    adapter_same = [_clean(n) for n in adapters if torch.equal(before[n], after[n])]
     checks = {
         "wrapper": kind,
         "steps": steps,
