@@ -16,7 +16,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import ssl
 import sys
 import urllib.error

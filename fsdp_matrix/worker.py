@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 import traceback
 import warnings

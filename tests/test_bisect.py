@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Callable, Dict, List, Optional, Set
+from typing import Callable, List, Set
 
 import pytest
 
