@@ -19,8 +19,7 @@ import pytest
 from fsdp_matrix.bisect import install_bound
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = Path(__file__).parent / "fixtures" / "bisect_matrix.yaml"
-CELL = "no-split-modules/shape_plain-ws2"
+CELL = "no-split-modules/lora-orig0-cls_env_unset-shape_plain-ws2"
 SEED_ERROR = "Could not find the transformer layer class to wrap"
 
 
@@ -30,7 +29,7 @@ def test_bisect_finds_the_peft_release_that_fixed_seed_003(tmp_path: Path) -> No
     cache = Path(os.environ.get("FSDP_MATRIX_BISECT_CACHE") or tmp_path / "envs")
     out = tmp_path / "bisect.json"
     cmd = [sys.executable, "-m", "fsdp_matrix", "bisect", CELL, "--package", "peft", "--old", "0.13.2",
-           "--new", "0.15.2", "--combo", "old", "--matrix", str(FIXTURE), "--cache", str(cache), "--json", str(out)]
+           "--new", "0.15.2", "--combo", "old", "--cache", str(cache), "--json", str(out)]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1400)
     took = time.monotonic() - start
