@@ -30,13 +30,17 @@ def add_adapter(model: nn.Module, adapter: str, seed: int, autocast: Optional[bo
     """``get_peft_model`` with a rank-4 LoRA (``dora``: ``use_dora=True``) on q/v projections.
 
     ``autocast`` is passed as ``autocast_adapter_dtype`` (True upcasts fp16/bf16 adapter weights to fp32); None
-    leaves PEFT's default. Asking for a value on a PEFT without the option raises TypeError, as PEFT itself would.
+    leaves PEFT's default. Asking for the upcast on a PEFT without the option raises TypeError, as PEFT itself
+    would; asking for no upcast there is what that PEFT always did.
     """
     if adapter not in ("lora", "dora", "qlora"):
         raise ValueError(f"unknown adapter {adapter!r} (expected lora, dora or qlora)")
     config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(TARGET_MODULES),
                         use_dora=adapter == "dora", task_type="CAUSAL_LM")
     kwargs = {} if autocast is None else {"autocast_adapter_dtype": bool(autocast)}
+    if autocast is False and not has_autocast_option():
+        # before the option existed PEFT never upcast: leaving it out *is* autocast_adapter_dtype=False there
+        kwargs = {}
     # adapter init draws from the global RNG: seed it so every rank builds the same adapter
     torch.manual_seed(seed)
     return get_peft_model(model, config, **kwargs)
