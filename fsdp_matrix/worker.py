@@ -247,6 +247,9 @@ def main(run_dir: str) -> int:
     faulthandler.enable()
     config = json.loads((run / "launch.json").read_text())
     log.write(event="hello", pid=os.getpid(), rank=rank)
+    # import the workload stack now, as part of the launch (the per-launch cost), not inside the first cell
+    import fsdp_matrix.workload.recipe  # noqa: F401
+
     ctx = make_context(Path(config["scratch"]), config.get("seed", 0))
     init_process_group(ctx, config["cell_timeout"])
     hygiene = Hygiene(int(config.get("leak_budget_mb", 512)) << 20)
