@@ -120,6 +120,8 @@ class Launcher:
         self._failed_starts = 0
         self.launch_seconds: List[float] = []
         """Per launch: seconds from starting torchrun to every rank ready (imports + rendezvous)."""
+        self.launch_ids: List[str] = []
+        """Marker of every launch started, in order (procs.MARKER on each of its processes)."""
 
     # ---- public API -------------------------------------------------------------------------------------------
     def submit(self, task: Task) -> None:
@@ -168,6 +170,7 @@ class Launcher:
         number = self._launches
         self._launches += 1
         launch_id = uuid.uuid4().hex[:12]
+        self.launch_ids.append(launch_id)
         run_dir = self.run_root / f"launch-{number}-{launch_id}"
         (run_dir / TASKS).mkdir(parents=True)
         (run_dir / "scratch").mkdir()

@@ -28,13 +28,18 @@ def _lines(results: Path) -> int:
     return path.read_text().count("\n") if path.exists() else 0
 
 
-def _no_marked_processes(deadline_s: float) -> bool:
+def _launch_ids(results: Path) -> set:
+    """The marker values of this test's own launches (other tests' launchers may legitimately be running)."""
+    return {d.name.rsplit("-", 1)[-1] for d in (results / "launches").glob("*/launch-*")}
+
+
+def _none_alive(launch_ids: set, deadline_s: float) -> bool:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         alive = []
         for p in psutil.process_iter():
             try:
-                if procs.MARKER in p.environ():
+                if p.environ().get(procs.MARKER) in launch_ids:
                     alive.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 pass
@@ -53,8 +58,9 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path):
     first.wait()
     kept = list(records.iter_records(tmp_path))
     assert 2 <= len(kept) < len(CELLS)
-    # ranks notice their coordinator is gone and exit: nothing is left running
-    assert _no_marked_processes(60)
+    # ranks notice their coordinator is gone and exit: nothing of that run is left running
+    ids = _launch_ids(tmp_path)
+    assert ids and _none_alive(ids, 60)
 
     second = _run(tmp_path, "--resume")
     out, _ = second.communicate(timeout=300)
