@@ -25,7 +25,7 @@ from fsdp_matrix.cells import Cell, expand, unmet_requirement
 from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.envs import local_versions
 from fsdp_matrix.launcher import Launcher
-from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
+from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
 from fsdp_matrix.session import Session
 
 
@@ -41,9 +41,8 @@ class Timing:
     """Cells whose outcome matched the expectation (both strategies must agree on real work)."""
 
 
-def pick(n: int, matrix_path: Path) -> List[Cell]:
+def pick(n: int, matrix: Matrix) -> List[Cell]:
     """The first ``n`` runnable CPU cells, round-robin over cases so every kind of work is in the sample."""
-    matrix = load_matrix(matrix_path)
     versions = local_versions()
     by_case = [[c for c in expand(matrix, cases=[case.id])
                 if unmet_requirement(case.requires, c) is None and expected_for(case, c, versions).kind != "skip"]
@@ -56,8 +55,7 @@ def pick(n: int, matrix_path: Path) -> List[Cell]:
     return out
 
 
-def batched(cells: List[Cell], matrix_path: Path, work: Path) -> tuple:
-    matrix = load_matrix(matrix_path)
+def batched(cells: List[Cell], matrix: Matrix, matrix_path: Path, work: Path) -> tuple:
     launcher = Launcher(run_root=work / "launches", python=sys.executable)
     session = Session(matrix, launcher, work, local_versions(), repo_root=matrix_path.resolve().parent)
     start = time.monotonic()
@@ -70,8 +68,7 @@ def batched(cells: List[Cell], matrix_path: Path, work: Path) -> tuple:
     return Timing("(b) batched", wall, ok), compute, launcher.launch_seconds
 
 
-def per_cell(cells: List[Cell], matrix_path: Path, work: Path) -> Timing:
-    matrix = load_matrix(matrix_path)
+def per_cell(cells: List[Cell], matrix: Matrix, matrix_path: Path, work: Path) -> Timing:
     root = matrix_path.resolve().parent
     start = time.monotonic()
     ok = 0
@@ -91,12 +88,13 @@ def main(argv: List[str] = None) -> int:
     p.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    cells = pick(args.cells, args.matrix)
+    matrix = load_matrix(args.matrix)
+    cells = pick(args.cells, matrix)
     with tempfile.TemporaryDirectory(prefix="fsdp-bench-") as tmp:
         work = Path(tmp)
-        b1, compute1, launches1 = batched(cells, args.matrix, work / "b1")
-        a = per_cell(cells, args.matrix, work / "a")
-        b2, compute2, launches2 = batched(cells, args.matrix, work / "b2")
+        b1, compute1, launches1 = batched(cells, matrix, args.matrix, work / "b1")
+        a = per_cell(cells, matrix, args.matrix, work / "a")
+        b2, compute2, launches2 = batched(cells, matrix, args.matrix, work / "b2")
     b_wall = (b1.wall_s + b2.wall_s) / 2
     floor = (compute1 + compute2) / 2 + min(launches1 + launches2)
     rows = [(a.name, a.wall_s, a.verdicts_ok), ("(b) batched, run 1", b1.wall_s, b1.verdicts_ok),

@@ -12,8 +12,7 @@ from typing import List, Optional, Sequence
 from packaging.version import Version
 
 from fsdp_matrix.bisect import BisectResult, Step, bisect, install_bound
-from fsdp_matrix.bisect_run import (CellRunner, DatedInstaller, PinnedInstaller, days_between,
-                                    export_index_environment, parse_pins)
+from fsdp_matrix.bisect_run import CellRunner, DatedInstaller, PinnedInstaller, days_between, parse_pins
 from fsdp_matrix.cells import find_cell
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import Combo, Matrix, load_matrix
@@ -77,7 +76,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         matrix = load_matrix(args.matrix)
         combo = matrix.combo(args.combo) if args.combo else newest_cpu_combo(matrix)
         cell = find_cell(matrix, args.cell, args.device, args.world_size)
-        export_index_environment()
         args.cache.mkdir(parents=True, exist_ok=True)
         base = PinnedInstaller(combo, args.package or "peft", args.cache, parse_pins(args.pin), args.device)
         # each step's results and launch logs stay under the cache, for a look at a surprising step

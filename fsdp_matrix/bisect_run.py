@@ -24,23 +24,6 @@ from fsdp_matrix.bisect import Outcome, Prepared, Untestable
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.matrix import PACKAGES, Combo
 from fsdp_matrix.records import RECORDS_FILE, iter_records
-from fsdp_matrix.releases import pip_settings
-
-_INDEX_VARS = ("UV_INDEX", "UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
-
-
-def export_index_environment() -> None:
-    """Put the user's pip indexes into this process's environment as uv variables, once.
-
-    ``envs.install`` reads pip's configuration with this interpreter, and a uv-built env (nox's) has no pip: it
-    would see no find-links and refuse every install as CUDA. Exported UV_* variables count as the user's own.
-    """
-    if any(os.environ.get(v) for v in _INDEX_VARS):
-        return
-    for key, value in envs.uv_environment(os.environ, pip_settings()).items():
-        if key != "UV_COMPILE_BYTECODE":
-            os.environ[key] = value
-
 
 @contextlib.contextmanager
 def _bytecode_on_import() -> Iterator[None]:

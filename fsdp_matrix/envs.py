@@ -7,6 +7,7 @@ unless the user already configured uv itself, and a CPU install is dry-run first
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -37,12 +38,7 @@ def pip_config(python: Optional[str] = None) -> Dict[str, str]:
     pip, and reading nothing there would lose the user's find-links and send uv to the CUDA build of torch.
     """
     if python is None:
-        for candidate in dict.fromkeys(p for p in (sys.executable, getattr(sys, "_base_executable", None),
-                                                   shutil.which("python3"), shutil.which("python")) if p):
-            config = pip_config(candidate)
-            if config:
-                return config
-        return {}
+        return dict(_discovered_pip_config())
     try:
         out = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
@@ -54,6 +50,17 @@ def pip_config(python: Optional[str] = None) -> Dict[str, str]:
     for key, value in rows:
         config[key.split(".", 1)[-1].strip()] = value.strip().strip("'\"")
     return config
+
+
+@functools.lru_cache(maxsize=None)
+def _discovered_pip_config() -> Dict[str, str]:
+    # one `pip config list` per process: every install of a bisect or matrix run would otherwise ask again
+    for candidate in dict.fromkeys(p for p in (sys.executable, getattr(sys, "_base_executable", None),
+                                               shutil.which("python3"), shutil.which("python")) if p):
+        config = pip_config(candidate)
+        if config:
+            return config
+    return {}
 
 
 def uv_environment(base: Optional[Mapping[str, str]] = None, pip: Optional[Dict[str, str]] = None) -> Dict[str, str]:

@@ -217,7 +217,7 @@ class Launcher:
         self._live = None
         # the culprit is already done; anything else it had been given runs again in the next launch
         self._queue[:0] = [self._tasks[k] for k in live.submitted if k not in self._done]
-        if not live.started and not any(r for r in live.ended.values()):
+        if not live.started:
             self._failed_starts += 1
         else:
             self._failed_starts = 0
@@ -227,7 +227,7 @@ class Launcher:
     def _fail_queue(self, live: _Live, note: str) -> None:
         """Two launches in a row died before running anything: the env is broken; say why instead of looping."""
         log = (live.run_dir / "torchrun.out").read_text(errors="replace") if (live.run_dir / "torchrun.out").exists() else ""
-        message = f"{note}\n{procs._tail(log, 40)}"
+        message = f"{note}\n{procs.tail(log, 40)}"
         for task in self._queue:
             self._done[task.key] = CellRun(task.key, "env-error", [RankResult(-1, "env-error", "LaunchError", message)],
                                            0.0, live.number, note=note)

@@ -89,11 +89,11 @@ def rank_logs(log_dir: Path, rank: int) -> Tuple[str, Optional[str]]:
     """Tail of a rank's stderr (where faulthandler writes a segfault's stack) and its torchrun error file, if any."""
     stderr, error = "", None
     for path in sorted(log_dir.glob(f"*/attempt_*/{rank}/stderr.log")):
-        stderr = _tail(path.read_text(errors="replace"))
+        stderr = tail(path.read_text(errors="replace"))
     for path in sorted(log_dir.glob(f"*/attempt_*/{rank}/error.json")):
         error = path.read_text(errors="replace")
     return stderr, error
 
 
-def _tail(text: str, lines: int = 60) -> str:
+def tail(text: str, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])

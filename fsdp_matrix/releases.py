@@ -78,15 +78,10 @@ class Release:
         return min(times) if times else None
 
 
-def pip_settings() -> Dict[str, str]:
-    """pip's configuration (see envs.pip_config: read with an interpreter that has pip)."""
-    return pip_config()
-
-
 def configured_locations(environ: Optional[Mapping[str, str]] = None, pip: Optional[Dict[str, str]] = None) -> Locations:
     """The index URLs and find-links uv is given: the user's uv variables, else pip's configuration translated."""
     environ = dict(os.environ if environ is None else environ)
-    pip = pip_settings() if pip is None else pip
+    pip = pip_config() if pip is None else pip
     env = {k: v for k, v in environ.items() if k in _UV_VARS}
     env.update(uv_environment(environ, pip))
     default = env.get("UV_DEFAULT_INDEX") or env.get("UV_INDEX_URL") or PYPI

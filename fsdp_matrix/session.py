@@ -76,7 +76,7 @@ class Session:
     def prefetch(self, cells: List[Cell]) -> None:
         """Queue every cell that will run, so ranks go from one to the next without waiting for the caller."""
         for cell in cells:
-            if self._skip_reason(cell) is None and cell.key not in self._recorded:
+            if cell.key not in self._recorded and self._skip_reason(cell, self.expected(cell)) is None:
                 self.launcher.submit(self._task(cell))
 
     def run(self, cell: Cell) -> Record:
@@ -86,7 +86,7 @@ class Session:
         if cell.key in self._recorded:
             return self._recorded[cell.key]
         expected = self.expected(cell)
-        reason = self._skip_reason(cell)
+        reason = self._skip_reason(cell, expected)
         if reason is not None:
             rec = make_record(cell, expected, Observed("skipped", error_message=reason), self.versions, 0.0,
                               self.combo, self.run_id)
@@ -107,12 +107,10 @@ class Session:
         records.append(self.results, rec)
         return rec
 
-    def _skip_reason(self, cell: Cell) -> Optional[str]:
-        case = self.matrix.case(cell.case)
-        reason = unmet_requirement(case.requires, cell)
+    def _skip_reason(self, cell: Cell, expected: Expected) -> Optional[str]:
+        reason = unmet_requirement(self.matrix.case(cell.case).requires, cell)
         if reason:
             return reason
-        expected = self.expected(cell)
         return f"{expected.reason} [{expected.source}]" if expected.kind == "skip" else None
 
     def _task(self, cell: Cell) -> Task:

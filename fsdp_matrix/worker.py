@@ -180,7 +180,6 @@ class Hygiene:
         self.state["environ"] = {k: v for k, v in env_after.items() if k in env_before or k.startswith(_FIRST_USE_ENV)}
         if changed:
             problems.append("global state changed by the cell: " + ", ".join(changed))
-        dirty_here = bool(problems)
         try:
             if dist.get_backend() == "gloo":
                 dist.monitored_barrier(timeout=timedelta(seconds=barrier_timeout_s))
@@ -193,7 +192,7 @@ class Hygiene:
             problems.append(f"process group unusable: {type(exc).__name__}: {str(exc)[:300]}")
         if not problems:
             gc.freeze()  # what a clean cell left behind is measured already: stop re-scanning it every cell
-        return {"clean": not problems, "problems": problems, "dirty_here": dirty_here,
+        return {"clean": not problems, "problems": problems,
                 "leaked_modules": modules, "leaked_bytes": size}
 
 

@@ -34,7 +34,6 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List]:
 
     monkeypatch.setattr(PinnedInstaller, "install", install)
     monkeypatch.setattr(CellRunner, "run", run)
-    monkeypatch.setattr(bisect_cli, "export_index_environment", lambda: None)
     monkeypatch.setattr(bisect_cli, "release_candidates", lambda name, old, new, pre: PEFT)
     return seen
 
