@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE))
 from fsdp_matrix import envs  # noqa: E402
 from fsdp_matrix.cells import expand  # noqa: E402
 from fsdp_matrix.matrix import Combo, load_matrix  # noqa: E402
-from fsdp_matrix.records import Observed, RankResult, append  # noqa: E402
+from fsdp_matrix.records import append, env_error  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_venv = "yes"
@@ -66,9 +66,9 @@ def _host_has_gpu() -> bool:
 def _env_error_records(combo: Combo, results: Path, device: str, world_size: int, message: str, versions) -> None:
     """A combo whose env cannot be built still gets one record per cell, saying why."""
     from fsdp_matrix.expectations import expected_for
-    from fsdp_matrix.session import make_record
+    from fsdp_matrix.runner.session import make_record
 
-    observed = Observed("env-error", "EnvError", message, ranks=[RankResult(-1, "env-error", "EnvError", message)])
+    observed = env_error(message)
     for cell in expand(MATRIX, device, world_size):
         expected = expected_for(MATRIX.case(cell.case), cell, versions)
         append(results, make_record(cell, expected, observed, versions, 0.0, combo.id, "env-error"))

@@ -24,6 +24,7 @@ from filelock import FileLock
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import EnvError
 
 STAMP = "fsdp-matrix-env.json"
@@ -163,7 +164,7 @@ def run_quiet(cmd: Sequence[str], timeout: float = 30) -> str:
 def _tail(text: str, lines: int = 40) -> str:
     # uv's "Using Python ... environment at" preamble would otherwise be the first line every report shows
     kept = [line for line in text.strip().splitlines() if not line.startswith("Using Python ")]
-    return "\n".join(kept[-lines:])
+    return clip("\n".join(kept), lines=lines, tail=True)
 
 
 _VERSIONS_SCRIPT = """

@@ -67,6 +67,11 @@ def rule_matches(rule: Rule, cell: Cell, versions: Mapping[str, Optional[str]]) 
 
 
 def expected_for(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> Expected:
+    """The outcome the case's first matching rule gives this cell under these installed versions.
+
+    Rules are tried in matrix.yaml order; a rule matches when every ``when`` key equals the cell's value (device and
+    world size included) and every ``versions`` specifier contains the installed release. No match is kind ``none``.
+    """
     for index, rule in enumerate(case.expect):
         if not rule_matches(rule, cell, versions):
             continue

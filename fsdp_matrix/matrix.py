@@ -163,6 +163,15 @@ class Matrix(_Strict):
                 return combo
         raise UnknownCellError(f"no combo {combo_id!r} in matrix.yaml (have: {', '.join(c.id for c in self.combos)})")
 
+    def newest(self, tag: str = "cpu") -> Combo:
+        """The combo tagged ``tag`` with the newest peft, then transformers, accelerate, torch, bitsandbytes: what
+        ``bisect``, ``export`` and ``upgrade`` use when no ``--combo`` is given."""
+        tagged = [c for c in self.combos if tag in c.tags]
+        if not tagged:
+            raise UnknownCellError(f"no combo tagged {tag!r} in matrix.yaml; pass --combo")
+        order = ("peft", "transformers", "accelerate", "torch", "bitsandbytes")
+        return max(tagged, key=lambda c: tuple(Version(getattr(c.pins, n)) for n in order))
+
     def case(self, case_id: str) -> Case:
         for case in self.cases:
             if case.id == case_id:

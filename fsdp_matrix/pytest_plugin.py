@@ -19,10 +19,11 @@ import pytest
 from fsdp_matrix.cells import Cell, expand
 from fsdp_matrix.envs import local_versions
 from fsdp_matrix.errors import MatrixError
-from fsdp_matrix.launcher import Launcher
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
 from fsdp_matrix.records import Record
-from fsdp_matrix.session import Session
+from fsdp_matrix.report.failure import failure_text
+from fsdp_matrix.runner.launcher import Launcher
+from fsdp_matrix.runner.session import Session
 from fsdp_matrix.verdicts import Verdict
 
 
@@ -137,22 +138,6 @@ def matrix_session(request: pytest.FixtureRequest) -> Session:
 def _collected_cells(session: pytest.Session) -> List[Cell]:
     return [item.callspec.params["cell"] for item in session.items
             if hasattr(item, "callspec") and isinstance(item.callspec.params.get("cell"), Cell)]
-
-
-def failure_text(rec: Record) -> str:
-    """The one-line verdict, then what each rank said: traceback, hang stack or exit signal."""
-    lines = [f"{rec.verdict}: {rec.case}/{rec.cell}: {rec.line}"]
-    for r in rec.observed.ranks:
-        head = f"--- rank {r.rank}: {r.status}"
-        if r.exit_code is not None:
-            head += f", exit code {r.exit_code}" + (f" ({r.signal})" if r.signal else "")
-        lines.append(head)
-        for text in (r.traceback, r.stack):
-            if text:
-                lines.append(text.rstrip())
-        if r.status == "ok" and r.checks:
-            lines.append(f"checks: {r.checks}")
-    return "\n".join(lines)
 
 
 def check_record(rec: Record) -> None:

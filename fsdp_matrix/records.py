@@ -16,14 +16,12 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from filelock import FileLock
 
-from fsdp_matrix.expectations import Expected
-from fsdp_matrix.verdicts import Verdict
 
 SCHEMA = 1
 RECORDS_FILE = "cells.jsonl"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RankResult:
     """What one rank reported (or what the launcher learned about it) for one cell."""
 
@@ -50,8 +48,12 @@ class RankResult:
     duration_s: Optional[float] = None
     """Time this rank spent in the cell."""
 
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "RankResult":
+        return cls(**data)
 
-@dataclass
+
+@dataclass(kw_only=True)
 class Observed:
     """The cell's outcome across ranks."""
 
@@ -73,7 +75,7 @@ class Observed:
     """What the launcher did about it, e.g. why the launch was replaced after this cell."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Record:
     """One line of cells.jsonl."""
 
@@ -114,14 +116,6 @@ class Record:
     def key(self) -> str:
         return f"{self.case}/{self.cell}"
 
-    @property
-    def verdict_enum(self) -> Verdict:
-        return Verdict(self.verdict)
-
-    @property
-    def expected_obj(self) -> Expected:
-        return Expected.from_json(self.expected)
-
     def to_json(self) -> Dict[str, Any]:
         return asdict(self)
 
@@ -129,9 +123,16 @@ class Record:
     def from_json(cls, data: Dict[str, Any]) -> "Record":
         data = dict(data)
         obs = dict(data.pop("observed"))
-        obs["ranks"] = [RankResult(**r) for r in obs.get("ranks", [])]
+        obs["ranks"] = [RankResult.from_json(r) for r in obs.get("ranks", [])]
         known = set(cls.__dataclass_fields__)
         return cls(observed=Observed(**obs), **{k: v for k, v in data.items() if k in known})
+
+
+def env_error(message: str, error_type: str = "EnvError") -> Observed:
+    """The one outcome of a cell that could not run because its env could not be built, imported, verified or
+    launched: the installer's (or torchrun's) reason is the message."""
+    rank = RankResult(rank=-1, status="env-error", error_type=error_type, error_message=message)
+    return Observed(status="env-error", error_type=error_type, error_message=message, ranks=[rank])
 
 
 def append(results: Path, record: Record) -> None:
@@ -168,10 +169,3 @@ def latest(records: Iterator[Record]) -> Dict[Tuple[Optional[str], str], Record]
         if key not in out or rec.finished_at >= out[key].finished_at:
             out[key] = rec
     return out
-
-
-def recorded_keys(results: Path, combo: Optional[str]) -> set:
-    """Cell keys that already have a record for this combo: what ``--resume`` skips."""
-    if not (results / RECORDS_FILE).exists():
-        return set()
-    return {rec.key for rec in iter_records(results / RECORDS_FILE) if rec.combo == combo}

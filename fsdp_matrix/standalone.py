@@ -24,7 +24,7 @@ def _value(text: str) -> Any:
     return int(text) if text.lstrip("-").isdigit() else text
 
 
-def parse(argv: List[str], case: str) -> Tuple[argparse.Namespace, Dict[str, Any]]:
+def parse(argv: List[str]) -> Tuple[argparse.Namespace, Dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cell", help="cell id, e.g. dora-bf16-orig1-peft_policy-llama-ws2")
     p.add_argument("--results", default="results", type=Path)
@@ -45,11 +45,11 @@ def main(run: Callable[[Dict[str, Any], Any], Any], case: str, argv: List[str] =
 
     from fsdp_matrix import records
     from fsdp_matrix.envs import local_versions
-    from fsdp_matrix.launcher import CellRun
-    from fsdp_matrix.session import make_record, observe
-    from fsdp_matrix.worker import init_process_group, make_context, run_cell
+    from fsdp_matrix.runner.launcher import CellRun
+    from fsdp_matrix.runner.session import make_record, observe
+    from fsdp_matrix.runner.worker import init_process_group, make_context, run_cell
 
-    args, params = parse(sys.argv[1:] if argv is None else argv, case)
+    args, params = parse(sys.argv[1:] if argv is None else argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     os.environ["FSDP_MATRIX_DEVICE"] = args.device
@@ -79,7 +79,7 @@ def main(run: Callable[[Dict[str, Any], Any], Any], case: str, argv: List[str] =
     if ctx.rank != 0:
         return 0
     status = "error" if any(r.status == "error" for r in gathered) else "ok"
-    observed = observe(CellRun(cell.key, status, gathered, duration))
+    observed = observe(CellRun(key=cell.key, status=status, ranks=gathered, duration_s=duration))
     expected = expected_for(matrix.case(case), cell, local_versions()) if matrix else Expected("none")
     rec = make_record(cell, expected, observed, local_versions(), duration, None, f"standalone-{run_id}")
     if not args.no_record:

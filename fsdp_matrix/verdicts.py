@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Optional
 
+from fsdp_matrix.clip import first_line
 from fsdp_matrix.expectations import Expected, signature_matches
 
 
@@ -55,6 +56,12 @@ class Judgement:
 
 def judge(expected: Expected, status: str, error_type: Optional[str] = None, message: Optional[str] = None,
           location: Optional[str] = None) -> Judgement:
+    """The verdict for one cell: what matrix.yaml expected against what the ranks observed.
+
+    hang, crash, env-error and skipped are verdicts of their own whatever was expected: none of them says anything
+    about the bug. Otherwise ok meets ok (fix-holds) or an error (UNEXPECTED-FIX); an error meets ok (REGRESSION), or
+    is matched against the expected signature (reproduced, else DIFFERENT-ERROR). A cell no rule covers never passes.
+    """
     observed = _describe(status, error_type, message, location)
     line = f"expected {expected.describe()} / observed {observed}"
     if status not in STATUSES:
@@ -81,11 +88,6 @@ def judge(expected: Expected, status: str, error_type: Optional[str] = None, mes
 
 def _describe(status: str, error_type: Optional[str], message: Optional[str], location: Optional[str]) -> str:
     if status != "error":
-        return status if not message else f"{status} ({_first_line(message)})"
+        return status if not message else f"{status} ({first_line(message, 200)})"
     where = f" in {location}" if location else ""
-    return f"{error_type}: {_first_line(message)}{where}"
-
-
-def _first_line(text: Optional[str], limit: int = 200) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    return f"{error_type}: {first_line(message, 200)}{where}"

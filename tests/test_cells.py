@@ -3,7 +3,7 @@ import pytest
 from fsdp_matrix.cells import Cell, cell_id, expand, find_cell, matches, unmet_requirement
 from fsdp_matrix.errors import UnknownCellError
 from fsdp_matrix.matrix import parse_matrix
-from helpers import matrix_data
+from tests.helpers import matrix_data
 
 
 def test_ids_are_stable_and_readable():

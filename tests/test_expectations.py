@@ -1,7 +1,7 @@
 from fsdp_matrix.cells import Cell
 from fsdp_matrix.expectations import Expected, expected_for, signature_matches, version_matches
 from fsdp_matrix.matrix import parse_matrix
-from helpers import matrix_data
+from tests.helpers import matrix_data
 
 CURRENT = {"torch": "2.13.0+cpu", "peft": "0.21.2", "transformers": "5.23.0"}
 

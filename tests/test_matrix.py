@@ -4,7 +4,7 @@ import pytest
 
 from fsdp_matrix.errors import MatrixConfigError, UnknownCellError
 from fsdp_matrix.matrix import load_matrix, parse_matrix
-from helpers import BASE, matrix_data
+from tests.helpers import BASE, matrix_data
 
 
 def test_valid_matrix_parses():
@@ -71,3 +71,16 @@ def test_unknown_ids():
 def test_repo_matrix_is_valid():
     m = load_matrix()
     assert {c.id for c in m.combos} >= {"current", "old"}
+
+
+def test_newest_is_the_newest_cpu_combo():
+    data = matrix_data()
+    base = data["combos"][0]
+    data["combos"] = [
+        {**base, "id": "a", "pins": {**base["pins"], "peft": "0.9.0", "transformers": "9.0.0"}},
+        {**base, "id": "b", "pins": {**base["pins"], "peft": "0.21.2", "transformers": "4.51.3"}},
+        {**base, "id": "c", "pins": {**base["pins"], "peft": "0.21.2", "transformers": "5.23.0"}},
+        {**base, "id": "d", "pins": {**base["pins"], "peft": "0.21.10", "transformers": "4.0.0"}, "tags": ["gpu"]},
+    ]
+    assert parse_matrix(data).newest("cpu").id == "c"
+    assert load_matrix().newest("cpu").id == "current"

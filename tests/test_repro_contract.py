@@ -10,7 +10,7 @@ import pytest
 
 from fsdp_matrix.matrix import load_matrix
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 MATRIX = load_matrix(ROOT / "matrix.yaml")
 
 

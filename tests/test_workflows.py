@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from fsdp_matrix.matrix import Combo
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
 ACTIONLINT_CONFIG = ROOT / ".github" / "actionlint.yaml"
 COMBO_FILES = [ROOT / "matrix.yaml"]

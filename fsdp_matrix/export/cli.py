@@ -1,0 +1,38 @@
+"""``python -m fsdp_matrix export CELL``: one self-contained script that reproduces a cell, plus an issue snippet."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Iterable, List, Optional
+
+from fsdp_matrix.export.script import Export, prepare, render_script
+from fsdp_matrix.export.snippet import render_markdown
+from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
+
+
+def write(exp: Export, out: Path, script: Optional[Path] = None) -> List[Path]:
+    script = script or out / f"{exp.stem}.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    text = render_script(exp)
+    compile(text, str(script), "exec")  # a script that does not even parse must never be handed out
+    script.write_text(text, encoding="utf-8")
+    exp_md = script.with_suffix(".md")
+    exp_md.write_text(render_markdown(exp), encoding="utf-8")
+    return [script, exp_md]
+
+
+def main(argv: Iterable[str]) -> int:
+    p = argparse.ArgumentParser(prog="fsdp_matrix export", description=__doc__.split("\n\n")[0])
+    p.add_argument("cell", help="CASE/CELL, or a cell id that only one case has")
+    p.add_argument("--combo", help="combo id from matrix.yaml (default: the newest CPU combo)")
+    p.add_argument("--out", type=Path, default=Path("."), help="directory to write into (default: .)")
+    p.add_argument("--script", type=Path, help="script path (default: OUT/repro_<case>_<cell>.py)")
+    p.add_argument("--results", type=Path, default=Path("results"), help="where to look for a record of the cell")
+    p.add_argument("--matrix", type=Path, default=None)
+    args = p.parse_args(list(argv))
+    root = (args.matrix or DEFAULT_MATRIX).resolve().parent
+    exp = prepare(load_matrix(args.matrix), args.cell, args.combo, args.results, root)
+    for path in write(exp, args.out, args.script):
+        print(path)
+    return 0

@@ -1,0 +1,239 @@
+"""Inline a repro and the fsdp_matrix modules it imports into one flat script body, with ``ast``.
+
+The workload modules are written for this: they import only the standard library, third-party packages, each other
+and ``fsdp_matrix.errors``, always as top-level ``from fsdp_matrix.x import a, b``. Each module's text is kept as
+written (docstrings and comments explain the report), minus its imports: third-party and stdlib imports are hoisted
+into one deduplicated header, ``fsdp_matrix`` imports are dropped (their names are defined earlier in the script,
+since modules come in dependency order). A name bound by two inlined modules would silently take one meaning in the
+flat script, so it is an error, as is any import this scheme cannot flatten.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from fsdp_matrix.errors import MatrixError
+
+PACKAGE = "fsdp_matrix"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+INLINABLE = ("fsdp_matrix.workload", "fsdp_matrix.export.runtime")
+"""Modules inlined whole (with every submodule)."""
+PICK_ONLY = ("fsdp_matrix.errors",)
+"""Modules from which only the imported top-level definitions are inlined (the rest is harness, not repro)."""
+
+
+class InlineError(MatrixError):
+    """A module cannot be flattened into one script; the message names the module and the statement."""
+
+
+@dataclass
+class Section:
+    """One inlined module: its path, its text without imports, and the names it binds at top level."""
+
+    module: str
+    """Dotted name, e.g. ``fsdp_matrix.workload.models``; the repro's file stem for the repro itself."""
+    path: Path
+    """Source file."""
+    text: str = ""
+    """Module source minus hoisted and dropped imports (and the repro's ``__main__`` block)."""
+    binds: Set[str] = field(default_factory=set)
+    """Top-level names it defines (functions, classes, assignments, imports kept in place)."""
+    needs: List[str] = field(default_factory=list)
+    """fsdp_matrix modules it imports from."""
+
+
+@dataclass
+class Flat:
+    """The whole inlined body, ready to be written after a script header."""
+
+    stdlib_imports: List[str]
+    """Hoisted ``import``/``from`` lines of standard-library modules (``__future__`` excluded)."""
+    other_imports: List[str]
+    """Hoisted third-party import lines (torch, peft, ...)."""
+    sections: List[Section]
+    """Inlined modules in dependency order, the repro last."""
+
+
+def module_file(module: str) -> Path:
+    rel = Path(*module.split(".")[1:])
+    pkg = PACKAGE_ROOT / rel / "__init__.py"
+    return pkg if pkg.exists() else PACKAGE_ROOT / rel.with_suffix(".py")
+
+
+def is_stdlib(module: str) -> bool:
+    top = module.split(".")[0]
+    names = getattr(sys, "stdlib_module_names", None)
+    if names is not None:
+        return top in names
+    import importlib.util  # Python < 3.10: decide by where the module lives
+    import sysconfig
+
+    spec = importlib.util.find_spec(top)
+    origin = getattr(spec, "origin", None) or ""
+    return origin in ("built-in", "frozen") or origin.startswith(sysconfig.get_paths()["stdlib"])
+
+
+def _start(node: ast.stmt) -> int:
+    decorators = getattr(node, "decorator_list", [])
+    return min([node.lineno] + [d.lineno for d in decorators])
+
+
+def _bound(node: ast.AST) -> Set[str]:
+    """Names a top-level statement binds in the module namespace (not inside functions or classes)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With)):
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        targets += [i.optional_vars for i in getattr(node, "items", []) if i.optional_vars is not None]
+        out = {n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)}
+        return out | {n for s in getattr(node, "body", []) for n in _bound(s)}
+    out: Set[str] = set()
+    for attr in ("body", "orelse", "finalbody", "handlers"):
+        for child in getattr(node, attr, []) or []:
+            out |= _bound(child)
+    return out
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__")
+
+
+def _owned(module: str) -> bool:
+    return module == PACKAGE or module.startswith(PACKAGE + ".")
+
+
+def _check_inlinable(module: str, where: str) -> None:
+    if not any(module == m or module.startswith(m + ".") for m in INLINABLE + PICK_ONLY):
+        raise InlineError(f"{where}: imports {module}, which is harness code, not inlinable into a repro script")
+
+
+class _Collector:
+    """Walks the import graph from the repro and accumulates sections and hoisted imports."""
+
+    def __init__(self) -> None:
+        self.sections: Dict[str, Section] = {}
+        self.picks: Dict[str, Set[str]] = {}
+        self.imports: Dict[Tuple[bool, str], List[Tuple[str, Optional[str]]]] = {}
+        self.bindings: Dict[str, Tuple[str, str]] = {}  # hoisted name -> (module, attribute) it refers to
+
+    def hoist(self, node: ast.stmt, where: str) -> None:
+        for alias in node.names:
+            if isinstance(node, ast.Import):
+                source, attr, name = alias.name, "", (alias.asname or alias.name.split(".")[0])
+                key, item = (is_stdlib(alias.name), ""), (alias.name, alias.asname)
+            else:
+                source, attr, name = node.module, alias.name, alias.asname or alias.name
+                key, item = (is_stdlib(node.module), node.module), (alias.name, alias.asname)
+            if isinstance(node, ast.Import) and alias.asname is None:
+                source = name  # ``import a.b`` binds ``a``
+            previous = self.bindings.setdefault(name, (source, attr))
+            if previous != (source, attr):
+                raise InlineError(f"{where}: {name!r} is imported as {source}.{attr} here and as "
+                                  f"{previous[0]}.{previous[1]} in another inlined module")
+            items = self.imports.setdefault(key, [])
+            if item not in items:
+                items.append(item)
+
+    def add(self, module: str, path: Path, wanted: Optional[Set[str]] = None, drop_main: bool = False) -> Section:
+        if module in self.sections and wanted is None:
+            return self.sections[module]
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source, filename=str(path))
+        lines = source.splitlines()
+        keep = [True] * len(lines)
+        extra: Dict[int, str] = {}
+        section = Section(module, path)
+        for node in tree.body:
+            where = f"{path.name}:{node.lineno}"
+            first, last = _start(node) - 1, node.end_lineno
+            if isinstance(node, ast.ImportFrom) and (node.module == "__future__" or node.level):
+                if node.level:
+                    raise InlineError(f"{where}: relative import; write `from {PACKAGE}.x import a`")
+                keep[first:last] = [False] * (last - first)
+            elif isinstance(node, ast.ImportFrom) and _owned(node.module):
+                _check_inlinable(node.module, where)
+                names = {a.name for a in node.names}
+                if node.module in PICK_ONLY:
+                    self.picks.setdefault(node.module, set()).update(names)
+                elif node.module not in section.needs:
+                    section.needs.append(node.module)
+                self._provides(node.module, names, where)
+                keep[first:last] = [False] * (last - first)
+                aliases = [f"{a.asname} = {a.name}" for a in node.names if a.asname and a.asname != a.name]
+                if aliases:
+                    extra[first] = "\n".join(aliases)
+                    section.binds |= {a.asname for a in node.names if a.asname}
+            elif isinstance(node, ast.Import) and any(_owned(a.name) for a in node.names):
+                raise InlineError(f"{where}: `import {PACKAGE}...`; write `from {PACKAGE}.x import a` instead")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                self.hoist(node, where)
+                keep[first:last] = [False] * (last - first)
+            elif drop_main and _is_main_guard(node):
+                keep[first:last] = [False] * (last - first)
+            elif wanted is not None and not (_bound(node) & wanted):
+                keep[first:last] = [False] * (last - first)
+            else:
+                section.binds |= _bound(node)
+        out = [extra.get(i, line) for i, line in enumerate(lines) if keep[i] or i in extra]
+        section.text = _tidy("\n".join(out))
+        self.sections[module] = section
+        return section
+
+    def _provides(self, module: str, names: Set[str], where: str) -> None:
+        tree = ast.parse(module_file(module).read_text(encoding="utf-8"))
+        defined = set().union(*(_bound(n) for n in tree.body))
+        missing = sorted(names - defined)
+        if missing:
+            raise InlineError(f"{where}: {module} does not define {', '.join(missing)}")
+
+
+def _tidy(text: str) -> str:
+    out: List[str] = []
+    for line in text.strip("\n").splitlines():
+        if not line.strip() and len(out) >= 2 and not out[-1].strip() and not out[-2].strip():
+            continue
+        out.append(line.rstrip())
+    return "\n".join(out)
+
+
+def _render_imports(imports: Dict[Tuple[bool, str], List[Tuple[str, Optional[str]]]], stdlib: bool) -> List[str]:
+    plain = [f"import {n}" + (f" as {a}" if a else "") for (s, m), items in imports.items() if s == stdlib and not m
+             for n, a in items]
+    froms = [f"from {m} import " + ", ".join(n + (f" as {a}" if a else "") for n, a in items)
+             for (s, m), items in imports.items() if s == stdlib and m]
+    return sorted(plain) + sorted(froms)
+
+
+def flatten(repro: Path, first: Sequence[str] = ()) -> Flat:
+    """Inline ``first`` (whole modules, placed before everything else) and the repro with its dependencies."""
+    col = _Collector()
+    for module in first:
+        _check_inlinable(module, "export")
+        col.add(module, module_file(module))
+    repro_section = col.add(repro.stem, repro, drop_main=True)
+    pending = list(repro_section.needs)
+    while pending:
+        module = pending.pop()
+        if module not in col.sections:
+            pending += col.add(module, module_file(module)).needs
+    picks = [col.add(m, module_file(m), wanted=names) for m, names in sorted(col.picks.items())]
+    graph = graphlib.TopologicalSorter({s.module: s.needs for s in col.sections.values() if s.module not in first})
+    order = [m for m in graph.static_order() if m != repro.stem and m not in col.picks]
+    sections = [col.sections[m] for m in first] + picks + [col.sections[m] for m in order] + [repro_section]
+    seen: Dict[str, str] = {n: "an import" for n in col.bindings}
+    for section in sections:
+        for name in sorted(section.binds):
+            if name in seen:
+                raise InlineError(f"{section.path.name}: {name!r} is also bound by {seen[name]}: "
+                                  "one flat script cannot hold both; rename one")
+            seen[name] = section.path.name
+    return Flat(_render_imports(col.imports, True), _render_imports(col.imports, False), sections)

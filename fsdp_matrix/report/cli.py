@@ -1,0 +1,86 @@
+"""``python -m fsdp_matrix report RESULTS``: every format of the report, written next to the records."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
+from fsdp_matrix.report.grid import Grid, load_grid
+from fsdp_matrix.report.html import render_html
+from fsdp_matrix.report.json import to_json
+from fsdp_matrix.report.junit import junit_name, junit_xml
+from fsdp_matrix.report.markdown import append_step_summary, render_markdown
+from fsdp_matrix.report.text import render_text
+
+FORMATS = ("text", "md", "html", "json", "junit")
+
+
+def write_reports(grid: Grid, out: Path, formats: Sequence[str] = FORMATS) -> List[Path]:
+    """Write the chosen formats into ``out``; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: Dict[str, str] = {}
+    if "text" in formats:
+        written["report.txt"] = render_text(grid)
+    if "md" in formats:
+        written["report.md"] = render_markdown(grid)
+    if "html" in formats:
+        written["report.html"] = render_html(grid)
+    if "json" in formats:
+        written["report.json"] = json.dumps(to_json(grid), indent=1, sort_keys=True, default=str) + "\n"
+    paths = []
+    for name, text in written.items():
+        (out / name).write_text(text, encoding="utf-8")
+        paths.append(out / name)
+    if "junit" in formats:
+        for col in grid.columns:
+            (out / junit_name(col)).write_bytes(junit_xml(grid, col))
+            paths.append(out / junit_name(col))
+    return paths
+
+
+def _matrix_for(path: Optional[Path]) -> Optional[Matrix]:
+    """matrix.yaml only orders rows and columns, so the repo's own is used when none is named and it loads."""
+    if path is not None:
+        return load_matrix(path)
+    if DEFAULT_MATRIX.exists():
+        try:
+            return load_matrix(DEFAULT_MATRIX)
+        except MatrixError as exc:
+            print(f"report: ignoring {DEFAULT_MATRIX} for ordering: {exc}", file=sys.stderr)
+    return None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m fsdp_matrix report RESULTS [--out DIR] [--matrix FILE] [--format F ...]``; argv excludes 'report'."""
+    parser = argparse.ArgumentParser(prog="python -m fsdp_matrix report",
+                                     description="Combine cells.jsonl records into one grid of cells x combos.")
+    parser.add_argument("results", type=Path, help="results dir (every cells.jsonl under it) or one cells.jsonl")
+    parser.add_argument("--out", type=Path, help="where to write the reports (default: RESULTS, or its folder)")
+    parser.add_argument("--matrix", type=Path, help="matrix.yaml giving the row/column order (default: the repo's)")
+    parser.add_argument("--format", action="append", choices=FORMATS, dest="formats",
+                        help="format to write; repeat for several (default: all)")
+    args = parser.parse_args(argv)
+    try:
+        grid = load_grid(args.results, _matrix_for(args.matrix))
+    except (OSError, ValueError, MatrixError) as exc:
+        print(f"report: {exc}", file=sys.stderr)
+        return 2
+    if not grid.rows:
+        print(f"report: no cell records in {args.results}", file=sys.stderr)
+        return 2
+    out = args.out or (args.results if args.results.is_dir() else args.results.parent)
+    try:
+        paths = write_reports(grid, out, args.formats or FORMATS)
+    except OSError as exc:
+        print(f"report: cannot write to {out}: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_text(grid))
+    if args.formats is None or "md" in args.formats:
+        append_step_summary(render_markdown(grid))
+    print(f"\nwrote {len(paths)} files to {out}")
+    return 0

@@ -1,0 +1,161 @@
+"""Diff of two reports (e.g. last night's and tonight's): which cells changed verdict, and is any a new REGRESSION.
+
+An entry is (combo column, case/cell). A cell that is REGRESSION in NEW and was not in OLD (another verdict, or no
+record at all: a new combo or cell) is a new regression, and only that makes the exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.records import RECORDS_FILE
+from fsdp_matrix.report.grid import load_grid
+from fsdp_matrix.report.json import REPORT_SCHEMA, to_json
+from fsdp_matrix.report.style import symbol
+from fsdp_matrix.verdicts import Verdict
+
+Key = Tuple[str, str]
+"""(column id, case/cell)."""
+
+
+class ReportInputError(Exception):
+    """OLD or NEW cannot be read as a report."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One entry whose verdict differs between OLD and NEW."""
+
+    column: str
+    """Combo column id."""
+    cell: str
+    """``case/cell``."""
+    old: Optional[str]
+    """Verdict in OLD; None when OLD has no record of it."""
+    new: Optional[str]
+    """Verdict in NEW; None when NEW has no record of it."""
+    line: str = ""
+    """NEW's ``expected … / observed …`` line (OLD's when the cell was removed)."""
+
+
+@dataclass
+class ReportDiff:
+    """Changes grouped the way a nightly reader triages them; each change is in exactly one group."""
+
+    regressions: List[Change] = field(default_factory=list)
+    """REGRESSION in NEW and not in OLD (including entries new in NEW)."""
+    unexpected_fixes: List[Change] = field(default_factory=list)
+    """UNEXPECTED-FIX in NEW and not in OLD: upstream changed, update matrix.yaml."""
+    changed: List[Change] = field(default_factory=list)
+    """Every other verdict change between two recorded entries."""
+    added: List[Change] = field(default_factory=list)
+    """Entries only NEW has (not counted above)."""
+    removed: List[Change] = field(default_factory=list)
+    """Entries only OLD has."""
+    versions: List[str] = field(default_factory=list)
+    """Columns whose recorded versions changed, e.g. a nightly combo whose pins moved."""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.regressions or self.unexpected_fixes or self.changed or self.added or self.removed)
+
+
+def load_report(path: Path) -> Dict[str, Any]:
+    """A report.json, or a results dir / cells.jsonl turned into the same JSON (a dir's report.json if no records)."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            if any(path.rglob(RECORDS_FILE)):
+                return to_json(load_grid(path))
+            if (path / "report.json").is_file():
+                path = path / "report.json"
+            else:
+                raise ReportInputError(f"{path}: neither a {RECORDS_FILE} under it nor a report.json in it")
+        elif path.name.endswith(".jsonl"):
+            return to_json(load_grid(path))
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, MatrixError) as exc:
+        raise ReportInputError(f"{path}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict) or data.get("schema") != REPORT_SCHEMA:
+        raise ReportInputError(f"{path}: not a fsdp-matrix report.json (schema {REPORT_SCHEMA})")
+    return data
+
+
+def _entries(report: Dict[str, Any]) -> Dict[Key, Dict[str, Any]]:
+    return {(col, cell): summary for col, cells in report["entries"].items() for cell, summary in cells.items()}
+
+
+def _versions(report: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    return {c["id"]: c.get("versions") or {} for c in report.get("columns", [])}
+
+
+def compare(old: Dict[str, Any], new: Dict[str, Any]) -> ReportDiff:
+    before, after = _entries(old), _entries(new)
+    diff = ReportDiff()
+    for key in sorted(set(before) | set(after)):
+        was = before.get(key, {}).get("verdict")
+        now = after.get(key, {}).get("verdict")
+        if was == now:
+            continue
+        change = Change(key[0], key[1], was, now, (after.get(key) or before.get(key) or {}).get("line") or "")
+        if now == Verdict.REGRESSION.value:
+            diff.regressions.append(change)
+        elif now == Verdict.UNEXPECTED_FIX.value:
+            diff.unexpected_fixes.append(change)
+        elif was is None:
+            diff.added.append(change)
+        elif now is None:
+            diff.removed.append(change)
+        else:
+            diff.changed.append(change)
+    old_v, new_v = _versions(old), _versions(new)
+    for col in sorted(set(old_v) & set(new_v)):
+        moved = [f"{pkg} {old_v[col].get(pkg) or '-'} -> {new_v[col].get(pkg) or '-'}"
+                 for pkg in sorted(set(old_v[col]) | set(new_v[col])) if old_v[col].get(pkg) != new_v[col].get(pkg)]
+        if moved:
+            diff.versions.append(f"{col}: " + ", ".join(moved))
+    return diff
+
+
+def _fmt(change: Change) -> str:
+    was = f"{symbol(change.old)} {change.old}" if change.old else "(no record)"
+    now = f"{symbol(change.new)} {change.new}" if change.new else "(no record)"
+    line = " ".join(change.line.split())
+    return f"  [{change.column}] {change.cell}: {was} -> {now}" + (f"\n      {line}" if line and change.new else "")
+
+
+def render(diff: ReportDiff, old_name: str = "OLD", new_name: str = "NEW") -> str:
+    out = [f"fsdp-matrix diff: {old_name} -> {new_name}"]
+    if diff.versions:
+        out += ["Versions changed:"] + [f"  {v}" for v in diff.versions]
+    groups = (("NEW REGRESSIONS", diff.regressions), ("New unexpected fixes (update matrix.yaml)", diff.unexpected_fixes),
+              ("Other verdict changes", diff.changed), ("Cells added", diff.added), ("Cells removed", diff.removed))
+    for title, changes in groups:
+        if changes:
+            out += ["", f"{title} ({len(changes)}):"] + [_fmt(c) for c in changes]
+    if diff.empty:
+        out.append("No verdict changed.")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m fsdp_matrix diff OLD NEW``; argv excludes 'diff'. 1 on a new REGRESSION, 2 on unreadable input."""
+    parser = argparse.ArgumentParser(prog="python -m fsdp_matrix diff",
+                                     description="Cells whose verdict changed between two reports.")
+    parser.add_argument("old", type=Path, help="report.json, results dir or cells.jsonl of the earlier run")
+    parser.add_argument("new", type=Path, help="the same for the later run")
+    args = parser.parse_args(argv)
+    try:
+        old, new = load_report(args.old), load_report(args.new)
+    except ReportInputError as exc:
+        print(f"diff: {exc}", file=sys.stderr)
+        return 2
+    diff = compare(old, new)
+    sys.stdout.write(render(diff, str(args.old), str(args.new)))
+    return 1 if diff.regressions else 0

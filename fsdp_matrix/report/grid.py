@@ -1,0 +1,141 @@
+"""The report's model: the newest record of every cell in every combo, as rows (cells) by columns (combos).
+
+Every renderer (text, markdown, HTML, JSON, JUnit) reads a Grid; none reads records itself.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from fsdp_matrix.cells import expand_case
+from fsdp_matrix.matrix import PACKAGES, Matrix
+from fsdp_matrix.records import Record, iter_records, latest
+from fsdp_matrix.report.style import CODES, MISSING, STYLES, needs_attention, severity
+
+LOCAL = "(local)"
+"""Column id of records without a combo (a plain pytest run); combo ids cannot start with '(' so it never clashes."""
+_SHORT = {"torch": "torch", "peft": "peft", "transformers": "tf", "accelerate": "acc", "bitsandbytes": "bnb"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One combo of the grid."""
+
+    id: str
+    """Combo id from matrix.yaml, or LOCAL for records of a plain pytest run."""
+    number: int
+    """1-based position; the terminal and HTML headers show it instead of the (long) id."""
+    label: str
+    """What a reader calls it: the combo id, or the env's peft/transformers versions for a plain run."""
+    versions: Dict[str, Optional[str]]
+    """Versions reported by the column's newest record."""
+    mixed: bool = False
+    """Its records come from more than one set of versions (e.g. local runs in several envs)."""
+
+    def versions_text(self) -> str:
+        names = [p for p in PACKAGES if p in self.versions] + sorted(set(self.versions) - set(PACKAGES))
+        text = " ".join(f"{_SHORT.get(n, n)} {self.versions[n] or '-'}" for n in names)
+        return text + (" (mixed versions)" if self.mixed else "")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One cell of one case."""
+
+    case: str
+    """Case id."""
+    cell: str
+    """Cell id."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.case}/{self.cell}"
+
+
+@dataclass
+class Grid:
+    """Rows (cells) by columns (combos); an entry is the newest record or missing."""
+
+    columns: List[Column]
+    """Ordered as in matrix.yaml when it was given, then by id."""
+    rows: List[Row]
+    """Ordered by case as in matrix.yaml and by cell as its grids expand, then by id."""
+    entries: Dict[Tuple[str, str], Record]
+    """(column id, row key) -> newest record."""
+    case_titles: Dict[str, str] = field(default_factory=dict)
+    """Case id -> title from matrix.yaml, when it was given."""
+    unrun: List[str] = field(default_factory=list)
+    """Combos of matrix.yaml with no record at all: an env that never reported is worth a line."""
+    source: str = ""
+    """Where the records were read from."""
+
+    def entry(self, column: Column, row: Row) -> Optional[Record]:
+        return self.entries.get((column.id, row.key))
+
+    def code(self, column: Column, row: Row) -> str:
+        rec = self.entry(column, row)
+        return rec.verdict if rec else MISSING
+
+    def counts(self, column: Column) -> Dict[str, int]:
+        found = Counter(self.code(column, row) for row in self.rows)
+        return {**{c: found.get(c, 0) for c in CODES}, **{c: n for c, n in found.items() if c not in STYLES}}
+
+    def attention(self) -> List[Tuple[Row, Column, Record]]:
+        """Every entry needing attention, most severe verdict first, then in grid order."""
+        hits = [(row, col, rec) for row in self.rows for col in self.columns
+                if (rec := self.entry(col, row)) is not None and needs_attention(rec.verdict)]
+        return sorted(hits, key=lambda h: severity(h[2].verdict))  # stable: grid order within a verdict
+
+
+def build_grid(records: Iterable[Record], matrix: Optional[Matrix] = None, source: str = "") -> Grid:
+    newest = latest(iter(records))
+    by_col: Dict[str, List[Record]] = {}
+    for (combo, _), rec in newest.items():
+        by_col.setdefault(combo if combo is not None else LOCAL, []).append(rec)
+    combo_pos = {c.id: i for i, c in enumerate(matrix.combos)} if matrix else {}
+    order = sorted(by_col, key=lambda c: (combo_pos.get(c, len(combo_pos)), c == LOCAL, _natural(c)))
+    columns = [_column(cid, n, by_col[cid]) for n, cid in enumerate(order, 1)]
+    rows = {Row(r.case, r.cell): r.world_size for r in newest.values()}
+    return Grid(columns, sorted(rows, key=_row_order(matrix, set(rows.items()))),
+                {(col, rec.key): rec for col, recs in by_col.items() for rec in recs},
+                {c.id: c.title for c in matrix.cases} if matrix else {},
+                [c.id for c in matrix.combos if c.id not in by_col] if matrix else [], source)
+
+
+def _natural(name: str) -> Tuple[Any, ...]:
+    """Sort key putting ``torch2.3`` before ``torch2.10``."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name))
+
+
+def _column(cid: str, number: int, recs: List[Record]) -> Column:
+    newest = max(recs, key=lambda r: r.finished_at)
+    distinct = {tuple(sorted((k, v or "") for k, v in r.versions.items() if k in PACKAGES)) for r in recs}
+    label = cid
+    if cid == LOCAL:
+        named = [f"{p} {newest.versions[p]}" for p in ("peft", "transformers") if newest.versions.get(p)]
+        label = " / ".join(named) or LOCAL
+    return Column(cid, number, label, dict(newest.versions), len(distinct) > 1)
+
+
+def _row_order(matrix: Optional[Matrix], rows: set):
+    if matrix is None:
+        return lambda row: (row.case, _natural(row.cell))
+    case_pos = {c.id: i for i, c in enumerate(matrix.cases)}
+    cell_pos: Dict[str, int] = {}
+    for case in matrix.cases:
+        for ws in sorted({ws for row, ws in rows if row.case == case.id}):
+            for i, cell in enumerate(expand_case(case, world_size=ws)):
+                cell_pos.setdefault(cell.key, i)
+    return lambda row: (case_pos.get(row.case, len(case_pos)), row.case, cell_pos.get(row.key, len(cell_pos)), row.cell)
+
+
+def load_grid(results: Path, matrix: Optional[Matrix] = None) -> Grid:
+    """The grid of every cells.jsonl under ``results`` (or of that one file). Raises OSError/ValueError on bad input."""
+    results = Path(results)
+    if not results.exists():
+        raise FileNotFoundError(f"{results}: no such file or directory")
+    return build_grid(iter_records(results), matrix, str(results))

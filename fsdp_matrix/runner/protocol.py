@@ -1,0 +1,163 @@
+"""The messages between the launcher and the ranks of one launch, both directions, as typed dataclasses.
+
+Launcher -> ranks: numbered task files ``RUN_DIR/tasks/00000.json, 00001.json, ...``, each written atomically and
+read by every rank in order, so all ranks run the same cells in the same order without a collective to agree on it.
+Ranks -> launcher: one JSON line per event, appended and flushed to ``RUN_DIR/rank<local rank>.jsonl``.
+
+A rank that raised reports it (``End`` with an error result); a rank that died says nothing more, and the launcher
+learns that from the process, not from a message. The two never mix.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, List, Union
+
+from fsdp_matrix.records import RankResult
+
+TASKS = "tasks"
+"""Folder of the task files in a launch directory."""
+
+
+# ---- launcher -> ranks --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Task:
+    """Run one cell."""
+
+    key: str
+    """``case/cell``."""
+    repro: str
+    """Absolute path of the repro script whose ``run`` the ranks call."""
+    params: Dict[str, Any]
+    """The cell's axis values."""
+    op: str = "cell"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Leave the task loop, destroy the process group and exit 0."""
+
+    why: str = "stop"
+    """Said back in the rank's ``Bye``."""
+    op: str = "stop"
+
+
+Order = Union[Task, Stop]
+
+
+def encode_order(order: Order) -> str:
+    return json.dumps(asdict(order))
+
+
+def decode_order(text: str) -> Order:
+    data = json.loads(text)
+    op = data.pop("op", None)
+    if op == "cell":
+        return Task(**data)
+    if op == "stop":
+        return Stop(**data)
+    raise ValueError(f"unknown task op {op!r}")
+
+
+# ---- ranks -> launcher --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Hello:
+    """The rank process is up (before imports and rendezvous): its pid, for stack dumps and kills."""
+
+    pid: int
+    """The rank's process id."""
+    rank: int
+    """Its global rank."""
+    create_time: float = 0.0
+    """The process's start time (psutil): with the pid it names this process and no later one that reuses the pid."""
+    t: float = field(default_factory=time.time)
+    event: str = "hello"
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Imports done, process group up: the rank takes tasks now."""
+
+    pid: int
+    """The rank's process id."""
+    t: float = field(default_factory=time.time)
+    event: str = "ready"
+
+
+@dataclass(frozen=True)
+class Start:
+    """The rank began a cell."""
+
+    key: str
+    """``case/cell``."""
+    seq: int
+    """Number of the task file."""
+    t: float = field(default_factory=time.time)
+    event: str = "start"
+
+
+@dataclass(frozen=True)
+class End:
+    """The rank finished a cell, trained or raised: what it observed."""
+
+    key: str
+    """``case/cell``."""
+    result: RankResult
+    """Its status, error and checks."""
+    t: float = field(default_factory=time.time)
+    event: str = "end"
+
+
+@dataclass(frozen=True)
+class Clean:
+    """After a cell, whether this rank is fit for the next one (see hygiene.Hygiene)."""
+
+    key: str
+    """The cell just finished."""
+    clean: bool
+    """False retires the launch after this cell."""
+    problems: List[str]
+    """What is wrong, one line each."""
+    leaked_modules: int = 0
+    """nn.Modules this cell left alive."""
+    leaked_bytes: int = 0
+    """Bytes of parameters they hold."""
+    t: float = field(default_factory=time.time)
+    event: str = "clean"
+
+
+@dataclass(frozen=True)
+class Bye:
+    """The rank leaves its task loop and exits 0."""
+
+    why: str
+    """``stop``, ``coordinator gone``, or why it is not clean."""
+    retire: bool = False
+    """True when the launch must be replaced (the rank was not clean)."""
+    t: float = field(default_factory=time.time)
+    event: str = "bye"
+
+
+Event = Union[Hello, Ready, Start, End, Clean, Bye]
+EVENTS = {cls.__dataclass_fields__["event"].default: cls for cls in (Hello, Ready, Start, End, Clean, Bye)}
+
+
+def encode_event(event: Event) -> str:
+    return json.dumps(asdict(event), default=str)
+
+
+def decode_event(text: str) -> Event:
+    """One line of a rank's event file. Raises ValueError on anything that is not a known event."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("event") not in EVENTS:
+        raise ValueError(f"not a rank event: {text[:200]!r}")
+    cls = EVENTS[data["event"]]
+    known = {f.name for f in fields(cls)}
+    data = {k: v for k, v in data.items() if k in known}
+    if cls is End:
+        data["result"] = RankResult.from_json(data["result"])
+    return cls(**data)

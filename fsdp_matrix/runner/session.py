@@ -1,0 +1,123 @@
+"""One run of cells in one env: decide what runs, hand it to the launcher, turn what comes back into records.
+
+Both front ends use it: the pytest plugin (one test per cell) and ``python -m fsdp_matrix run`` (bisect, scripts).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from fsdp_matrix import records
+from fsdp_matrix.cells import Cell, unmet_requirement
+from fsdp_matrix.expectations import Expected, expected_for
+from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
+from fsdp_matrix.records import Observed, Record
+from fsdp_matrix.runner.launcher import CellRun, Launcher
+from fsdp_matrix.runner.protocol import Task
+from fsdp_matrix.verdicts import judge
+
+
+def observe(run: CellRun) -> Observed:
+    """Fold per-rank results into one outcome: the lowest erroring rank speaks for the cell."""
+    # the rank whose status is the cell's speaks for it: the crashed one for a crash, the raising one for an error
+    first = next((r for r in run.ranks if r.status == run.status), None) or \
+        next((r for r in run.ranks if r.status != "ok"), None)
+    checks = next((r.checks for r in run.ranks if r.rank == 0 and r.checks), {})
+    if run.status == "env-error":
+        return records.env_error(run.note, "LaunchError")
+    if run.status == "ok":
+        return Observed(status="ok", checks=checks, ranks=run.ranks, detect_s=run.detect_s, note=run.note)
+    return Observed(status=run.status, error_type=first.error_type if first else None,
+                    error_message=first.error_message if first else run.note,
+                    location=first.location if first else None, checks=checks, ranks=run.ranks,
+                    detect_s=run.detect_s, note=run.note)
+
+
+def make_record(cell: Cell, expected: Expected, observed: Observed, versions: Dict[str, Optional[str]],
+                duration_s: float, combo: Optional[str], run_id: Optional[str]) -> Record:
+    """The record of one cell: what was expected, what was observed, and the verdict ``judge`` gives the pair.
+
+    ``versions`` is what the env really holds (never the pins alone), so a record read later says what ran.
+    """
+    judgement = judge(expected, observed.status, observed.error_type, observed.error_message, observed.location)
+    return Record(case=cell.case, cell=cell.id, params=cell.params_dict, versions=dict(versions), device=cell.device,
+                  world_size=cell.world_size, expected=expected.to_json(), observed=observed,
+                  verdict=judgement.verdict.value, duration_s=round(duration_s, 3), line=judgement.line,
+                  combo=combo, run_id=run_id)
+
+
+@dataclass
+class Session:
+    """The cells of one env, device and world size, and where their records go."""
+
+    matrix: Matrix
+    """The parsed matrix.yaml."""
+    launcher: Launcher
+    """Runs the cells that do run."""
+    results: Path
+    """Directory of cells.jsonl."""
+    versions: Dict[str, Optional[str]]
+    """What is installed here: every expectation is evaluated against it."""
+    combo: Optional[str] = None
+    """Combo id when run under nox."""
+    resume: bool = False
+    """Reuse records already in cells.jsonl for this combo instead of re-running those cells."""
+    repo_root: Path = DEFAULT_MATRIX.parent
+    """Where repro paths in matrix.yaml are relative to."""
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    """Stamped on every record of this session."""
+
+    def __post_init__(self) -> None:
+        self._recorded: Dict[str, Record] = {}
+        if self.resume and (self.results / records.RECORDS_FILE).exists():
+            for (combo, key), rec in records.latest(records.iter_records(self.results / records.RECORDS_FILE)).items():
+                if combo == self.combo:
+                    self._recorded[key] = rec
+        self._records: Dict[str, Record] = {}
+
+    def expected(self, cell: Cell) -> Expected:
+        return expected_for(self.matrix.case(cell.case), cell, self.versions)
+
+    def prefetch(self, cells: List[Cell]) -> None:
+        """Queue every cell that will run, so ranks go from one to the next without waiting for the caller."""
+        for cell in cells:
+            if cell.key not in self._recorded and self._skip_reason(cell, self.expected(cell)) is None:
+                self.launcher.submit(self._task(cell))
+
+    def run(self, cell: Cell) -> Record:
+        """The record of one cell: resumed, skipped, or run now. Appended to cells.jsonl as soon as it exists."""
+        if cell.key in self._records:
+            return self._records[cell.key]
+        if cell.key in self._recorded:
+            return self._recorded[cell.key]
+        expected = self.expected(cell)
+        reason = self._skip_reason(cell, expected)
+        if reason is not None:
+            rec = make_record(cell, expected, Observed(status="skipped", error_message=reason), self.versions, 0.0,
+                              self.combo, self.run_id)
+        else:
+            self.launcher.submit(self._task(cell))
+            start = time.monotonic()
+            run = self.launcher.wait(cell.key)
+            rec = make_record(cell, expected, observe(run), self.versions, run.duration_s or time.monotonic() - start,
+                              self.combo, self.run_id)
+        records.append(self.results, rec)
+        self._records[cell.key] = rec
+        return rec
+
+    def _skip_reason(self, cell: Cell, expected: Expected) -> Optional[str]:
+        reason = unmet_requirement(self.matrix.case(cell.case).requires, cell)
+        if reason:
+            return reason
+        return f"{expected.reason} [{expected.source}]" if expected.kind == "skip" else None
+
+    def _task(self, cell: Cell) -> Task:
+        repro = (self.repo_root / self.matrix.case(cell.case).repro).resolve()
+        return Task(key=cell.key, repro=str(repro), params=cell.params_dict)
+
+    def close(self) -> None:
+        self.launcher.close()

@@ -1,0 +1,192 @@
+"""The rank side of a batched launch: one process per rank, many cells per process.
+
+torchrun starts ``python -m fsdp_matrix.runner.worker RUN_DIR`` on every rank. Each rank takes the launcher's
+orders in turn and reports events back (see protocol.py); the launcher turns those into records.
+
+Nothing raised by a cell escapes: it becomes the rank's observed error. Between cells the rank proves it is
+clean (process group alive, no model or child process left over); if not, it says so and exits, and the launcher
+continues the remaining cells in a fresh launch.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Dict, Optional
+
+from fsdp_matrix.records import RankResult
+from fsdp_matrix.runner.hygiene import Hygiene
+from fsdp_matrix.runner.protocol import TASKS, Bye, Clean, End, Event, Hello, Order, Ready, Start, Stop, Task, \
+    decode_order, encode_event
+
+POLL_S = 0.01
+
+
+def error_details(exc: BaseException) -> Dict[str, Optional[str]]:
+    """Type, message, raising ``module.function`` and formatted traceback of an exception."""
+    cls = type(exc)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    tb = exc.__traceback__
+    location = None
+    while tb is not None:
+        frame = tb.tb_frame
+        location = f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}"
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(cls, exc, exc.__traceback__))
+    return {"error_type": name, "error_message": str(exc), "location": location, "traceback": text}
+
+
+def _release(exc: BaseException) -> None:
+    # a traceback keeps every frame alive, and with them the cell's model and optimizer
+    tb = exc.__traceback__
+    if tb is not None:
+        traceback.clear_frames(tb)
+    exc.__traceback__ = None
+
+
+def run_cell(fn: Callable[[Dict[str, Any], Any], Any], params: Dict[str, Any], ctx: Any, rank: int) -> RankResult:
+    """Run one cell on this rank and describe what happened. Never raises (except KeyboardInterrupt)."""
+    import torch
+
+    torch.manual_seed(ctx.seed)
+    start = time.monotonic()
+    try:
+        checks = fn(dict(params), ctx) or {}
+        result = RankResult(rank=rank, status="ok", checks=checks)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit from a cell is an observed outcome too
+        result = RankResult(rank=rank, status="error", **error_details(exc))
+        _release(exc)
+        del exc
+    result.duration_s = round(time.monotonic() - start, 4)
+    return result
+
+
+def load_repro(path: str) -> ModuleType:
+    """Import a repro script by path (repros/ is not a package: each script must also run alone)."""
+    name = "fsdp_matrix_repro_" + Path(path).stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_context(scratch: Path, seed: int = 0) -> Any:
+    import torch
+
+    from fsdp_matrix.workload.context import RankContext
+
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = os.environ.get("FSDP_MATRIX_DEVICE", "cpu") == "cuda"
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    return RankContext(rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1)),
+                       local_rank=local_rank, device=device, backend="nccl" if cuda else "gloo",
+                       scratch=scratch, seed=seed)
+
+
+def init_process_group(ctx: Any, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    # the process group's own timeout turns a stuck collective into an error on the waiting rank
+    dist.init_process_group(ctx.backend, timeout=timedelta(seconds=timeout_s))
+
+
+class EventLog:
+    """This rank's append-only event file; each line is flushed so the launcher sees it at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.fh = open(path, "a", encoding="utf-8", buffering=1)
+
+    def write(self, event: Event) -> None:
+        self.fh.write(encode_event(event) + "\n")
+        self.fh.flush()
+
+
+def next_order(run_dir: Path, seq: int, coordinator: int) -> Order:
+    path = run_dir / TASKS / f"{seq:05d}.json"
+    while not path.exists():
+        if coordinator and not _alive(coordinator):
+            return Stop("coordinator gone")
+        time.sleep(POLL_S)
+    return decode_order(path.read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def main(run_dir: str) -> int:
+    import psutil
+
+    run = Path(run_dir)
+    rank = int(os.environ.get("RANK", 0))
+    # files are per local rank: on a multi-node run each node's launcher watches only the ranks it started
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    log = EventLog(run / f"rank{local}.jsonl")
+    # a hung rank gets its stack dumped here when the launcher sends SIGUSR1; a segfault dumps to stderr
+    stack_file = open(run / f"stack-rank{local}.txt", "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    faulthandler.enable()
+    config = json.loads((run / "launch.json").read_text())
+    log.write(Hello(pid=os.getpid(), rank=rank, create_time=psutil.Process().create_time()))
+    # import the workload stack now, as part of the launch (the per-launch cost), not inside the first cell
+    import fsdp_matrix.workload.recipe  # noqa: F401
+
+    ctx = make_context(Path(config["scratch"]), config.get("seed", 0))
+    init_process_group(ctx, config["cell_timeout"])
+    hygiene = Hygiene(int(config.get("leak_budget_mb", 512)) << 20)
+    log.write(Ready(pid=os.getpid()))
+    seq = 0
+    while True:
+        order = next_order(run, seq, config.get("coordinator", 0))
+        seq += 1
+        if isinstance(order, Stop):
+            log.write(Bye(why=order.why))
+            break
+        assert isinstance(order, Task)
+        log.write(Start(key=order.key, seq=seq - 1))
+        fn = load_repro(order.repro).run
+        result = run_cell(fn, order.params, ctx, rank)
+        # the result goes out before the hygiene barrier: if only this rank raised, the launcher learns it now,
+        # not after the barrier times out
+        log.write(End(key=order.key, result=result))
+        state = hygiene.check(config.get("barrier_timeout", 30))
+        log.write(Clean(key=order.key, **state))
+        if not state["clean"]:
+            # exit 0 on purpose: this is a planned retirement, and torchrun must not report it as a failure
+            log.write(Bye(why="not clean: " + "; ".join(state["problems"]), retire=True))
+            break
+    import torch.distributed as dist
+
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a broken group is why we are retiring; exiting is what matters
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    sys.exit(record(main)(sys.argv[1]))

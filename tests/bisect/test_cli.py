@@ -1,0 +1,97 @@
+"""The bisect command with the installs and launches faked: argument handling, table, --json, --by-date."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from fsdp_matrix.bisect import cli as bisect_cli
+from fsdp_matrix.bisect.search import Outcome, Prepared
+from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller
+from fsdp_matrix.bisect.runner import CellRunner
+from fsdp_matrix.matrix import load_matrix
+
+FIXTURE = Path(__file__).parent / "fixtures" / "bisect_matrix.yaml"
+CELL = "no-split-modules/shape_plain-ws2"
+BUG = Outcome.observed("error", "Exception", "Could not find the transformer layer class to wrap in the model.")
+PEFT = ["0.13.2", "0.14.0", "0.15.0", "0.15.1", "0.15.2"]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List]:
+    """Installs record their pins; the cell errors before peft 0.14.0 and trains from then on."""
+    seen: Dict[str, List] = {"pins": [], "runs": []}
+
+    def install(self: PinnedInstaller, pins: Dict[str, str], extra: List[str]) -> Prepared:
+        seen["pins"].append(dict(pins))
+        return Prepared(Path(f"/envs/{pins['peft']}"))
+
+    def run(self: CellRunner, env: Path, candidate: str) -> Outcome:
+        seen["runs"].append((self.cell, self.world_size, candidate))
+        return BUG if env.name < "0.14.0" else Outcome("ok")
+
+    monkeypatch.setattr(PinnedInstaller, "install", install)
+    monkeypatch.setattr(CellRunner, "run", run)
+    monkeypatch.setattr(bisect_cli, "release_candidates", lambda name, old, new, pre: PEFT)
+    return seen
+
+
+def test_newest_cpu_combo_is_the_default() -> None:
+    assert load_matrix(FIXTURE).newest("cpu").id == "current"
+
+
+def test_bisect_prints_table_answer_and_writes_json(fake, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "r" / "bisect.json"
+    code = bisect_cli.main([CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--combo", "old",
+                            "--pin", "accelerate==1.2.1", "--matrix", str(FIXTURE), "--cache", str(tmp_path),
+                            "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "first changed: peft 0.14.0 (last unchanged: 0.13.2)" in text
+    assert "0.14.0  yes        ok <- first changed" in text
+    data = json.loads(out.read_text())
+    assert {k: data[k] for k in ("package", "old", "new", "first_changed", "last_unchanged", "combo", "cell")} == {
+        "package": "peft", "old": "0.13.2", "new": "0.15.2", "first_changed": "0.14.0", "last_unchanged": "0.13.2",
+        "combo": "old", "cell": CELL}
+    assert [s["candidate"] for s in data["steps"]] == ["0.13.2", "0.15.2", "0.15.0", "0.14.0"]
+    # combo pins, overridden by --pin, then by the candidate
+    assert all(p["transformers"] == "4.46.3" and p["accelerate"] == "1.2.1" for p in fake["pins"])
+    assert fake["runs"][0] == (CELL, 2, "0.13.2")
+
+
+def test_no_change_exits_zero_and_says_so(fake, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setattr(CellRunner, "run", lambda self, env, c: BUG)
+    assert bisect_cli.main([CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2",
+                            "--matrix", str(FIXTURE)]) == 0
+    assert "no change: peft 0.13.2 and 0.15.2 both give Exception" in capsys.readouterr().out
+
+
+def test_missing_arguments_and_unknown_cell(fake, capsys) -> None:
+    with pytest.raises(SystemExit):
+        bisect_cli.main([CELL, "--package", "peft", "--matrix", str(FIXTURE)])
+    assert bisect_cli.main(["no-such/cell-ws2", "--package", "peft", "--old", "1", "--new", "2",
+                            "--matrix", str(FIXTURE)]) == 2
+    assert "no cell" in capsys.readouterr().err
+
+
+def test_by_date_reports_the_day_and_what_changed(fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                  capsys) -> None:
+    def resolve(self: DatedInstaller, day: str) -> Dict[str, str]:
+        peft = "0.13.2" if day < "2024-12-06" else "0.14.0"
+        self.resolutions[day] = {"torch": "2.13.0+cpu", "peft": peft, "transformers": "4.47.0", "tqdm": "4.67.1"}
+        return self.resolutions[day]
+
+    monkeypatch.setattr(DatedInstaller, "resolve", resolve)
+    out = tmp_path / "d.json"
+    assert bisect_cli.main([CELL, "--by-date", "2024-11-20", "2024-12-20", "--combo", "old", "--matrix",
+                            str(FIXTURE), "--cache", str(tmp_path), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "first changed: 2024-12-06 (last unchanged: 2024-12-05)" in text
+    assert "changed between 2024-12-05 and 2024-12-06: peft 0.13.2 -> 0.14.0" in text
+    data = json.loads(out.read_text())
+    assert data["package"] == "date" and data["changed_packages"] == ["peft 0.13.2 -> 0.14.0"]
+    assert len(data["steps"]) <= 2 + 5  # 31 days: ceil(log2 31) + 2
+    assert all(p["torch"] == "2.13.0+cpu" for p in fake["pins"])

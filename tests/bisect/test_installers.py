@@ -1,0 +1,48 @@
+"""The installers' pieces that need no install: pins, compile output, days, changes between days."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller, _compiled, days_between, parse_pins
+from fsdp_matrix.errors import EnvError
+from fsdp_matrix.matrix import load_matrix
+
+FIXTURE = Path(__file__).parent / "fixtures" / "bisect_matrix.yaml"
+CELL = "no-split-modules/shape_plain-ws2"
+
+
+def test_parse_pins() -> None:
+    assert parse_pins(["Transformers==4.46.3", "torch==2.13.0"]) == {"transformers": "4.46.3", "torch": "2.13.0"}
+    for bad in ("peft>=0.13", "peft", "peft==1,<2"):
+        with pytest.raises(EnvError, match="NAME==VERSION"):
+            parse_pins([bad])
+
+
+def test_pins_for_overrides_in_order(tmp_path: Path) -> None:
+    combo = load_matrix(FIXTURE).combo("old")
+    inst = PinnedInstaller(combo, "peft", tmp_path, {"transformers": "4.47.1", "peft": "0.1.0"})
+    pins = inst.pins_for("0.14.0")
+    assert pins["peft"] == "0.14.0" and pins["transformers"] == "4.47.1" and pins["accelerate"] == "1.1.1"
+    assert inst.harness[0] == "-e" and (Path(inst.harness[1]) / "pyproject.toml").is_file()
+
+
+def test_compile_output_parsing() -> None:
+    out = "accelerate==1.2.0\nfsdp-matrix @ file:///x\ntorch==2.13.0+cpu\nTyping_Extensions==4.12.2 ; python_version < '3.12'\n"
+    assert _compiled(out) == {"accelerate": "1.2.0", "torch": "2.13.0+cpu", "typing-extensions": "4.12.2"}
+
+
+def test_days_between() -> None:
+    assert days_between("2024-12-30", "2025-01-02") == ["2024-12-30", "2024-12-31", "2025-01-01", "2025-01-02"]
+    with pytest.raises(EnvError):
+        days_between("2025-01-02", "2025-01-01")
+
+
+def test_changes_between_resolutions(tmp_path: Path) -> None:
+    dated = DatedInstaller(PinnedInstaller(load_matrix(FIXTURE).combo("old"), "peft", tmp_path))
+    assert "torch" not in dated.floating and "peft" in dated.floating
+    dated.resolutions = {"d1": {"peft": "0.13.2", "torch": "2.13.0+cpu", "tokenizers": "0.20.3"},
+                         "d2": {"peft": "0.14.0", "torch": "2.13.0+cpu", "hf-xet": "1.0.0", "tokenizers": "0.20.3"}}
+    assert dated.changes("d1", "d2") == ["hf-xet - -> 1.0.0", "peft 0.13.2 -> 0.14.0"]

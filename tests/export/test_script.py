@@ -1,0 +1,220 @@
+"""Tests for fsdp_matrix.export: the exported script, its PEP 723 block, the issue snippet, and one real run."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fsdp_matrix import records
+from fsdp_matrix.cells import expand_case
+from fsdp_matrix.export.cli import main
+from fsdp_matrix.export.script import prepare, render_script
+from fsdp_matrix.export.snippet import code_block, code_span, render_markdown
+from fsdp_matrix.export.inline import is_stdlib
+from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix, parse_matrix
+from fsdp_matrix.records import Observed, RankResult, Record
+from tests.helpers import matrix_data
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    tomllib = pytest.importorskip("tomli")
+
+ROOT = DEFAULT_MATRIX.parent
+MATRIX = load_matrix()
+DORA = "dora-sharded-weight/dora-fp32-orig1-peft_policy-llama-ws2"
+CHEAP = "no-split-modules/lora-orig0-cls_env_bogus-shape_plain-ws2"
+"""Fails in fsdp_auto_wrap_policy before any training, with the same message on every PEFT release."""
+THIRD_PARTY = {"torch", "peft", "transformers", "accelerate", "bitsandbytes"}
+PEP723 = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
+"""The reference regex of PEP 723."""
+
+
+def _script(ref: str, combo: str = None, results: Path = Path("/nonexistent")) -> str:
+    return render_script(prepare(MATRIX, ref, combo, results, ROOT))
+
+
+def _pep723(script: str) -> dict:
+    blocks = [m for m in PEP723.finditer(script) if m.group("type") == "script"]
+    assert len(blocks) == 1
+    content = "".join(line[2:] if line.startswith("# ") else line[1:]
+                      for line in blocks[0].group("content").splitlines(keepends=True))
+    return tomllib.loads(content)
+
+
+def _imported_modules(tree: ast.AST) -> set:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            out.add(node.module or "")
+    return out
+
+
+def _unbound_names(tree: ast.AST) -> set:
+    """Names read somewhere but bound nowhere in the script nor builtin: what a dropped import would leave behind."""
+    bound, read = set(dir(builtins)) | {"__file__", "__name__"}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return read - bound
+
+
+def _one_cell_per_case():
+    return [f"{case.id}/{expand_case(case)[0].id}" for case in MATRIX.cases]
+
+
+@pytest.mark.parametrize("ref", _one_cell_per_case())
+def test_script_is_self_contained(ref):
+    script = _script(ref)
+    tree = ast.parse(script)
+    modules = _imported_modules(tree)
+    assert not [m for m in modules if m.split(".")[0] == "fsdp_matrix"], modules
+    assert "fsdp_matrix." not in "".join(ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
+    outside = {m.split(".")[0] for m in modules if not is_stdlib(m)} - THIRD_PARTY - {"__future__"}
+    assert not outside, f"the script imports {outside}, which the PEP 723 block does not install"
+    assert not _unbound_names(tree)
+    # the user's index configuration decides where packages come from
+    assert not re.search(r"https?://|file://|index-url|find-links|\[tool\.uv", script)
+    case_id = ref.split("/")[0]
+    assert f'CASE = "{case_id}"' in script
+    assert "def run(params" in script and "def rank_main(" in script and "class RankContext" in script
+
+
+def test_pep723_block_has_the_exact_pins():
+    script = _script(DORA, combo="old")
+    meta = _pep723(script)
+    combo = MATRIX.combo("old")
+    assert meta["dependencies"] == [f"{n}=={v}" for n, v in combo.pins.model_dump().items()] + list(combo.extra)
+    assert "torch==2.13.0" in meta["dependencies"] and "peft==0.13.2" in meta["dependencies"]
+    assert meta["requires-python"] == ">=3.9"
+    # the block must come before any code, and the docstring must survive (it explains the report)
+    assert script.startswith("# /// script\n")
+    assert "lora_A.weight.shape[1]" in script and "DoRA under FSDP1" in script
+    assert "PARAMS = {'adapter': 'dora', 'dtype': 'fp32', 'model': 'llama', 'orig': 1, 'wrap': 'peft_policy'}" in script
+
+
+def test_torch_is_imported_after_the_launcher_returns():
+    script = _script(DORA)
+    tree = ast.parse(script)
+    guard = next(i for i, n in enumerate(tree.body) if isinstance(n, ast.If) and "relaunch" in ast.unparse(n))
+    # functions may import torch (the launcher never calls them); module-level statements may not, before the guard
+    heavy = [i for i, n in enumerate(tree.body) if not isinstance(n, (ast.FunctionDef, ast.ClassDef))
+             and {m.split(".")[0] for m in _imported_modules(n)} & THIRD_PARTY]
+    assert heavy and min(heavy) > guard
+
+
+TRACEBACK = ('Traceback (most recent call last):\n  File "x.py", line 3, in f\n    s = """```not a fence```"""\n'
+             "ValueError: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False` | x\n")
+
+
+def _record(combo: str, finished_at: float, message: str, traceback: str = TRACEBACK) -> Record:
+    cell = "lora-fp32-orig0-decoder_layer-llama-ws2"
+    rank = RankResult(rank=0, status="error", error_type="ValueError", error_message=message,
+                      location="torch.distributed.fsdp._flat_param.f", traceback=traceback)
+    observed = Observed(status="error", error_type="ValueError", error_message=message,
+                        location="torch.distributed.fsdp._flat_param.f", ranks=[rank])
+    versions = {"torch": "2.13.0+cpu", "peft": "0.21.2", "transformers": "5.23.0", "accelerate": "1.15.0",
+                "bitsandbytes": "0.50.2", "python": "3.11.7"}
+    return Record(case="lora-requires-grad", cell=cell, params={}, versions=versions, device="cpu", world_size=2,
+                  expected={"kind": "error"}, observed=observed, verdict="reproduced", duration_s=1.0, combo=combo,
+                  finished_at=finished_at)
+
+
+def test_markdown_holds_the_newest_record_verbatim(tmp_path):
+    message = "Must flatten tensors with uniform `requires_grad` when `use_orig_params=False`"
+    now = time.time()
+    records.append(tmp_path / "current", _record("current", now - 100, "older", "Traceback: old one\n"))
+    records.append(tmp_path / "current", _record("current", now, message))
+    records.append(tmp_path / "nested" / "other", _record("old", now + 100, "another combo", "Traceback: old combo\n"))
+    exp = prepare(MATRIX, "lora-requires-grad/lora-fp32-orig0-decoder_layer-llama-ws2", "current", tmp_path, ROOT)
+    md = render_markdown(exp)
+    assert TRACEBACK.rstrip() in md and "old one" not in md and "old combo" not in md
+    assert "````text\n" + TRACEBACK.rstrip() + "\n````" in md  # the fence outgrows the ``` inside
+    assert f"`` ValueError: {message} ``" in md
+    assert "| python | - | 3.11.7 |" in md and "| torch | 2.13.0 | 2.13.0+cpu |" in md
+    assert md.startswith("### LoRA + FSDP1") and "(ValueError)" in md.splitlines()[0]
+    assert f"uv run {exp.stem}.py" in md and "pip install torch==2.13.0 peft==0.21.2" in md
+    assert "\\`" not in md and "\\_" not in md
+
+
+def test_markdown_renders_code_as_written(tmp_path):
+    markdown_it = pytest.importorskip("markdown_it")
+    message = "`x` | y ``` z"
+    records.append(tmp_path, _record("current", time.time(), message))
+    md = render_markdown(prepare(MATRIX, "lora-requires-grad/lora-fp32-orig0-decoder_layer-llama-ws2", "current",
+                                 tmp_path, ROOT))
+    html = markdown_it.MarkdownIt("commonmark").render(md)
+    assert f"<code>ValueError: {message}</code>" in html
+    assert "```not a fence```" in html and html.count("<pre>") == 2
+
+
+def test_markdown_without_record_says_how_to_get_the_traceback(tmp_path):
+    exp = prepare(MATRIX, DORA, None, tmp_path / "missing", ROOT)
+    md = render_markdown(exp)
+    assert "no record of this cell" in md and "tuple index out of range" in md and f"`{exp.stem}.py`" in md
+    assert "recorded" not in md.split("**To reproduce**")[0]
+
+
+def test_code_span_and_block():
+    assert code_span("plain") == "`plain`"
+    assert code_span("a `b` c") == "``a `b` c``"
+    assert code_span("`b`") == "`` `b` ``"
+    assert code_block("x ``` y").startswith("````\n")
+    assert code_block("x", "text") == "```text\nx\n```"
+
+
+def test_cli_writes_script_and_snippet(tmp_path, capsys):
+    assert main([DORA.split("/")[1], "--out", str(tmp_path), "--results", str(tmp_path / "r")]) == 0
+    written = capsys.readouterr().out.split()
+    stem = "repro_dora-sharded-weight_dora-fp32-orig1-peft_policy-llama-ws2"
+    assert written == [str(tmp_path / f"{stem}.py"), str(tmp_path / f"{stem}.md")]
+    assert "combo current" in (tmp_path / f"{stem}.py").read_text()
+
+
+def _has_workload_packages() -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in ("torch", "peft", "transformers", "bitsandbytes"))
+
+
+@pytest.mark.skipif(not _has_workload_packages(), reason="needs torch, peft, transformers, bitsandbytes installed")
+def test_exported_script_reproduces_alone(tmp_path):
+    """Run the exported script from an empty directory, with the repo unreachable: a `fsdp_matrix` package on
+    PYTHONPATH that fails on import stands in front of any installed one for the torchrun ranks."""
+    poison = tmp_path / "poison" / "fsdp_matrix"
+    poison.mkdir(parents=True)
+    (poison / "__init__.py").write_text("raise ImportError('the exported script imported fsdp_matrix')\n")
+    work = tmp_path / "empty"
+    work.mkdir()
+    assert main([CHEAP, "--out", str(work), "--results", str(tmp_path / "none")]) == 0
+    script = next(work.glob("*.py"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TORCHELASTIC", "MASTER_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = str(poison.parent)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-I", script.name], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "Could not find the transformer layer class to wrap in the model" in out, out
+    assert "===== rank 0: error" in out and "===== rank 1: error" in out, out
+    assert "the exported script imported fsdp_matrix" not in out, out
+    assert "ChildFailedError" not in out, out
+    print(f"exported script ran in {time.monotonic() - start:.1f} s")

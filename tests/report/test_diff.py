@@ -1,0 +1,98 @@
+"""Nightly diff: verdict changes grouped, exit 1 exactly on a new REGRESSION, exit 2 on unreadable input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List
+
+from fsdp_matrix.report import cli as report_cli
+from fsdp_matrix.report import diff
+from fsdp_matrix.records import Record, append
+from tests.report.samples import make_record
+
+
+def _results(tmp_path: Path, name: str, records: List[Record]) -> Path:
+    root = tmp_path / name
+    for rec in records:
+        append(root / (rec.combo or ""), rec)
+    return root
+
+
+def _report_json(tmp_path: Path, name: str, records: List[Record]) -> Path:
+    out = tmp_path / f"{name}-out"
+    assert report_cli.main([str(_results(tmp_path, name, records)), "--out", str(out), "--format", "json"]) == 0
+    return out / "report.json"
+
+
+BASE = [make_record("a-ws2", "fix-holds"), make_record("b-ws2", "reproduced"), make_record("c-ws2", "REGRESSION")]
+
+
+def test_new_regression_exits_1_and_is_listed_first(tmp_path, capsys):
+    new = [make_record("a-ws2", "REGRESSION"), make_record("b-ws2", "reproduced"), make_record("c-ws2", "REGRESSION")]
+    assert diff.main([str(_results(tmp_path, "old", BASE)), str(_results(tmp_path, "new", new))]) == 1
+    out = capsys.readouterr().out
+    assert "NEW REGRESSIONS (1):" in out and "[cur] dora/a-ws2: F fix-holds -> !R REGRESSION" in out
+    assert "c-ws2" not in out  # a regression already there last night is not new
+
+
+def test_fixed_regression_exits_0_and_shows_as_a_change(tmp_path, capsys):
+    new = [make_record("a-ws2", "fix-holds"), make_record("b-ws2", "reproduced"), make_record("c-ws2", "fix-holds")]
+    old_json, new_json = _report_json(tmp_path, "old", BASE), _report_json(tmp_path, "new", new)
+    assert diff.main([str(old_json), str(new_json)]) == 0
+    out = capsys.readouterr().out
+    assert "Other verdict changes (1):" in out and "dora/c-ws2: !R REGRESSION -> F fix-holds" in out
+    assert "NEW REGRESSIONS" not in out
+    # and back again: the same pair the other way round is a new regression
+    assert diff.main([str(new_json), str(old_json)]) == 1
+
+
+def test_identical_reports_exit_0(tmp_path, capsys):
+    results = _results(tmp_path, "same", BASE)
+    assert diff.main([str(results), str(results)]) == 0
+    assert "No verdict changed." in capsys.readouterr().out
+
+
+def test_groups_unexpected_fixes_added_removed_and_versions(tmp_path):
+    moved = dict(make_record("x", "fix-holds").versions, peft="0.22.0")
+    old = BASE + [make_record("gone-ws2", "fix-holds")]
+    new = [make_record("a-ws2", "fix-holds", versions=moved), make_record("b-ws2", "UNEXPECTED-FIX"),
+           make_record("c-ws2", "hang"), make_record("d-ws2", "skipped"),
+           make_record("a-ws2", "REGRESSION", combo="brand-new")]
+    result = diff.compare(diff.load_report(_results(tmp_path, "old", old)),
+                          diff.load_report(_results(tmp_path, "new", new)))
+    names = lambda changes: [(c.column, c.cell, c.old, c.new) for c in changes]  # noqa: E731
+    assert names(result.regressions) == [("brand-new", "dora/a-ws2", None, "REGRESSION")]  # a new combo counts
+    assert names(result.unexpected_fixes) == [("cur", "dora/b-ws2", "reproduced", "UNEXPECTED-FIX")]
+    assert names(result.changed) == [("cur", "dora/c-ws2", "REGRESSION", "hang")]
+    assert names(result.added) == [("cur", "dora/d-ws2", None, "skipped")]
+    assert names(result.removed) == [("cur", "dora/gone-ws2", "fix-holds", None)]
+    assert result.versions == ["cur: peft 0.21.2 -> 0.22.0"]
+    text = diff.render(result)
+    assert text.index("NEW REGRESSIONS") < text.index("unexpected fixes") < text.index("Cells removed")
+
+
+def test_torn_last_line_is_tolerated(tmp_path):
+    old = _results(tmp_path, "old", BASE)
+    new = _results(tmp_path, "new", [make_record("a-ws2", "fix-holds")])
+    with open(new / "cur" / "cells.jsonl", "a") as fh:
+        fh.write(json.dumps(make_record("b-ws2", "REGRESSION").to_json())[:120])  # killed mid-write
+    result = diff.compare(diff.load_report(old), diff.load_report(new))
+    assert result.regressions == [] and [c.cell for c in result.removed] == ["dora/b-ws2", "dora/c-ws2"]
+
+
+def test_unreadable_input_exits_2_with_one_line(tmp_path, capsys):
+    good = _results(tmp_path, "good", BASE)
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{not json")
+    other_json = tmp_path / "other.json"
+    other_json.write_text('{"hello": 1}')
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "cells.jsonl").write_text("garbage\n")
+    (tmp_path / "empty").mkdir()
+    for bad in (tmp_path / "missing.json", bad_json, other_json, corrupt, tmp_path / "empty"):
+        assert diff.main([str(good), str(bad)]) == 2, bad
+        assert diff.main([str(bad), str(good)]) == 2, bad
+        err = capsys.readouterr().err
+        assert err.startswith("diff: ") and len(err.strip().splitlines()) == 2  # one line per call

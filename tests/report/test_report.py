@@ -1,0 +1,153 @@
+"""The combined report: grid model, terminal/markdown/JSON output and the ``report`` entry point."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pytest
+
+from fsdp_matrix.report import cli as report_cli
+from fsdp_matrix.report import json as report_json
+from fsdp_matrix.report import markdown, style
+from fsdp_matrix.report import text as report_text
+from fsdp_matrix.matrix import parse_matrix
+from fsdp_matrix.records import append, iter_records
+from fsdp_matrix.report.grid import LOCAL, build_grid
+from fsdp_matrix.report.style import MISSING
+from tests.report.samples import HOSTILE, MATRIX, STATUS, make_record, sample_records
+
+
+def test_grid_orders_by_matrix_and_keeps_newest():
+    recs = sample_records() + [make_record("lora-ws2", "crash", "old", case="zeta", finished_at=2000.0)]
+    grid = build_grid(recs, parse_matrix(MATRIX))
+    assert [c.id for c in grid.columns] == ["new", "old"]
+    # zeta comes first in matrix.yaml, and its lora cell expands before dora
+    assert [r.key for r in grid.rows] == ["zeta/lora-ws2", "zeta/dora-ws2", "alpha/lora-ws2"]
+    assert grid.unrun == ["never"]
+    old = grid.columns[1]
+    assert grid.code(old, grid.rows[0]) == "crash"  # the newer re-run supersedes fix-holds
+    assert grid.code(old, grid.rows[2]) == MISSING
+    assert grid.counts(old)["crash"] == 1 and grid.counts(old)[MISSING] == 1 and grid.counts(old)["fix-holds"] == 0
+
+
+def test_grid_without_matrix_orders_by_name_and_names_local_column():
+    recs = [make_record("b-ws2", "fix-holds", None), make_record("a-ws2", "fix-holds", "zz"),
+            make_record("a-ws2", "reproduced", "aa")]
+    grid = build_grid(recs)
+    assert [c.id for c in grid.columns] == ["aa", "zz", LOCAL]
+    recs = [make_record("a-ws2", "fix-holds", combo) for combo in ("t2.10", "t2.3", "t1")]
+    assert [c.id for c in build_grid(recs).columns] == ["t1", "t2.3", "t2.10"]
+    assert grid.columns[2].label == "peft 0.21.2 / transformers 5.23.0"
+    assert [r.key for r in grid.rows] == ["dora/a-ws2", "dora/b-ws2"]
+
+
+def test_attention_lists_every_problem_most_severe_first():
+    grid = build_grid(sample_records(), parse_matrix(MATRIX))
+    assert [(r.key, c.id, rec.verdict) for r, c, rec in grid.attention()] == [
+        ("zeta/dora-ws2", "old", "REGRESSION"), ("zeta/dora-ws2", "new", "hang")]
+
+
+def test_text_table_has_symbols_counts_and_attention_lines():
+    text = report_text.render_text(build_grid(sample_records(), parse_matrix(MATRIX)))
+    lines = text.splitlines()
+    dora = next(line for line in lines if line.strip().startswith("dora-ws2"))
+    assert dora.split()[1:] == ["!H", "!R"]
+    assert "Needs attention (2):" in text
+    assert any(line.strip().startswith("!R") and "[2 old] zeta/dora-ws2: expected ok / observed error" in line
+               for line in lines)
+    assert "Combos in matrix.yaml with no record: never" in text
+    assert "\x1b" not in text and "\\x1b[31mred" in text  # terminal escapes in messages are shown, not obeyed
+    counts = next(line for line in lines if line.split()[:2] == ["1", "new"])
+    # columns: R F - . !R !U !D !H !C !E
+    assert counts.split()[2:12] == ["1", "0", "1", "0", "0", "0", "0", "1", "0", "0"]
+
+
+def test_text_table_scales_to_many_combos():
+    recs = [make_record(f"c{i}-ws2", "fix-holds", f"combo-with-a-long-name-{j:02d}") for i in range(100) for j in range(16)]
+    text = report_text.render_text(build_grid(recs))
+    grid_lines = [line for line in text.splitlines() if line.startswith("  c")]
+    assert len(grid_lines) == 100
+    assert max(len(line) for line in grid_lines) < 100  # numbered columns, not 16 long headers
+
+
+def test_markdown_escapes_and_step_summary_appends(tmp_path):
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    md = markdown.render_markdown(build_grid(sample_records(), parse_matrix(MATRIX)))
+    assert markdown.append_step_summary(md, {"GITHUB_STEP_SUMMARY": str(summary)}) == summary
+    written = summary.read_text()
+    assert written.startswith("earlier step\n") and written.endswith(md)
+    assert "<script>" not in md and "\\<script\\>" in md
+    assert "\\| pipe" in md  # a pipe in a message must not split the table row
+    assert markdown.append_step_summary(md, {}) is None
+
+
+def test_step_summary_is_capped(tmp_path):
+    summary = tmp_path / "summary.md"
+    markdown.append_step_summary("x" * (2 * 1024 * 1024), {"GITHUB_STEP_SUMMARY": str(summary)})
+    assert summary.stat().st_size <= markdown.STEP_SUMMARY_LIMIT
+    assert summary.read_text().endswith("report.md)*\n")
+
+
+def test_json_has_grid_counts_and_summaries():
+    data = json.loads(json.dumps(report_json.to_json(build_grid(sample_records(), parse_matrix(MATRIX)))))
+    assert [c["id"] for c in data["columns"]] == ["new", "old"]
+    assert data["entries"]["old"]["zeta/dora-ws2"]["verdict"] == "REGRESSION"
+    assert data["entries"]["old"]["zeta/dora-ws2"]["error_message"] == HOSTILE
+    assert "alpha/lora-ws2" not in data["entries"]["old"]
+    assert data["counts"]["new"]["hang"] == 1 and data["counts"]["old"][MISSING] == 1
+    assert data["unrun_combos"] == ["never"]
+
+
+def test_main_writes_every_format_and_tolerates_torn_line(tmp_path, monkeypatch, capsys):
+    results = tmp_path / "results"
+    for rec in sample_records():
+        append(results / rec.combo, rec)
+    append(results, make_record("lora-ws2", "fix-holds", None, case="alpha"))
+    with open(results / "new" / "cells.jsonl", "a") as fh:
+        fh.write('{"case": "zeta", "cell": "torn')  # a run killed mid-write
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    out = tmp_path / "out"
+    assert report_cli.main([str(results), "--out", str(out), "--matrix", str(_write_matrix(tmp_path))]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["junit-local.xml", "junit-new.xml", "junit-old.xml", "report.html", "report.json",
+                     "report.md", "report.txt"]
+    printed = capsys.readouterr().out
+    assert printed.startswith((out / "report.txt").read_text())
+    assert "!R" in printed and summary.read_text() == (out / "report.md").read_text()
+    assert len(list(iter_records(results))) == 6  # the torn line is skipped, not fatal
+
+
+def test_main_format_selection_and_bad_input(tmp_path, capsys):
+    results = tmp_path / "results"
+    append(results, make_record("a-ws2", "fix-holds", None))
+    assert report_cli.main([str(results), "--format", "json", "--format", "junit"]) == 0
+    assert sorted(p.name for p in results.iterdir() if not p.name.startswith("cells")) == ["junit-local.xml",
+                                                                                             "report.json"]
+    assert report_cli.main([str(tmp_path / "nope")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert report_cli.main([str(tmp_path / "empty")]) == 2
+    (results / "cells.jsonl").write_text("not json\n{}\n")
+    assert report_cli.main([str(results)]) == 2
+    assert "not a cell record" in capsys.readouterr().err
+
+
+def _write_matrix(tmp_path: Path) -> Path:
+    import yaml
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(MATRIX))
+    return path
+
+
+@pytest.mark.parametrize("verdict", list(STATUS) + ["SOMETHING-NEW"])
+def test_every_verdict_has_a_symbol_and_attention_matches_verdicts(verdict):
+    from fsdp_matrix.verdicts import Verdict
+    sym = style.symbol(verdict)
+    expected = Verdict(verdict).needs_attention if verdict in STATUS else True
+    assert style.needs_attention(verdict) is expected
+    assert sym.startswith("!") is expected
+    assert html.escape(sym) == sym

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import pytest
+from torch.distributed.fsdp import FullyShardedDataParallel
+
+from fsdp_matrix.workload.adapters import add_adapter
+from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.training import wrapper_kind
+from fsdp_matrix.workload.wrapping import wrap
+
+from tests.workload.support import cpu_context, one_rank_group
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("wrapping")
+    one_rank_group(tmp)
+    return cpu_context(tmp)
+
+
+def _lora(ctx):
+    return add_adapter(build_model("llama", "fp32", ctx), "lora", seed=0)
+
+
+def test_decoder_layer_orig0_mixes_frozen_and_trainable(ctx):
+    # the seed-000 error is raised while flattening, even on one rank: the unit mixes requires_grad
+    with pytest.raises(ValueError, match="uniform `requires_grad`"):
+        wrap(_lora(ctx), "decoder_layer", False, ctx)
+
+
+@pytest.mark.parametrize("how,orig", [("decoder_layer", True), ("peft_policy", False), ("peft_policy", True)])
+def test_fsdp1_wraps(ctx, how, orig):
+    wrapped = wrap(_lora(ctx), how, orig, ctx)
+    assert isinstance(wrapped, FullyShardedDataParallel)
+    units = sum(isinstance(m, FullyShardedDataParallel) for m in wrapped.modules())
+    # decoder_layer: root + 2 layers; PEFT's policy adds one unit per LoRA leaf (2 targets x A/B x 2 layers)
+    assert units == (3 if how == "decoder_layer" else 11)
+    assert wrapper_kind(wrapped) == "fsdp1"
+
+
+def test_fsdp2(ctx):
+    assert wrapper_kind(wrap(_lora(ctx), "fsdp2", None, ctx)) == "fsdp2"
+
+
+def test_fsdp1_needs_orig_and_known_wrap(ctx):
+    with pytest.raises(ValueError, match="needs the orig"):
+        wrap(_lora(ctx), "decoder_layer", None, ctx)
+    with pytest.raises(ValueError, match="unknown wrap"):
+        wrap(_lora(ctx), "ddp", True, ctx)
