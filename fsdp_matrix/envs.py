@@ -53,11 +53,19 @@ def pip_config(python: Optional[str] = None) -> Dict[str, str]:
     return config
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _discovered_pip_config() -> Dict[str, str]:
     # one `pip config list` per process: every install of a bisect or matrix run would otherwise ask again
-    for candidate in dict.fromkeys(p for p in (sys.executable, getattr(sys, "_base_executable", None),
-                                               shutil.which("python3"), shutil.which("python")) if p):
+    for candidate in dict.fromkeys(
+        p
+        for p in (
+            sys.executable,
+            getattr(sys, "_base_executable", None),
+            shutil.which("python3"),
+            shutil.which("python"),
+        )
+        if p
+    ):
         config = pip_config(candidate)
         if config:
             return config
@@ -113,8 +121,12 @@ def is_current(venv: Path, requirements: Sequence[str]) -> bool:
 
 
 def write_stamp(venv: Path, requirements: Sequence[str], versions: Mapping[str, Optional[str]]) -> None:
-    (venv / STAMP).write_text(json.dumps({"hash": requirements_hash(requirements), "requirements": sorted(requirements),
-                                          "versions": dict(versions)}, indent=1))
+    (venv / STAMP).write_text(
+        json.dumps(
+            {"hash": requirements_hash(requirements), "requirements": sorted(requirements), "versions": dict(versions)},
+            indent=1,
+        )
+    )
 
 
 def _uv(args: List[str], env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess:
@@ -132,8 +144,15 @@ def cuda_packages(dry_run_output: str) -> List[str]:
     return [n for n in names if _CUDA_ONLY.match(canonicalize_name(n))]
 
 
-def install(python: Path, requirements: Sequence[str], *, device: str = "cpu", exclude_newer: Optional[str] = None,
-            extra_args: Sequence[str] = (), timeout: float = 1800) -> InstallResult:
+def install(
+    python: Path,
+    requirements: Sequence[str],
+    *,
+    device: str = "cpu",
+    exclude_newer: Optional[str] = None,
+    extra_args: Sequence[str] = (),
+    timeout: float = 1800,
+) -> InstallResult:
     """Install exact requirements into the env of ``python``. Never raises for an installer failure: returns it."""
     start = time.monotonic()
     env = uv_environment()
@@ -146,9 +165,13 @@ def install(python: Path, requirements: Sequence[str], *, device: str = "cpu", e
             return InstallResult(False, _tail(dry.stderr + dry.stdout), time.monotonic() - start)
         cuda = cuda_packages(dry.stderr + dry.stdout)
         if cuda:
-            return InstallResult(False, "refusing to download a CUDA build of torch for a CPU run (it would pull "
-                                 f"{', '.join(cuda[:4])}...). Point pip or uv at a CPU build: pip's find-links/"
-                                 "index-url, or UV_INDEX / UV_FIND_LINKS.", time.monotonic() - start)
+            return InstallResult(
+                False,
+                "refusing to download a CUDA build of torch for a CPU run (it would pull "
+                f"{', '.join(cuda[:4])}...). Point pip or uv at a CPU build: pip's find-links/"
+                "index-url, or UV_INDEX / UV_FIND_LINKS.",
+                time.monotonic() - start,
+            )
     proc = _uv(args + list(requirements), env, timeout)
     return InstallResult(proc.returncode == 0, _tail(proc.stderr + proc.stdout), time.monotonic() - start)
 
@@ -198,12 +221,16 @@ def same_release(installed: Optional[str], pinned: str) -> bool:
 
 
 def mismatches(installed: Mapping[str, Optional[str]], pins: Mapping[str, str]) -> List[str]:
-    return [f"{name}: pinned {want}, installed {installed.get(name) or 'nothing'}"
-            for name, want in pins.items() if not same_release(installed.get(name), want)]
+    return [
+        f"{name}: pinned {want}, installed {installed.get(name) or 'nothing'}"
+        for name, want in pins.items()
+        if not same_release(installed.get(name), want)
+    ]
 
 
-def import_check(python: Path, modules: Sequence[str] = ("torch", "transformers", "peft", "accelerate"),
-                 timeout: float = 300) -> Optional[str]:
+def import_check(
+    python: Path, modules: Sequence[str] = ("torch", "transformers", "peft", "accelerate"), timeout: float = 300
+) -> Optional[str]:
     """None when the modules import in the env, else the error's last lines."""
     code = "import " + ", ".join(modules)
     proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=timeout)
@@ -228,20 +255,38 @@ class EnvReport:
     """True when nothing had to be installed."""
 
 
-def prepare(venv: Path, pins: Mapping[str, str], extra: Sequence[str] = (), harness: Sequence[str] = (),
-            device: str = "cpu", exclude_newer: Optional[str] = None, stamp_extra: Sequence[str] = ()) -> EnvReport:
+def prepare(
+    venv: Path,
+    pins: Mapping[str, str],
+    extra: Sequence[str] = (),
+    harness: Sequence[str] = (),
+    device: str = "cpu",
+    exclude_newer: Optional[str] = None,
+    stamp_extra: Sequence[str] = (),
+) -> EnvReport:
     """Install pins (+ extra + harness requirements) into ``venv`` unless its stamp says they are there; verify."""
     # two runs at once must not install into one env together; the second waits, then finds the stamp current
     with FileLock(str(venv) + ".fsdp-matrix.lock"):
         return _prepare(venv, pins, extra, harness, device, exclude_newer, stamp_extra)
 
 
-def _prepare(venv: Path, pins: Mapping[str, str], extra: Sequence[str], harness: Sequence[str], device: str,
-             exclude_newer: Optional[str], stamp_extra: Sequence[str]) -> EnvReport:
+def _prepare(
+    venv: Path,
+    pins: Mapping[str, str],
+    extra: Sequence[str],
+    harness: Sequence[str],
+    device: str,
+    exclude_newer: Optional[str],
+    stamp_extra: Sequence[str],
+) -> EnvReport:
     python = venv / "bin" / "python"
     requirements = [f"{k}=={v}" for k, v in pins.items()] + list(extra) + list(harness)
-    stamp_key = requirements + ([f"exclude-newer={exclude_newer}"] if exclude_newer else []) + [f"device={device}"] \
+    stamp_key = (
+        requirements
+        + ([f"exclude-newer={exclude_newer}"] if exclude_newer else [])
+        + [f"device={device}"]
         + list(stamp_extra)
+    )
     reused = is_current(venv, stamp_key)
     result = InstallResult(True, "", 0.0, skipped=True)
     if not reused:
@@ -252,8 +297,13 @@ def _prepare(venv: Path, pins: Mapping[str, str], extra: Sequence[str], harness:
     versions = installed_versions(python, list(pins))
     wrong = mismatches(versions, pins)
     if wrong:
-        return EnvReport(False, "installed versions differ from the pins: " + "; ".join(wrong), versions,
-                         result.duration_s, time.monotonic() - start)
+        return EnvReport(
+            False,
+            "installed versions differ from the pins: " + "; ".join(wrong),
+            versions,
+            result.duration_s,
+            time.monotonic() - start,
+        )
     if not reused:
         error = import_check(python)
         if error:

@@ -46,7 +46,7 @@ class Expected:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Expected":
+    def from_json(cls, data: Mapping[str, Any]) -> Expected:
         return cls(**{k: data.get(k) for k in cls.__dataclass_fields__})
 
 
@@ -84,7 +84,9 @@ def expected_for(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) 
     return Expected("none")
 
 
-def signature_matches(expected: Expected, error_type: Optional[str], message: Optional[str], location: Optional[str]) -> bool:
+def signature_matches(
+    expected: Expected, error_type: Optional[str], message: Optional[str], location: Optional[str]
+) -> bool:
     """Does an observed error fit the expected signature? Type by class name, regex searched, module by prefix."""
     if expected.kind != "error" or not error_type:
         return False

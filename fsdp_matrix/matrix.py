@@ -109,7 +109,7 @@ class Rule(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_outcome(self) -> "Rule":
+    def _one_outcome(self) -> Rule:
         given = [k for k in ("ok", "error", "skip") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"needs exactly one of ok/error/skip, got {given or 'none'}")
@@ -148,7 +148,7 @@ class Matrix(_Strict):
     cases: List[Case] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _unique_ids(self) -> "Matrix":
+    def _unique_ids(self) -> Matrix:
         for kind, items in (("combos", self.combos), ("cases", self.cases)):
             seen = set()
             for item in items:
@@ -201,7 +201,11 @@ def parse_matrix(data: Any, origin: str = "matrix.yaml") -> Matrix:
     except ValidationError as exc:
         err = exc.errors()[0]
         # pydantic puts the union/model tag (e.g. "function-after[...]") in loc; drop those parts
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "bool", "float", "list[...]"))))
+        loc = tuple(
+            p
+            for p in err["loc"]
+            if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "bool", "float", "list[...]")))
+        )
         msg = err["msg"].removeprefix("Value error, ")
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         raise MatrixConfigError(f"{origin}: {_loc(loc, data)}: {msg}{more}") from None

@@ -31,14 +31,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("fsdp-matrix", "PEFT x FSDP reproduction matrix")
     g.addoption("--results", default="results", help="directory for cells.jsonl (default: results/)")
     g.addoption("--matrix", default=None, help="matrix.yaml to use (default: the repo's)")
-    g.addoption("--device", default="auto", choices=("auto", "cpu", "cuda"), help="cpu (gloo) or cuda (nccl); auto picks cuda when a GPU is visible")
+    g.addoption(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="cpu (gloo) or cuda (nccl); auto picks cuda when a GPU is visible",
+    )
     g.addoption("--world-size", type=int, default=None, help="ranks per launch (default 2; on one GPU, 1)")
     g.addoption("--combo", default=None, help="matrix.yaml combo id this env was built for (set by nox)")
     g.addoption("--cases", default=None, help="comma-separated case ids to run (default: all)")
-    g.addoption("--resume", action="store_true", help="keep cells that already have a record in --results; run the rest")
+    g.addoption(
+        "--resume", action="store_true", help="keep cells that already have a record in --results; run the rest"
+    )
     g.addoption("--cell-timeout", type=float, default=180.0, help="seconds before a cell counts as hung (default 180)")
     g.addoption("--progress-line", action="store_true", help="print 'combo: N/M cells, elapsed' as cells finish")
-    g.addoption("--torchrun-args", default=None, help="rendezvous options passed to torchrun instead of --standalone, e.g. for multi-node")
+    g.addoption(
+        "--torchrun-args",
+        default=None,
+        help="rendezvous options passed to torchrun instead of --standalone, e.g. for multi-node",
+    )
 
 
 def _device(config: pytest.Config) -> str:
@@ -95,8 +106,11 @@ class Progress:
             self.done += 1
             tr = self.config.pluginmanager.get_plugin("terminalreporter")
             if tr is not None:
-                tr.write_line(f"[{self.label}] {self.done}/{self.total or '?'} cells, "
-                              f"{time.monotonic() - self.start:.0f}s elapsed: {report.nodeid.split('[', 1)[-1][:-1]} {report.outcome}")
+                tr.write_line(
+                    f"[{self.label}] {self.done}/{self.total or '?'} cells, "
+                    f"{time.monotonic() - self.start:.0f}s elapsed: "
+                    f"{report.nodeid.split('[', 1)[-1][:-1]} {report.outcome}"
+                )
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -122,12 +136,26 @@ def matrix_session(request: pytest.FixtureRequest) -> Session:
     results = Path(config.getoption("--results"))
     matrix_path = Path(config.getoption("--matrix") or DEFAULT_MATRIX)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    torchrun_args = shlex.split(config.getoption("--torchrun-args")) if config.getoption("--torchrun-args") else ["--standalone"]
-    launcher = Launcher(run_root=results / "launches" / worker, device=device, world_size=world_size,
-                        cell_timeout=config.getoption("--cell-timeout"), torchrun_args=torchrun_args,
-                        python=sys.executable)
-    session = Session(_matrix(config), launcher, results, local_versions(), combo=config.getoption("--combo"),
-                      resume=config.getoption("--resume"), repo_root=matrix_path.resolve().parent)
+    torchrun_args = (
+        shlex.split(config.getoption("--torchrun-args")) if config.getoption("--torchrun-args") else ["--standalone"]
+    )
+    launcher = Launcher(
+        run_root=results / "launches" / worker,
+        device=device,
+        world_size=world_size,
+        cell_timeout=config.getoption("--cell-timeout"),
+        torchrun_args=torchrun_args,
+        python=sys.executable,
+    )
+    session = Session(
+        _matrix(config),
+        launcher,
+        results,
+        local_versions(),
+        combo=config.getoption("--combo"),
+        resume=config.getoption("--resume"),
+        repo_root=matrix_path.resolve().parent,
+    )
     if not hasattr(config, "workerinput"):
         # without xdist this process runs every collected cell, in collection order: queue them all now
         session.prefetch(_collected_cells(request.session))
@@ -136,8 +164,11 @@ def matrix_session(request: pytest.FixtureRequest) -> Session:
 
 
 def _collected_cells(session: pytest.Session) -> List[Cell]:
-    return [item.callspec.params["cell"] for item in session.items
-            if hasattr(item, "callspec") and isinstance(item.callspec.params.get("cell"), Cell)]
+    return [
+        item.callspec.params["cell"]
+        for item in session.items
+        if hasattr(item, "callspec") and isinstance(item.callspec.params.get("cell"), Cell)
+    ]
 
 
 def check_record(rec: Record) -> None:
@@ -146,4 +177,3 @@ def check_record(rec: Record) -> None:
         pytest.skip(rec.observed.error_message or "skipped")
     if not verdict.passed:
         pytest.fail(failure_text(rec), pytrace=False)
-

@@ -16,7 +16,6 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from filelock import FileLock
 
-
 SCHEMA = 1
 RECORDS_FILE = "cells.jsonl"
 
@@ -49,7 +48,7 @@ class RankResult:
     """Time this rank spent in the cell."""
 
     @classmethod
-    def from_json(cls, data: Dict[str, Any]) -> "RankResult":
+    def from_json(cls, data: Dict[str, Any]) -> RankResult:
         return cls(**data)
 
 
@@ -120,7 +119,7 @@ class Record:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: Dict[str, Any]) -> "Record":
+    def from_json(cls, data: Dict[str, Any]) -> Record:
         data = dict(data)
         obs = dict(data.pop("observed"))
         obs["ranks"] = [RankResult.from_json(r) for r in obs.get("ranks", [])]

@@ -54,8 +54,13 @@ class Judgement:
     """``expected ... / observed ...``, the line a failing test prints."""
 
 
-def judge(expected: Expected, status: str, error_type: Optional[str] = None, message: Optional[str] = None,
-          location: Optional[str] = None) -> Judgement:
+def judge(
+    expected: Expected,
+    status: str,
+    error_type: Optional[str] = None,
+    message: Optional[str] = None,
+    location: Optional[str] = None,
+) -> Judgement:
     """The verdict for one cell: what matrix.yaml expected against what the ranks observed.
 
     hang, crash, env-error and skipped are verdicts of their own whatever was expected: none of them says anything

@@ -20,8 +20,10 @@ def run(params: dict, ctx: RankContext) -> dict:
     # PEFT releases without autocast_adapter_dtype leave adapters in the base dtype on their own
     model = peft_model(params, ctx, autocast=False if keep and has_autocast_option() else None)
     if keep and adapter_dtypes(model) != [base_dtype_name(params)]:
-        raise RuntimeError(f"adapters are {adapter_dtypes(model)}, not {base_dtype_name(params)}: this cell would "
-                           "test the dtype check, not the requires_grad one")
+        raise RuntimeError(
+            f"adapters are {adapter_dtypes(model)}, not {base_dtype_name(params)}: this cell would "
+            "test the dtype check, not the requires_grad one"
+        )
     return wrap_and_train(model, params, ctx)
 
 

@@ -7,17 +7,24 @@ from tests.helpers import matrix_data
 
 
 def test_ids_are_stable_and_readable():
-    assert cell_id({"adapter": "dora", "dtype": "bf16", "orig": 1, "wrap": "peft_policy", "model": "llama"}, 2) == \
-        "dora-bf16-orig1-peft_policy-llama-ws2"
-    assert cell_id({"model": "llama", "adapter": "qlora", "storage": "uint8", "autocast": True}, 1) == \
-        "qlora-llama-autocast1-storage_uint8-ws1"
+    assert (
+        cell_id({"adapter": "dora", "dtype": "bf16", "orig": 1, "wrap": "peft_policy", "model": "llama"}, 2)
+        == "dora-bf16-orig1-peft_policy-llama-ws2"
+    )
+    assert (
+        cell_id({"model": "llama", "adapter": "qlora", "storage": "uint8", "autocast": True}, 1)
+        == "qlora-llama-autocast1-storage_uint8-ws1"
+    )
 
 
 def test_expand_is_union_of_grids_in_order():
     m = parse_matrix(matrix_data())
     ids = [c.id for c in expand(m)]
-    assert ids == ["lora-fp32-orig0-decoder_layer-llama-ws2", "lora-fp32-orig1-decoder_layer-llama-ws2",
-                   "lora-fp32-fsdp2-llama-ws2"]
+    assert ids == [
+        "lora-fp32-orig0-decoder_layer-llama-ws2",
+        "lora-fp32-orig1-decoder_layer-llama-ws2",
+        "lora-fp32-fsdp2-llama-ws2",
+    ]
     assert all(c.key.startswith("lora-requires-grad/") for c in expand(m))
 
 

@@ -26,17 +26,32 @@ def _broken(path, value):
     return data
 
 
-@pytest.mark.parametrize("path,value,expect", [
-    (("cases", 0, "expect", 0, "error", "match"), "(unbalanced", "cases[0](lora-requires-grad).expect[0].error.match: invalid regex"),
-    (("cases", 0, "expect", 0, "versions"), {"torch": ">=2.x"}, "cases[0](lora-requires-grad).expect[0].versions: invalid specifier for torch"),
-    (("cases", 0, "expect", 0, "versions"), {"pytorch": ">=2"}, "unknown package 'pytorch'"),
-    (("cases", 0, "expect", 3, "source"), KeyError, "cases[0](lora-requires-grad).expect[3].source: Field required"),
-    (("cases", 0, "expect", 3, "error"), {"type": "X", "match": "y"}, "needs exactly one of ok/error/skip"),
-    (("combos", 0, "pins", "peft"), ">=0.13", "combos[0](current).pins.peft: not an exact version"),
-    (("combos", 0, "pins", "torch"), KeyError, "combos[0](current).pins.torch: Field required"),
-    (("cases", 0, "grids"), [], "cases[0](lora-requires-grad).grids"),
-    (("cases", 0, "colour"), "red", "cases[0](lora-requires-grad).colour: Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    "path,value,expect",
+    [
+        (
+            ("cases", 0, "expect", 0, "error", "match"),
+            "(unbalanced",
+            "cases[0](lora-requires-grad).expect[0].error.match: invalid regex",
+        ),
+        (
+            ("cases", 0, "expect", 0, "versions"),
+            {"torch": ">=2.x"},
+            "cases[0](lora-requires-grad).expect[0].versions: invalid specifier for torch",
+        ),
+        (("cases", 0, "expect", 0, "versions"), {"pytorch": ">=2"}, "unknown package 'pytorch'"),
+        (
+            ("cases", 0, "expect", 3, "source"),
+            KeyError,
+            "cases[0](lora-requires-grad).expect[3].source: Field required",
+        ),
+        (("cases", 0, "expect", 3, "error"), {"type": "X", "match": "y"}, "needs exactly one of ok/error/skip"),
+        (("combos", 0, "pins", "peft"), ">=0.13", "combos[0](current).pins.peft: not an exact version"),
+        (("combos", 0, "pins", "torch"), KeyError, "combos[0](current).pins.torch: Field required"),
+        (("cases", 0, "grids"), [], "cases[0](lora-requires-grad).grids"),
+        (("cases", 0, "colour"), "red", "cases[0](lora-requires-grad).colour: Extra inputs are not permitted"),
+    ],
+)
 def test_malformed_matrix_names_the_key_in_one_line(path, value, expect):
     with pytest.raises(MatrixConfigError) as err:
         parse_matrix(_broken(path, value))

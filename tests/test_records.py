@@ -8,11 +8,24 @@ from fsdp_matrix.records import Observed, RankResult, Record
 
 
 def _record(cell="c1", combo="current", verdict="fix-holds", t=1.0):
-    return Record(case="case", cell=cell, params={"orig": 1}, versions={"torch": "2.13.0+cpu", "peft": "0.21.2"},
-                  device="cpu", world_size=2, expected={"kind": "ok"},
-                  observed=Observed(status="ok", checks={"losses": [1.0]},
-                                    ranks=[RankResult(rank=0, status="ok"), RankResult(rank=1, status="ok")]),
-                  verdict=verdict, duration_s=0.5, combo=combo, finished_at=t)
+    return Record(
+        case="case",
+        cell=cell,
+        params={"orig": 1},
+        versions={"torch": "2.13.0+cpu", "peft": "0.21.2"},
+        device="cpu",
+        world_size=2,
+        expected={"kind": "ok"},
+        observed=Observed(
+            status="ok",
+            checks={"losses": [1.0]},
+            ranks=[RankResult(rank=0, status="ok"), RankResult(rank=1, status="ok")],
+        ),
+        verdict=verdict,
+        duration_s=0.5,
+        combo=combo,
+        finished_at=t,
+    )
 
 
 def test_round_trip(tmp_path):
@@ -20,7 +33,18 @@ def test_round_trip(tmp_path):
     [back] = list(records.iter_records(tmp_path))
     assert back == _record()
     line = json.loads((tmp_path / "cells.jsonl").read_text())
-    for key in ("case", "cell", "params", "versions", "device", "world_size", "expected", "observed", "verdict", "duration_s"):
+    for key in (
+        "case",
+        "cell",
+        "params",
+        "versions",
+        "device",
+        "world_size",
+        "expected",
+        "observed",
+        "verdict",
+        "duration_s",
+    ):
         assert key in line
     assert set(line["observed"]) >= {"status", "error_type", "error_message", "location", "checks"}
 

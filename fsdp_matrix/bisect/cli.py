@@ -9,12 +9,12 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from fsdp_matrix.clip import clip
 from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller, days_between, parse_pins
 from fsdp_matrix.bisect.releases import release_candidates
 from fsdp_matrix.bisect.runner import CellRunner
 from fsdp_matrix.bisect.search import BisectResult, Step, bisect, install_bound
 from fsdp_matrix.cells import find_cell
+from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import load_matrix
 
@@ -22,21 +22,34 @@ DEFAULT_CACHE = Path(tempfile.gettempdir()) / "fsdp-matrix-bisect"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fsdp-matrix bisect", description=(
-        "Find the first release (or day) at which a cell's observed outcome changes: a bug appearing or a fix "
-        "landing. Each step installs a fresh env from the combo's pins and runs the cell on a real launch."))
+    p = argparse.ArgumentParser(
+        prog="fsdp-matrix bisect",
+        description=(
+            "Find the first release (or day) at which a cell's observed outcome changes: a bug appearing or a fix "
+            "landing. Each step installs a fresh env from the combo's pins and runs the cell on a real launch."
+        ),
+    )
     p.add_argument("cell", help="CASE/CELL (or a cell id unique across cases)")
     p.add_argument("--package", help="package to bisect (required unless --by-date)")
     p.add_argument("--old", help="oldest release to consider")
     p.add_argument("--new", help="newest release to consider")
-    p.add_argument("--pin", action="append", default=[], metavar="NAME==VERSION",
-                   help="override a combo pin for every step (repeatable)")
+    p.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="NAME==VERSION",
+        help="override a combo pin for every step (repeatable)",
+    )
     p.add_argument("--combo", help="matrix.yaml combo giving the other pins (default: the newest CPU combo)")
     p.add_argument("--matrix", type=Path, help="matrix.yaml (default: the repo's)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the result as JSON")
     p.add_argument("--pre", action="store_true", help="include pre-releases")
-    p.add_argument("--by-date", nargs=2, metavar=("OLD_DATE", "NEW_DATE"),
-                   help="bisect over days (YYYY-MM-DD): torch stays pinned, every other package floats to that day")
+    p.add_argument(
+        "--by-date",
+        nargs=2,
+        metavar=("OLD_DATE", "NEW_DATE"),
+        help="bisect over days (YYYY-MM-DD): torch stays pinned, every other package floats to that day",
+    )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--world-size", type=int, default=None, help="ranks (default: from the cell id, else 2)")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where step envs live (reused across runs)")
@@ -54,8 +67,11 @@ def table(result: BisectResult) -> str:
     order = {c: i for i, c in enumerate(result.candidates)}
     for step in sorted(result.steps, key=lambda s: order.get(s.candidate, -1)):
         what = step.outcome.describe() if step.outcome else f"skipped: {_reason(step)}"
-        mark = " <- first changed" if step.candidate == result.first_changed else (
-            " <- last unchanged" if step.candidate == result.last_unchanged else "")
+        mark = (
+            " <- first changed"
+            if step.candidate == result.first_changed
+            else (" <- last unchanged" if step.candidate == result.last_unchanged else "")
+        )
         rows.append((step.candidate, "yes" if step.installed else "no", what + mark, f"{step.seconds:.1f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>7}" for r in rows)
@@ -87,9 +103,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             candidates = release_candidates(args.package, args.old, args.new, args.pre)
             what = args.package
-        print(f"bisecting {cell.key} on combo {combo.id} over {len(candidates)} candidates "
-              f"({what} {candidates[0]} .. {candidates[-1]}); at most {install_bound(len(candidates))} installs "
-              "plus skips", flush=True)
+        print(
+            f"bisecting {cell.key} on combo {combo.id} over {len(candidates)} candidates "
+            f"({what} {candidates[0]} .. {candidates[-1]}); at most {install_bound(len(candidates))} installs "
+            "plus skips",
+            flush=True,
+        )
         result = bisect(dated or base, runner, candidates, what, on_step=_progress)
     except MatrixError as exc:
         print(f"fsdp-matrix bisect: {exc}", file=sys.stderr)
@@ -101,7 +120,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if dated and result.first_changed and result.last_unchanged:
         changes = dated.changes(result.last_unchanged, result.first_changed)
         data["changed_packages"] = changes
-        print(f"changed between {result.last_unchanged} and {result.first_changed}: " + (", ".join(changes) or "nothing"))
+        print(
+            f"changed between {result.last_unchanged} and {result.first_changed}: " + (", ".join(changes) or "nothing")
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=1, default=str))

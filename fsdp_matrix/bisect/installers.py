@@ -18,9 +18,9 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from fsdp_matrix.clip import clip
 from fsdp_matrix import envs
 from fsdp_matrix.bisect.search import Prepared
+from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.matrix import PACKAGES, Combo
 
@@ -80,8 +80,15 @@ def _create_venv(venv: Path, python: str) -> None:
 class PinnedInstaller:
     """Installs the combo's pins, overridden by ``--pin`` and then by the candidate, into a venv per pin set."""
 
-    def __init__(self, combo: Combo, package: str, cache: Path, overrides: Mapping[str, str] = (),
-                 device: str = "cpu", python: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        combo: Combo,
+        package: str,
+        cache: Path,
+        overrides: Mapping[str, str] = (),
+        device: str = "cpu",
+        python: Optional[str] = None,
+    ) -> None:
         self.combo, self.package, self.cache, self.device = combo, canonicalize_name(package), cache, device
         self.overrides = dict(overrides or {})
         self.python = python or combo.python or sys.executable
@@ -143,11 +150,26 @@ class DatedInstaller:
     def _compile(self, requirements: Sequence[str], args: Sequence[str]) -> Dict[str, str]:
         with tempfile.NamedTemporaryFile("w", suffix=".in", delete=False) as fh:
             fh.write("\n".join(requirements) + "\n")
-        python = subprocess.run([self.base.python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                                capture_output=True, text=True).stdout.strip()
-        cmd = ["uv", "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python-version", python,
-               *args, fh.name]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **envs.uv_environment()})
+        python = subprocess.run(
+            [self.base.python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        cmd = [
+            "uv",
+            "pip",
+            "compile",
+            "--quiet",
+            "--no-header",
+            "--no-annotate",
+            "--python-version",
+            python,
+            *args,
+            fh.name,
+        ]
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **envs.uv_environment()}
+        )
         os.unlink(fh.name)
         if proc.returncode != 0:
             lines = [ln for ln in proc.stderr.splitlines() if "missing an upload date" not in ln]

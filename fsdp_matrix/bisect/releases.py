@@ -29,8 +29,13 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.tags import Tag, sys_tags
-from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename,
-                             parse_wheel_filename)
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.envs import pip_config, uv_environment
@@ -78,7 +83,9 @@ class Release:
         return min(times) if times else None
 
 
-def configured_locations(environ: Optional[Mapping[str, str]] = None, pip: Optional[Dict[str, str]] = None) -> Locations:
+def configured_locations(
+    environ: Optional[Mapping[str, str]] = None, pip: Optional[Dict[str, str]] = None
+) -> Locations:
     """The index URLs and find-links uv is given: the user's uv variables, else pip's configuration translated."""
     environ = dict(os.environ if environ is None else environ)
     pip = pip_config() if pip is None else pip
@@ -130,8 +137,10 @@ def _parse_time(value: Optional[str]) -> Optional[datetime]:
 def parse_simple(body: str, content_type: str) -> List[DistFile]:
     """Files of one project page, PEP 691 JSON or PEP 503 HTML."""
     if "json" in content_type:
-        return [DistFile(f["filename"], bool(f.get("yanked")), f.get("requires-python"), _parse_time(f.get("upload-time")))
-                for f in json.loads(body).get("files", [])]
+        return [
+            DistFile(f["filename"], bool(f.get("yanked")), f.get("requires-python"), _parse_time(f.get("upload-time")))
+            for f in json.loads(body).get("files", [])
+        ]
     parser = _Anchors()
     parser.feed(body)
     return parser.files
@@ -148,9 +157,16 @@ def _open(url: str, cafile: Optional[str], timeout: float) -> Optional[Tuple[str
     if parts.username:
         # credentials in the index URL, as pip and uv accept them
         netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
-        request = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=netloc)), headers={
-            "Accept": _ACCEPT, "Authorization": "Basic " + base64.b64encode(
-                f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}".encode()).decode()})
+        request = urllib.request.Request(
+            urllib.parse.urlunsplit(parts._replace(netloc=netloc)),
+            headers={
+                "Accept": _ACCEPT,
+                "Authorization": "Basic "
+                + base64.b64encode(
+                    f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}".encode()
+                ).decode(),
+            },
+        )
     context = ssl.create_default_context(cafile=cafile) if parts.scheme == "https" else None
     try:
         with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
@@ -213,8 +229,9 @@ def _python_ok(requires: Optional[str], python: Version) -> bool:
         return True
 
 
-def releases(name: str, files: Iterable[DistFile], python: Optional[str] = None,
-             tags: Optional[Iterable[Tag]] = None) -> Dict[Version, Release]:
+def releases(
+    name: str, files: Iterable[DistFile], python: Optional[str] = None, tags: Optional[Iterable[Tag]] = None
+) -> Dict[Version, Release]:
     """Installable releases by public version (``2.13.0+cpu`` counts as ``2.13.0``); yanked files are left out."""
     project = canonicalize_name(name)
     py = Version(python or ".".join(map(str, sys.version_info[:3])))
@@ -229,8 +246,9 @@ def releases(name: str, files: Iterable[DistFile], python: Optional[str] = None,
     return out
 
 
-def candidates_between(name: str, old: str, new: str, available: Mapping[Version, Release],
-                       pre: bool = False) -> List[str]:
+def candidates_between(
+    name: str, old: str, new: str, available: Mapping[Version, Release], pre: bool = False
+) -> List[str]:
     """Releases from ``old`` to ``new`` inclusive, oldest first; pre-releases only with ``pre`` (or when an end)."""
     lo, hi = Version(Version(old).public), Version(Version(new).public)
     if lo > hi:
@@ -238,13 +256,17 @@ def candidates_between(name: str, old: str, new: str, available: Mapping[Version
     for end in (lo, hi):
         if end not in available:
             near = ", ".join(str(v) for v in sorted(available)[-8:])
-            raise EnvError(f"{name} {end} is not an installable release on the configured indexes: absent, yanked or not for this Python (newest: {near})")
+            raise EnvError(
+                f"{name} {end} is not an installable release on the configured indexes: absent, yanked or not for "
+                f"this Python (newest: {near})"
+            )
     picked = [v for v in sorted(available) if lo <= v <= hi and (pre or not v.is_prerelease or v in (lo, hi))]
     return [str(v) for v in picked]
 
 
-def release_candidates(name: str, old: str, new: str, pre: bool = False,
-                       locations: Optional[Locations] = None) -> List[str]:
+def release_candidates(
+    name: str, old: str, new: str, pre: bool = False, locations: Optional[Locations] = None
+) -> List[str]:
     """The candidate releases between old and new on the configured indexes."""
     files = list_files(name, locations or configured_locations())
     return candidates_between(name, old, new, releases(name, files), pre)

@@ -1,4 +1,5 @@
-"""The Runner of a bisection: one cell run with ``python -m fsdp_matrix run`` in a step's env, read back as an Outcome."""
+"""The Runner of a bisection: one cell run with ``python -m fsdp_matrix run`` in a step's env, read back as an
+Outcome."""
 
 from __future__ import annotations
 
@@ -9,23 +10,41 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional
 
-from fsdp_matrix.clip import clip
 from fsdp_matrix.bisect.installers import bytecode_on_import
 from fsdp_matrix.bisect.search import Outcome, Untestable
+from fsdp_matrix.clip import clip
 from fsdp_matrix.records import RECORDS_FILE, iter_records
 
 
 class CellRunner:
     """Runs one cell with ``<venv>/bin/python -m fsdp_matrix run`` and reads the Record it appends."""
 
-    def __init__(self, cell: str, device: str = "cpu", world_size: int = 2, matrix: Optional[Path] = None,
-                 timeout: float = 900, workdir: Optional[Path] = None) -> None:
+    def __init__(
+        self,
+        cell: str,
+        device: str = "cpu",
+        world_size: int = 2,
+        matrix: Optional[Path] = None,
+        timeout: float = 900,
+        workdir: Optional[Path] = None,
+    ) -> None:
         self.cell, self.device, self.world_size, self.matrix = cell, device, world_size, matrix
         self.timeout, self.workdir = timeout, workdir
 
     def command(self, venv: Path, results: Path) -> List[str]:
-        cmd = [str(venv / "bin" / "python"), "-m", "fsdp_matrix", "run", self.cell, "--results", str(results),
-               "--device", self.device, "--world-size", str(self.world_size)]
+        cmd = [
+            str(venv / "bin" / "python"),
+            "-m",
+            "fsdp_matrix",
+            "run",
+            self.cell,
+            "--results",
+            str(results),
+            "--device",
+            self.device,
+            "--world-size",
+            str(self.world_size),
+        ]
         return cmd + (["--matrix", str(self.matrix)] if self.matrix else [])
 
     def run(self, env: Path, candidate: str) -> Outcome:
@@ -33,8 +52,13 @@ class CellRunner:
         with bytecode_on_import():
             # own session: on the backstop timeout the whole launch (torchrun and its ranks) is killed, not just
             # the top process, whose orphaned ranks would keep the pipes open and block forever
-            proc = subprocess.Popen(self.command(env, results), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, start_new_session=True)
+            proc = subprocess.Popen(
+                self.command(env, results),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
         try:
             stdout, stderr = proc.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:

@@ -14,8 +14,8 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Generic, List, Optional, Protocol, Sequence, TypeVar
-from fsdp_matrix.clip import clip
 
+from fsdp_matrix.clip import clip
 
 Env = TypeVar("Env")
 
@@ -28,7 +28,7 @@ _SPACE = re.compile(r"\s+")
 MESSAGE_LIMIT = 300
 
 
-def _short_path(match: "re.Match[str]") -> str:
+def _short_path(match: re.Match[str]) -> str:
     path = match.group(0).replace("\\", "/")
     if "site-packages/" in path:
         return path.split("site-packages/", 1)[1]
@@ -58,7 +58,7 @@ class Outcome:
     """The normalised error message (see normalise_message); compared, so it must not hold run-to-run noise."""
 
     @classmethod
-    def observed(cls, status: str, error_type: Optional[str] = None, message: Optional[str] = None) -> "Outcome":
+    def observed(cls, status: str, error_type: Optional[str] = None, message: Optional[str] = None) -> Outcome:
         if status != "error":
             return cls(status)
         return cls(status, error_type, normalise_message(message))
@@ -156,8 +156,14 @@ def install_bound(n: int) -> int:
 
 
 class _Search(Generic[Env]):
-    def __init__(self, installer: Installer[Env], runner: Runner[Env], candidates: Sequence[str],
-                 clock: Callable[[], float], on_step: Optional[Callable[[Step], None]]) -> None:
+    def __init__(
+        self,
+        installer: Installer[Env],
+        runner: Runner[Env],
+        candidates: Sequence[str],
+        clock: Callable[[], float],
+        on_step: Optional[Callable[[Step], None]],
+    ) -> None:
         self.installer, self.runner, self.candidates, self.clock = installer, runner, list(candidates), clock
         self.on_step = on_step
         self.steps: List[Step] = []
@@ -195,9 +201,14 @@ class _Search(Generic[Env]):
         return None
 
 
-def bisect(installer: Installer[Env], runner: Runner[Env], candidates: Sequence[str], package: str,
-           clock: Callable[[], float] = time.monotonic,
-           on_step: Optional[Callable[[Step], None]] = None) -> BisectResult:
+def bisect(
+    installer: Installer[Env],
+    runner: Runner[Env],
+    candidates: Sequence[str],
+    package: str,
+    clock: Callable[[], float] = time.monotonic,
+    on_step: Optional[Callable[[Step], None]] = None,
+) -> BisectResult:
     """Binary search over ``candidates`` (oldest first) for the first whose outcome differs from the oldest one's.
 
     Assumes one change between the ends: when the outcome flips and flips back, it finds one of the changes. A
@@ -234,8 +245,10 @@ def bisect(installer: Installer[Env], runner: Runner[Env], candidates: Sequence[
     suffix = f" [{'; '.join(notes)}]" if notes else ""
 
     if search.outcomes[hi] == reference:
-        result.answer = (f"no change: {name}{cands[lo]} and {cands[hi]} both give {reference.describe()} "
-                         f"(a change that reverts in between is not seen){suffix}")
+        result.answer = (
+            f"no change: {name}{cands[lo]} and {cands[hi]} both give {reference.describe()} "
+            f"(a change that reverts in between is not seen){suffix}"
+        )
         return result
 
     # invariant: outcome(lo) == reference != outcome(hi)
@@ -255,8 +268,10 @@ def bisect(installer: Installer[Env], runner: Runner[Env], candidates: Sequence[
     result.untestable = [cands[i] for i in range(lo + 1, hi)]
     changed = f"{reference.describe()} -> {search.outcomes[hi].describe()}"
     if result.untestable:
-        result.answer = (f"first changed: {name}{cands[hi]} or one of the untestable {', '.join(result.untestable)} "
-                         f"(last unchanged: {cands[lo]}): {changed}{suffix}")
+        result.answer = (
+            f"first changed: {name}{cands[hi]} or one of the untestable {', '.join(result.untestable)} "
+            f"(last unchanged: {cands[lo]}): {changed}{suffix}"
+        )
     else:
         result.answer = f"first changed: {name}{cands[hi]} (last unchanged: {cands[lo]}): {changed}{suffix}"
     return result

@@ -103,8 +103,12 @@ def _bound(node: ast.AST) -> Set[str]:
 
 def _is_main_guard(node: ast.stmt) -> bool:
     test = getattr(node, "test", None)
-    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
-            and test.left.id == "__name__")
+    return (
+        isinstance(node, ast.If)
+        and isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+    )
 
 
 def _owned(module: str) -> bool:
@@ -137,8 +141,10 @@ class _Collector:
                 source = name  # ``import a.b`` binds ``a``
             previous = self.bindings.setdefault(name, (source, attr))
             if previous != (source, attr):
-                raise InlineError(f"{where}: {name!r} is imported as {source}.{attr} here and as "
-                                  f"{previous[0]}.{previous[1]} in another inlined module")
+                raise InlineError(
+                    f"{where}: {name!r} is imported as {source}.{attr} here and as "
+                    f"{previous[0]}.{previous[1]} in another inlined module"
+                )
             items = self.imports.setdefault(key, [])
             if item not in items:
                 items.append(item)
@@ -206,10 +212,17 @@ def _tidy(text: str) -> str:
 
 
 def _render_imports(imports: Dict[Tuple[bool, str], List[Tuple[str, Optional[str]]]], stdlib: bool) -> List[str]:
-    plain = [f"import {n}" + (f" as {a}" if a else "") for (s, m), items in imports.items() if s == stdlib and not m
-             for n, a in items]
-    froms = [f"from {m} import " + ", ".join(n + (f" as {a}" if a else "") for n, a in items)
-             for (s, m), items in imports.items() if s == stdlib and m]
+    plain = [
+        f"import {n}" + (f" as {a}" if a else "")
+        for (s, m), items in imports.items()
+        if s == stdlib and not m
+        for n, a in items
+    ]
+    froms = [
+        f"from {m} import " + ", ".join(n + (f" as {a}" if a else "") for n, a in items)
+        for (s, m), items in imports.items()
+        if s == stdlib and m
+    ]
     return sorted(plain) + sorted(froms)
 
 
@@ -233,7 +246,9 @@ def flatten(repro: Path, first: Sequence[str] = ()) -> Flat:
     for section in sections:
         for name in sorted(section.binds):
             if name in seen:
-                raise InlineError(f"{section.path.name}: {name!r} is also bound by {seen[name]}: "
-                                  "one flat script cannot hold both; rename one")
+                raise InlineError(
+                    f"{section.path.name}: {name!r} is also bound by {seen[name]}: "
+                    "one flat script cannot hold both; rename one"
+                )
             seen[name] = section.path.name
     return Flat(_render_imports(col.imports, True), _render_imports(col.imports, False), sections)

@@ -22,12 +22,18 @@ from typing import Any, Callable, Dict, List, Optional
 
 
 def parse_args(argv: List[str], device: str, world_size: int) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Reproduce one fsdp-matrix cell on several ranks: the script starts "
-                                            "itself under torchrun unless it already runs under it.")
+    p = argparse.ArgumentParser(
+        description="Reproduce one fsdp-matrix cell on several ranks: the script starts "
+        "itself under torchrun unless it already runs under it."
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default=device, help="cpu: gloo; cuda: nccl, one GPU per rank")
     p.add_argument("--nproc-per-node", type=int, default=world_size, help="ranks to start (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=120.0,
-                   help="process-group timeout in seconds: bounds a wait on a rank that failed alone")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="process-group timeout in seconds: bounds a wait on a rank that failed alone",
+    )
     return p.parse_args(argv)
 
 
@@ -44,8 +50,18 @@ def relaunch(argv: List[str], device: str, world_size: int) -> int:
     """Start this script on ``--nproc-per-node`` ranks with torchrun and return its exit code."""
     args = parse_args(argv, device, world_size)
     python = [sys.executable] + (["-I"] if sys.flags.isolated else [])
-    cmd = python + ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc_per_node),
-                    os.path.abspath(sys.argv[0])] + list(argv)
+    cmd = (
+        python
+        + [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(args.nproc_per_node),
+            os.path.abspath(sys.argv[0]),
+        ]
+        + list(argv)
+    )
     print("+ " + " ".join(cmd), flush=True)
     with tempfile.TemporaryDirectory(prefix="fsdp-repro-") as tmp:
         outcome = Path(tmp) / "outcome"
@@ -82,8 +98,12 @@ def _run_once(run: Callable[[Dict[str, Any], Any], Any], params: Dict[str, Any],
         checks = run(dict(params), ctx) or {}
         return {"rank": ctx.rank, "status": "ok", "text": json.dumps(checks, default=str, indent=1)}
     except Exception as exc:  # the error is the observation: report it, then decide the exit code
-        return {"rank": ctx.rank, "status": "error", "summary": f"{type(exc).__name__}: {exc}",
-                "text": traceback.format_exc()}
+        return {
+            "rank": ctx.rank,
+            "status": "error",
+            "summary": f"{type(exc).__name__}: {exc}",
+            "text": traceback.format_exc(),
+        }
 
 
 def _show(outcome: Dict[str, Any]) -> None:
@@ -91,8 +111,15 @@ def _show(outcome: Dict[str, Any]) -> None:
     print(f"===== rank {outcome['rank']}: {head} =====\n{outcome['text'].rstrip()}", flush=True)
 
 
-def rank_main(run: Callable[[Dict[str, Any], Any], Any], context_cls: type, params: Dict[str, Any],
-              pins: Dict[str, str], argv: List[str], device: str, world_size: int) -> int:
+def rank_main(
+    run: Callable[[Dict[str, Any], Any], Any],
+    context_cls: type,
+    params: Dict[str, Any],
+    pins: Dict[str, str],
+    argv: List[str],
+    device: str,
+    world_size: int,
+) -> int:
     """One rank: run the cell, gather every rank's outcome, print them on rank 0.
 
     Rank 0 exits 1 when any rank raised (under the launching process it writes that to OUTCOME_ENV's file
@@ -111,8 +138,15 @@ def rank_main(run: Callable[[Dict[str, Any], Any], Any], context_cls: type, para
     # rank 0 writes shared files here (e.g. a tiny model saved for 4-bit loading); the run id is the same on all ranks
     scratch = Path(tempfile.gettempdir()) / f"fsdp-repro-{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}"
     scratch.mkdir(exist_ok=True)
-    ctx = context_cls(rank=rank, world_size=dist.get_world_size(), local_rank=local_rank, device=dev,
-                      backend=dist.get_backend(), scratch=scratch, seed=0)
+    ctx = context_cls(
+        rank=rank,
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        device=dev,
+        backend=dist.get_backend(),
+        scratch=scratch,
+        seed=0,
+    )
     if rank == 0:
         print(version_report(pins), flush=True)
         print(f"cell params: {params}", flush=True)
@@ -130,7 +164,9 @@ def rank_main(run: Callable[[Dict[str, Any], Any], Any], context_cls: type, para
     for outcome in outcomes:
         _show(outcome)
     errors = [o for o in outcomes if o["status"] != "ok"]
-    verdict = "; ".join(f"rank {o['rank']}: {o['summary']}" for o in errors) or "every rank trained and passed the checks"
+    verdict = (
+        "; ".join(f"rank {o['rank']}: {o['summary']}" for o in errors) or "every rank trained and passed the checks"
+    )
     print(f"===== outcome: {verdict}", flush=True)
     if os.environ.get(OUTCOME_ENV):
         Path(os.environ[OUTCOME_ENV]).write_text("error" if errors else "ok")

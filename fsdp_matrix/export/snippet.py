@@ -56,17 +56,28 @@ def render_markdown(exp: Export) -> str:
     rec = exp.record
     if exp.expected.kind == "error":
         title += f" ({exp.expected.error_type})"
-    lines = [f"### {title}", "",
-             f"Reproduces {exp.case.report} on {exp.cell.world_size} ranks ({exp.cell.device}), with tiny random-init "
-             f"models and no download. Cell {code_span(exp.cell.key)} of fsdp-matrix, params "
-             f"{code_span(repr(exp.cell.params_dict))}.", "",
-             "**Versions**", "", *_versions_table(exp), "",
-             "**To reproduce** (the script is self-contained: its PEP 723 header pins the versions above)", "",
-             code_block(f"uv run {script}\n# or\npip install {pip} && python {script}", "bash"), "",
-             "It names no package index: on a CPU-only machine point uv or pip at a CPU build of torch "
-             "(e.g. `UV_EXTRA_INDEX_URL=<your CPU torch index> UV_INDEX_STRATEGY=unsafe-best-match`).", "",
-             "**Expected**: training runs 3 AdamW steps: finite loss, non-zero adapter gradients, unchanged frozen "
-             "weights, changed adapter weights.", ""]
+    lines = [
+        f"### {title}",
+        "",
+        f"Reproduces {exp.case.report} on {exp.cell.world_size} ranks ({exp.cell.device}), with tiny random-init "
+        f"models and no download. Cell {code_span(exp.cell.key)} of fsdp-matrix, params "
+        f"{code_span(repr(exp.cell.params_dict))}.",
+        "",
+        "**Versions**",
+        "",
+        *_versions_table(exp),
+        "",
+        "**To reproduce** (the script is self-contained: its PEP 723 header pins the versions above)",
+        "",
+        code_block(f"uv run {script}\n# or\npip install {pip} && python {script}", "bash"),
+        "",
+        "It names no package index: on a CPU-only machine point uv or pip at a CPU build of torch "
+        "(e.g. `UV_EXTRA_INDEX_URL=<your CPU torch index> UV_INDEX_STRATEGY=unsafe-best-match`).",
+        "",
+        "**Expected**: training runs 3 AdamW steps: finite loss, non-zero adapter gradients, unchanged frozen "
+        "weights, changed adapter weights.",
+        "",
+    ]
     expected = exp.expected
     if rec is not None:
         obs = rec.observed
@@ -80,12 +91,18 @@ def render_markdown(exp: Export) -> str:
         failed = _first_error(rec)
         if failed is not None:
             # recorded by the harness: its own frames lead, the library frames are the ones the script hits too
-            lines += ["", f"Traceback (rank {failed.rank}, as recorded by fsdp-matrix):", "",
-                      code_block(failed.traceback or failed.stack, "text")]
+            lines += [
+                "",
+                f"Traceback (rank {failed.rank}, as recorded by fsdp-matrix):",
+                "",
+                code_block(failed.traceback or failed.stack, "text"),
+            ]
         elif obs.checks:
             lines += ["", "Checks:", "", code_block("\n".join(f"{k}: {v}" for k, v in obs.checks.items()), "text")]
     else:
-        lines.append(f"**Observed**: no record of this cell for combo `{exp.combo.id}`; fsdp-matrix expects "
-                     f"{code_span(expected_text(expected))} (source: {expected.source or 'no rule'}). Run "
-                     f"`{script}` to obtain the traceback.")
+        lines.append(
+            f"**Observed**: no record of this cell for combo `{exp.combo.id}`; fsdp-matrix expects "
+            f"{code_span(expected_text(expected))} (source: {expected.source or 'no rule'}). Run "
+            f"`{script}` to obtain the traceback."
+        )
     return "\n".join(lines) + "\n"

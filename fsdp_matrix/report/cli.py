@@ -57,13 +57,19 @@ def _matrix_for(path: Optional[Path]) -> Optional[Matrix]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m fsdp_matrix report RESULTS [--out DIR] [--matrix FILE] [--format F ...]``; argv excludes 'report'."""
-    parser = argparse.ArgumentParser(prog="python -m fsdp_matrix report",
-                                     description="Combine cells.jsonl records into one grid of cells x combos.")
+    parser = argparse.ArgumentParser(
+        prog="python -m fsdp_matrix report", description="Combine cells.jsonl records into one grid of cells x combos."
+    )
     parser.add_argument("results", type=Path, help="results dir (every cells.jsonl under it) or one cells.jsonl")
     parser.add_argument("--out", type=Path, help="where to write the reports (default: RESULTS, or its folder)")
     parser.add_argument("--matrix", type=Path, help="matrix.yaml giving the row/column order (default: the repo's)")
-    parser.add_argument("--format", action="append", choices=FORMATS, dest="formats",
-                        help="format to write; repeat for several (default: all)")
+    parser.add_argument(
+        "--format",
+        action="append",
+        choices=FORMATS,
+        dest="formats",
+        help="format to write; repeat for several (default: all)",
+    )
     args = parser.parse_args(argv)
     try:
         grid = load_grid(args.results, _matrix_for(args.matrix))

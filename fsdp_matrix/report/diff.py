@@ -116,8 +116,11 @@ def compare(old: Dict[str, Any], new: Dict[str, Any]) -> ReportDiff:
             diff.changed.append(change)
     old_v, new_v = _versions(old), _versions(new)
     for col in sorted(set(old_v) & set(new_v)):
-        moved = [f"{pkg} {old_v[col].get(pkg) or '-'} -> {new_v[col].get(pkg) or '-'}"
-                 for pkg in sorted(set(old_v[col]) | set(new_v[col])) if old_v[col].get(pkg) != new_v[col].get(pkg)]
+        moved = [
+            f"{pkg} {old_v[col].get(pkg) or '-'} -> {new_v[col].get(pkg) or '-'}"
+            for pkg in sorted(set(old_v[col]) | set(new_v[col]))
+            if old_v[col].get(pkg) != new_v[col].get(pkg)
+        ]
         if moved:
             diff.versions.append(f"{col}: " + ", ".join(moved))
     return diff
@@ -134,8 +137,13 @@ def render(diff: ReportDiff, old_name: str = "OLD", new_name: str = "NEW") -> st
     out = [f"fsdp-matrix diff: {old_name} -> {new_name}"]
     if diff.versions:
         out += ["Versions changed:"] + [f"  {v}" for v in diff.versions]
-    groups = (("NEW REGRESSIONS", diff.regressions), ("New unexpected fixes (update matrix.yaml)", diff.unexpected_fixes),
-              ("Other verdict changes", diff.changed), ("Cells added", diff.added), ("Cells removed", diff.removed))
+    groups = (
+        ("NEW REGRESSIONS", diff.regressions),
+        ("New unexpected fixes (update matrix.yaml)", diff.unexpected_fixes),
+        ("Other verdict changes", diff.changed),
+        ("Cells added", diff.added),
+        ("Cells removed", diff.removed),
+    )
     for title, changes in groups:
         if changes:
             out += ["", f"{title} ({len(changes)}):"] + [_fmt(c) for c in changes]
@@ -146,8 +154,9 @@ def render(diff: ReportDiff, old_name: str = "OLD", new_name: str = "NEW") -> st
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m fsdp_matrix diff OLD NEW``; argv excludes 'diff'. 1 on a new REGRESSION, 2 on unreadable input."""
-    parser = argparse.ArgumentParser(prog="python -m fsdp_matrix diff",
-                                     description="Cells whose verdict changed between two reports.")
+    parser = argparse.ArgumentParser(
+        prog="python -m fsdp_matrix diff", description="Cells whose verdict changed between two reports."
+    )
     parser.add_argument("old", type=Path, help="report.json, results dir or cells.jsonl of the earlier run")
     parser.add_argument("new", type=Path, help="the same for the later run")
     args = parser.parse_args(argv)

@@ -86,8 +86,12 @@ class Grid:
 
     def attention(self) -> List[Tuple[Row, Column, Record]]:
         """Every entry needing attention, most severe verdict first, then in grid order."""
-        hits = [(row, col, rec) for row in self.rows for col in self.columns
-                if (rec := self.entry(col, row)) is not None and needs_attention(rec.verdict)]
+        hits = [
+            (row, col, rec)
+            for row in self.rows
+            for col in self.columns
+            if (rec := self.entry(col, row)) is not None and needs_attention(rec.verdict)
+        ]
         return sorted(hits, key=lambda h: severity(h[2].verdict))  # stable: grid order within a verdict
 
 
@@ -100,10 +104,14 @@ def build_grid(records: Iterable[Record], matrix: Optional[Matrix] = None, sourc
     order = sorted(by_col, key=lambda c: (combo_pos.get(c, len(combo_pos)), c == LOCAL, _natural(c)))
     columns = [_column(cid, n, by_col[cid]) for n, cid in enumerate(order, 1)]
     rows = {Row(r.case, r.cell): r.world_size for r in newest.values()}
-    return Grid(columns, sorted(rows, key=_row_order(matrix, set(rows.items()))),
-                {(col, rec.key): rec for col, recs in by_col.items() for rec in recs},
-                {c.id: c.title for c in matrix.cases} if matrix else {},
-                [c.id for c in matrix.combos if c.id not in by_col] if matrix else [], source)
+    return Grid(
+        columns,
+        sorted(rows, key=_row_order(matrix, set(rows.items()))),
+        {(col, rec.key): rec for col, recs in by_col.items() for rec in recs},
+        {c.id: c.title for c in matrix.cases} if matrix else {},
+        [c.id for c in matrix.combos if c.id not in by_col] if matrix else [],
+        source,
+    )
 
 
 def _natural(name: str) -> Tuple[Any, ...]:

@@ -13,9 +13,9 @@ import re
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from fsdp_matrix.clip import clip
 from fsdp_matrix.expectations import Expected
 from fsdp_matrix.records import Record
-from fsdp_matrix.clip import clip
 from fsdp_matrix.report.failure import rank_heading
 from fsdp_matrix.report.grid import Column, Grid, Row
 from fsdp_matrix.report.style import CODES, MISSING, STYLES, legend, needs_attention, style, symbol
@@ -76,7 +76,9 @@ def _css_class(code: str) -> str:
 
 
 def _palette() -> str:
-    return "\n".join(f".{_css_class(code)} {{ background: {s.background}; color: {s.color}; }}" for code, s in STYLES.items())
+    return "\n".join(
+        f".{_css_class(code)} {{ background: {s.background}; color: {s.color}; }}" for code, s in STYLES.items()
+    )
 
 
 def _swatch(code: str) -> str:
@@ -102,23 +104,32 @@ def render_html(grid: Grid) -> str:
     items = grid.attention()
     generated = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     body = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>fsdp-matrix report: {len(items)} need attention</title>",
         f"<style>{CSS}\n{_palette()}</style></head><body>",
         "<h1>fsdp-matrix report</h1>",
         f'<div class="sub">{len(grid.rows)} cells &times; {len(grid.columns)} combos &middot; '
         f"<b>{len(items)}</b> need attention &middot; {esc(grid.source)} &middot; generated {esc(generated)}</div>",
-        _legend(), _grid_table(grid, anchors),
-        "<h2>Combos</h2>", _counts_table(grid),
+        _legend(),
+        _grid_table(grid, anchors),
+        "<h2>Combos</h2>",
+        _counts_table(grid),
     ]
     if grid.unrun:
         body.append(f"<p>Combos in matrix.yaml with no record: <code>{esc(', '.join(grid.unrun))}</code></p>")
     body.append(f"<h2>Needs attention ({len(items)})</h2>" if items else "<h2>Needs attention: nothing</h2>")
     if items:
-        body.append('<ul class="att">' + "".join(
-            f'<li>{_swatch(rec.verdict)} <a href="#{anchors[(col.id, row.key)]}"><code>{esc(row.key)}</code></a> '
-            f"in <b>{col.number}</b> {esc(col.label)}: {esc(rec.line)}</li>" for row, col, rec in items) + "</ul>")
+        body.append(
+            '<ul class="att">'
+            + "".join(
+                f'<li>{_swatch(rec.verdict)} <a href="#{anchors[(col.id, row.key)]}"><code>{esc(row.key)}</code></a> '
+                f"in <b>{col.number}</b> {esc(col.label)}: {esc(rec.line)}</li>"
+                for row, col, rec in items
+            )
+            + "</ul>"
+        )
     body += panes
     body.append("</body></html>")
     return "\n".join(body) + "\n"
@@ -130,23 +141,36 @@ def _legend() -> str:
 
 
 def _grid_table(grid: Grid, anchors: Dict[Tuple[str, str], str]) -> str:
-    head = "".join(f'<th class="combo" title="{esc(c.label)}&#10;{esc(c.versions_text())}"><span class="cid">'
-                   f'{esc(c.id)}</span>{c.number}</th>' for c in grid.columns)
-    out = ['<table class="grid"><thead><tr><th class="cell" style="vertical-align: bottom">cell</th>' + head + "</tr></thead><tbody>"]
+    head = "".join(
+        f'<th class="combo" title="{esc(c.label)}&#10;{esc(c.versions_text())}"><span class="cid">'
+        f"{esc(c.id)}</span>{c.number}</th>"
+        for c in grid.columns
+    )
+    out = [
+        '<table class="grid"><thead><tr><th class="cell" style="vertical-align: bottom">cell</th>'
+        + head
+        + "</tr></thead><tbody>"
+    ]
     case = None
     for row in grid.rows:
         if row.case != case:
             case = row.case
             title = grid.case_titles.get(case)
-            out.append(f'<tr class="case"><th colspan="{len(grid.columns) + 1}">{esc(case)}'
-                       + (f" <span>{esc(title)}</span>" if title else "") + "</th></tr>")
+            out.append(
+                f'<tr class="case"><th colspan="{len(grid.columns) + 1}">{esc(case)}'
+                + (f" <span>{esc(title)}</span>" if title else "")
+                + "</th></tr>"
+            )
         tds = []
         for col in grid.columns:
             rec = grid.entry(col, row)
             code = rec.verdict if rec else MISSING
             tip = esc(_tooltip(col, row, rec))
-            inner = (f'<a href="#{anchors[(col.id, row.key)]}" title="{tip}">{esc(symbol(code))}</a>' if rec
-                     else f'<span title="{tip}">{esc(symbol(code))}</span>')
+            inner = (
+                f'<a href="#{anchors[(col.id, row.key)]}" title="{tip}">{esc(symbol(code))}</a>'
+                if rec
+                else f'<span title="{tip}">{esc(symbol(code))}</span>'
+            )
             cls = _css_class(code) if code in STYLES else ""
             look = "" if cls else f' style="background:{style(code).background};color:{style(code).color}"'
             tds.append(f'<td class="v {cls}"{look}>{inner}</td>')
@@ -161,9 +185,11 @@ def _counts_table(grid: Grid) -> str:
     for col in grid.columns:
         counts = grid.counts(col)
         nums = "".join(f'<td class="n{" zero" if not counts[c] else ""}">{counts[c]}</td>' for c in CODES)
-        out.append(f"<tr><td>{col.number}</td><td><code>{esc(col.id)}</code>"
-                   + (f"<br>{esc(col.label)}" if col.label != col.id else "")
-                   + f'</td>{nums}<td class="ver">{esc(col.versions_text())}</td></tr>')
+        out.append(
+            f"<tr><td>{col.number}</td><td><code>{esc(col.id)}</code>"
+            + (f"<br>{esc(col.label)}" if col.label != col.id else "")
+            + f'</td>{nums}<td class="ver">{esc(col.versions_text())}</td></tr>'
+        )
     out.append("</tbody></table>")
     return "\n".join(out)
 
@@ -187,26 +213,42 @@ def _pane(anchor: str, col: Column, row: Row, rec: Record) -> str:
         ("combo", f"{col.number} <code>{esc(col.id)}</code> {esc(col.label) if col.label != col.id else ''}"),
         ("line", f"<code>{esc(rec.line)}</code>"),
         ("expected", esc(_expected_text(rec))),
-        ("observed", esc(obs.status) + (f" &middot; <code>{esc(obs.error_type)}</code>" if obs.error_type else "")
-         + (f" in <code>{esc(obs.location)}</code>" if obs.location else "")),
+        (
+            "observed",
+            esc(obs.status)
+            + (f" &middot; <code>{esc(obs.error_type)}</code>" if obs.error_type else "")
+            + (f" in <code>{esc(obs.location)}</code>" if obs.location else ""),
+        ),
         ("versions", "<code>" + esc(" ".join(f"{k} {v or '-'}" for k, v in sorted(rec.versions.items()))) + "</code>"),
-        ("run", esc(f"{rec.device}, world size {rec.world_size}, {rec.duration_s:.1f}s, host {rec.host}, "
-                    f"run {rec.run_id or '-'}, at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(rec.finished_at))}")),
+        (
+            "run",
+            esc(
+                f"{rec.device}, world size {rec.world_size}, {rec.duration_s:.1f}s, host {rec.host}, "
+                f"run {rec.run_id or '-'}, at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(rec.finished_at))}"
+            ),
+        ),
         ("params", "<code>" + esc(json.dumps(rec.params, sort_keys=True, default=str)) + "</code>"),
     ]
     if obs.checks:
         fields.append(("checks", "<code>" + esc(json.dumps(obs.checks, sort_keys=True, default=str)) + "</code>"))
-    out = [f'<section class="pane" id="{anchor}"><a class="close" href="#" title="close">&times;</a>',
-           f"<h3>{_swatch(rec.verdict)} <code>{esc(row.key)}</code> &middot; {esc(col.label)}</h3>",
-           "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in fields) + "</dl>"]
+    out = [
+        f'<section class="pane" id="{anchor}"><a class="close" href="#" title="close">&times;</a>',
+        f"<h3>{_swatch(rec.verdict)} <code>{esc(row.key)}</code> &middot; {esc(col.label)}</h3>",
+        "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in fields) + "</dl>",
+    ]
     if obs.error_message:
         out.append(f"<b>error message</b><pre>{esc(_tail(obs.error_message))}</pre>")
     for rank in obs.ranks:
-        out.append(f"<div><b>{esc(rank_heading(rank))}</b>"
-                   + (f" &middot; <code>{esc(rank.error_type)}</code>" if rank.error_type else "") + "</div>")
+        out.append(
+            f"<div><b>{esc(rank_heading(rank))}</b>"
+            + (f" &middot; <code>{esc(rank.error_type)}</code>" if rank.error_type else "")
+            + "</div>"
+        )
         for name, text in (("traceback", rank.traceback), ("stacks", rank.stack)):
             if text:
-                out.append(f"<details{' open' if needs_attention(rec.verdict) else ''}><summary>{name}</summary>"
-                           f"<pre>{esc(_tail(text))}</pre></details>")
+                out.append(
+                    f"<details{' open' if needs_attention(rec.verdict) else ''}><summary>{name}</summary>"
+                    f"<pre>{esc(_tail(text))}</pre></details>"
+                )
     out.append("</section>")
     return "\n".join(out)

@@ -15,20 +15,37 @@ REPORT_SCHEMA = 1
 
 def record_summary(rec: Record) -> Dict[str, Any]:
     obs = rec.observed
-    return {"verdict": rec.verdict, "line": rec.line, "status": obs.status, "error_type": obs.error_type,
-            "error_message": clip(obs.error_message, 2000) or None, "location": obs.location,
-            "expected": rec.expected, "versions": rec.versions, "device": rec.device, "world_size": rec.world_size,
-            "duration_s": rec.duration_s, "run_id": rec.run_id, "host": rec.host, "finished_at": rec.finished_at}
+    return {
+        "verdict": rec.verdict,
+        "line": rec.line,
+        "status": obs.status,
+        "error_type": obs.error_type,
+        "error_message": clip(obs.error_message, 2000) or None,
+        "location": obs.location,
+        "expected": rec.expected,
+        "versions": rec.versions,
+        "device": rec.device,
+        "world_size": rec.world_size,
+        "duration_s": rec.duration_s,
+        "run_id": rec.run_id,
+        "host": rec.host,
+        "finished_at": rec.finished_at,
+    }
 
 
 def to_json(grid: Grid) -> Dict[str, Any]:
     return {
-        "schema": REPORT_SCHEMA, "generated_at": time.time(), "source": grid.source,
-        "columns": [{"id": c.id, "number": c.number, "label": c.label, "versions": c.versions, "mixed": c.mixed}
-                    for c in grid.columns],
+        "schema": REPORT_SCHEMA,
+        "generated_at": time.time(),
+        "source": grid.source,
+        "columns": [
+            {"id": c.id, "number": c.number, "label": c.label, "versions": c.versions, "mixed": c.mixed}
+            for c in grid.columns
+        ],
         "rows": [{"case": r.case, "cell": r.cell} for r in grid.rows],
-        "entries": {c.id: {r.key: record_summary(rec) for r in grid.rows if (rec := grid.entry(c, r))}
-                    for c in grid.columns},
+        "entries": {
+            c.id: {r.key: record_summary(rec) for r in grid.rows if (rec := grid.entry(c, r))} for c in grid.columns
+        },
         "counts": {c.id: grid.counts(c) for c in grid.columns},
         "attention": [{"column": c.id, "cell": r.key, "verdict": rec.verdict} for r, c, rec in grid.attention()],
         "unrun_combos": grid.unrun,

@@ -31,15 +31,27 @@ def junit_xml(grid: Grid, column: Column) -> bytes:
     fails = sum(needs_attention(rec.verdict) for _, rec in recs)
     skips = sum(rec.verdict == Verdict.SKIPPED.value for _, rec in recs)
     suites = ET.Element("testsuites")
-    suite = ET.SubElement(suites, "testsuite", name=xml_text(f"fsdp-matrix {column.id}"), tests=str(len(recs)),
-                          failures=str(fails), errors="0", skipped=str(skips),
-                          time=f"{sum(rec.duration_s or 0 for _, rec in recs):.3f}")
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name=xml_text(f"fsdp-matrix {column.id}"),
+        tests=str(len(recs)),
+        failures=str(fails),
+        errors="0",
+        skipped=str(skips),
+        time=f"{sum(rec.duration_s or 0 for _, rec in recs):.3f}",
+    )
     props = ET.SubElement(suite, "properties")
     for name, version in [("combo", column.id), ("label", column.label)] + sorted(column.versions.items()):
         ET.SubElement(props, "property", name=xml_text(name), value=xml_text(version or "-"))
     for row, rec in recs:
-        case = ET.SubElement(suite, "testcase", classname=xml_text(f"fsdp_matrix.{row.case}"), name=xml_text(row.cell),
-                             time=f"{rec.duration_s or 0:.3f}")
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=xml_text(f"fsdp_matrix.{row.case}"),
+            name=xml_text(row.cell),
+            time=f"{rec.duration_s or 0:.3f}",
+        )
         if needs_attention(rec.verdict):
             fail = ET.SubElement(case, "failure", message=xml_text(one_line(rec.line)), type=xml_text(rec.verdict))
             fail.text = xml_text(failure_text(rec))

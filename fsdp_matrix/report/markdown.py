@@ -29,18 +29,27 @@ def render_markdown(grid: Grid) -> str:
             code = grid.code(col, row)
             marks.append(f"**{md_escape(symbol(code))}**" if needs_attention(code) else md_escape(symbol(code)))
         out.append(f"| {md_escape(row.key)} | " + " | ".join(marks) + " |")
-    out += ["", "| # | combo | " + " | ".join(md_escape(symbol(c)) for c in CODES) + " | versions |",
-            "|---|---|" + "---|" * len(CODES) + "---|"]
+    out += [
+        "",
+        "| # | combo | " + " | ".join(md_escape(symbol(c)) for c in CODES) + " | versions |",
+        "|---|---|" + "---|" * len(CODES) + "---|",
+    ]
     for col in grid.columns:
         counts = grid.counts(col)
-        out.append(f"| {col.number} | {md_escape(col.label)} | " + " | ".join(str(counts[c]) for c in CODES)
-                   + f" | {md_escape(col.versions_text())} |")
+        out.append(
+            f"| {col.number} | {md_escape(col.label)} | "
+            + " | ".join(str(counts[c]) for c in CODES)
+            + f" | {md_escape(col.versions_text())} |"
+        )
     if grid.unrun:
         out += ["", "Combos in matrix.yaml with no record: " + md_escape(", ".join(grid.unrun))]
     items = grid.attention()
     out += ["", f"### Needs attention ({len(items)})" if items else "### Needs attention: nothing", ""]
-    out += [f"- **{md_escape(symbol(rec.verdict))}** {md_escape(rec.verdict)} in {col.number} "
-            f"\\({md_escape(col.id)}\\) {md_escape(row.key)}: {md_escape(rec.line)}" for row, col, rec in items]
+    out += [
+        f"- **{md_escape(symbol(rec.verdict))}** {md_escape(rec.verdict)} in {col.number} "
+        f"\\({md_escape(col.id)}\\) {md_escape(row.key)}: {md_escape(rec.line)}"
+        for row, col, rec in items
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -55,7 +64,7 @@ def append_step_summary(markdown: str, env: Optional[Dict[str, str]] = None) -> 
         return None
     data = markdown.encode("utf-8")
     if len(data) > STEP_SUMMARY_LIMIT:
-        note = "\n\n*(truncated: the whole report is in report.md)*\n".encode()
+        note = b"\n\n*(truncated: the whole report is in report.md)*\n"
         data = data[: STEP_SUMMARY_LIMIT - len(note)].decode("utf-8", "ignore").encode() + note
     with open(target, "ab") as fh:
         fh.write(data)

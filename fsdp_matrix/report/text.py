@@ -20,8 +20,10 @@ def one_line(text: Optional[str], limit: int = 400) -> str:
 
 
 def summary_line(grid: Grid) -> str:
-    return (f"fsdp-matrix report: {len(grid.rows)} cells x {len(grid.columns)} combos, "
-            f"{len(grid.attention())} need attention" + (f" ({grid.source})" if grid.source else ""))
+    return (
+        f"fsdp-matrix report: {len(grid.rows)} cells x {len(grid.columns)} combos, "
+        f"{len(grid.attention())} need attention" + (f" ({grid.source})" if grid.source else "")
+    )
 
 
 def render_text(grid: Grid, width: int = 3) -> str:
@@ -37,13 +39,17 @@ def render_text(grid: Grid, width: int = 3) -> str:
             case = row.case
             title = grid.case_titles.get(case)
             out.append(f"{case}" + (f"  ({title})" if title else ""))
-        out.append(f"  {row.cell:<{name_w - 2}}" + "".join(f"{symbol(grid.code(c, row)):>{width}}" for c in grid.columns))
+        out.append(
+            f"  {row.cell:<{name_w - 2}}" + "".join(f"{symbol(grid.code(c, row)):>{width}}" for c in grid.columns)
+        )
     out += ["", _counts_text(grid)]
     if grid.unrun:
         out.append(f"Combos in matrix.yaml with no record: {', '.join(grid.unrun)}")
     items = grid.attention()
     out += ["", f"Needs attention ({len(items)}):" if items else "Needs attention: nothing."]
-    out += [f"  {symbol(rec.verdict):<3}[{col.number} {col.id}] {row.key}: {one_line(rec.line)}" for row, col, rec in items]
+    out += [
+        f"  {symbol(rec.verdict):<3}[{col.number} {col.id}] {row.key}: {one_line(rec.line)}" for row, col, rec in items
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -54,7 +60,9 @@ def _counts_text(grid: Grid) -> str:
     for col in grid.columns:
         counts = grid.counts(col)
         extra = "".join(f" {code}:{n}" for code, n in counts.items() if code not in STYLES)
-        lines.append(f"{col.number:>3}  {col.id:<{id_w}}" + "".join(f"{counts[c]:>4}" for c in CODES)
-                     + f"  {col.versions_text()}{extra}")
+        lines.append(
+            f"{col.number:>3}  {col.id:<{id_w}}"
+            + "".join(f"{counts[c]:>4}" for c in CODES)
+            + f"  {col.versions_text()}{extra}"
+        )
     return "\n".join(lines)
-

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import List
 
 from fsdp_matrix.cells import Cell, expand, unmet_requirement
-from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.envs import local_versions
+from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
 from fsdp_matrix.runner.launcher import Launcher
 from fsdp_matrix.runner.session import Session
@@ -44,9 +44,14 @@ class Timing:
 def pick(n: int, matrix: Matrix) -> List[Cell]:
     """The first ``n`` runnable CPU cells, round-robin over cases so every kind of work is in the sample."""
     versions = local_versions()
-    by_case = [[c for c in expand(matrix, cases=[case.id])
-                if unmet_requirement(case.requires, c) is None and expected_for(case, c, versions).kind != "skip"]
-               for case in matrix.cases]
+    by_case = [
+        [
+            c
+            for c in expand(matrix, cases=[case.id])
+            if unmet_requirement(case.requires, c) is None and expected_for(case, c, versions).kind != "skip"
+        ]
+        for case in matrix.cases
+    ]
     out: List[Cell] = []
     while len(out) < n and any(by_case):
         for cells in by_case:
@@ -74,8 +79,22 @@ def per_cell(cells: List[Cell], matrix: Matrix, matrix_path: Path, work: Path) -
     ok = 0
     for cell in cells:
         repro = root / matrix.case(cell.case).repro
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cell.world_size}",
-               str(repro), "--cell", cell.id, "--results", str(work), "--matrix", str(matrix_path), "--device", "cpu"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={cell.world_size}",
+            str(repro),
+            "--cell",
+            cell.id,
+            "--results",
+            str(work),
+            "--matrix",
+            str(matrix_path),
+            "--device",
+            "cpu",
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // cell.world_size))}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
         ok += any(line.startswith(("reproduced", "fix-holds")) for line in proc.stdout.splitlines())
@@ -97,14 +116,30 @@ def main(argv: List[str] = None) -> int:
         b2, compute2, launches2 = batched(cells, matrix, args.matrix, work / "b2")
     b_wall = (b1.wall_s + b2.wall_s) / 2
     floor = (compute1 + compute2) / 2 + min(launches1 + launches2)
-    rows = [(a.name, a.wall_s, a.verdicts_ok), ("(b) batched, run 1", b1.wall_s, b1.verdicts_ok),
-            ("(b) batched, run 2", b2.wall_s, b2.verdicts_ok), ("(c) compute + one launch", floor, None)]
+    rows = [
+        (a.name, a.wall_s, a.verdicts_ok),
+        ("(b) batched, run 1", b1.wall_s, b1.verdicts_ok),
+        ("(b) batched, run 2", b2.wall_s, b2.verdicts_ok),
+        ("(c) compute + one launch", floor, None),
+    ]
     print(f"{len(cells)} cells, world size 2, {os.cpu_count()} cores")
     for name, wall, ok in rows:
         print(f"  {name:28} {wall:8.1f} s" + (f"   {ok}/{len(cells)} as expected" if ok is not None else ""))
-    print(f"  launches (b): {len(launches1)} + {len(launches2)}, startup {min(launches1 + launches2):.1f} s each at best")
+    print(
+        f"  launches (b): {len(launches1)} + {len(launches2)}, startup {min(launches1 + launches2):.1f} s each at best"
+    )
     print(f"(a)/(b) = {a.wall_s / b_wall:.1f}x   (b)/(c) = {b_wall / floor:.1f}x")
     if args.json:
-        args.json.write_text(json.dumps({"cells": len(cells), "a_s": a.wall_s, "b_s": [b1.wall_s, b2.wall_s],
-                                         "c_s": floor, "a_over_b": a.wall_s / b_wall, "b_over_c": b_wall / floor}))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "cells": len(cells),
+                    "a_s": a.wall_s,
+                    "b_s": [b1.wall_s, b2.wall_s],
+                    "c_s": floor,
+                    "a_over_b": a.wall_s / b_wall,
+                    "b_over_c": b_wall / floor,
+                }
+            )
+        )
     return 0 if a.verdicts_ok == b1.verdicts_ok == b2.verdicts_ok == len(cells) else 1

@@ -29,12 +29,25 @@ def main(argv: List[str]) -> int:
     p.add_argument("--torchrun-args", default="--standalone")
     args = p.parse_args(argv)
     matrix = load_matrix(args.matrix)
-    cells = [find_cell(matrix, ref, args.device, args.world_size) for ref in args.cells] or \
-        expand(matrix, args.device, args.world_size)
-    launcher = Launcher(run_root=args.results / "launches" / "cli", device=args.device, world_size=args.world_size,
-                        cell_timeout=args.cell_timeout, torchrun_args=shlex.split(args.torchrun_args))
-    session = Session(matrix, launcher, args.results, local_versions(), combo=args.combo, resume=args.resume,
-                      repo_root=(args.matrix or DEFAULT_MATRIX).resolve().parent)
+    cells = [find_cell(matrix, ref, args.device, args.world_size) for ref in args.cells] or expand(
+        matrix, args.device, args.world_size
+    )
+    launcher = Launcher(
+        run_root=args.results / "launches" / "cli",
+        device=args.device,
+        world_size=args.world_size,
+        cell_timeout=args.cell_timeout,
+        torchrun_args=shlex.split(args.torchrun_args),
+    )
+    session = Session(
+        matrix,
+        launcher,
+        args.results,
+        local_versions(),
+        combo=args.combo,
+        resume=args.resume,
+        repo_root=(args.matrix or DEFAULT_MATRIX).resolve().parent,
+    )
     failed = 0
     try:
         session.prefetch(cells)

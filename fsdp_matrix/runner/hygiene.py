@@ -7,8 +7,8 @@ import os
 import warnings
 from datetime import timedelta
 from typing import Any, Dict, Tuple
-from fsdp_matrix.clip import clip
 
+from fsdp_matrix.clip import clip
 
 # libraries export some settings on first use (torch's inductor cache dir): a cell may add those once
 _FIRST_USE_ENV = ("TORCHINDUCTOR_", "TRITON_", "KMP_", "CUDA_MODULE_LOADING")
@@ -36,9 +36,13 @@ class Hygiene:
     def _global_state() -> Dict[str, Any]:
         import torch
 
-        return {"default_dtype": str(torch.get_default_dtype()), "grad_enabled": torch.is_grad_enabled(),
-                "deterministic": torch.are_deterministic_algorithms_enabled(), "cwd": os.getcwd(),
-                "environ": dict(os.environ)}
+        return {
+            "default_dtype": str(torch.get_default_dtype()),
+            "grad_enabled": torch.is_grad_enabled(),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "cwd": os.getcwd(),
+            "environ": dict(os.environ),
+        }
 
     @staticmethod
     def _leaked_modules() -> Tuple[int, int]:
@@ -67,20 +71,28 @@ class Hygiene:
         # frozen after each clean cell, so a scan sees only this cell's leftovers: the total is the running sum
         self.leaked_bytes += size
         if self.leaked_bytes > self.budget:
-            problems.append(f"leaked modules hold {self.leaked_bytes >> 20} MiB in this launch "
-                            f"(budget {self.budget >> 20} MiB; this cell left {modules})")
+            problems.append(
+                f"leaked modules hold {self.leaked_bytes >> 20} MiB in this launch "
+                f"(budget {self.budget >> 20} MiB; this cell left {modules})"
+            )
         children = psutil.Process().children(recursive=True)
         # multiprocessing's resource tracker and similar helpers are ours to keep; anything else was leaked
         stray = [c for c in children if "resource_tracker" not in " ".join(_cmdline(c))]
         if stray:
-            problems.append("child processes left running: " + ", ".join(f"{c.pid} {clip(' '.join(_cmdline(c)), 60)}" for c in stray))
+            problems.append(
+                "child processes left running: "
+                + ", ".join(f"{c.pid} {clip(' '.join(_cmdline(c)), 60)}" for c in stray)
+            )
             for child in stray:
                 child.kill()
         now = self._global_state()
         changed = [k for k in now if k != "environ" and self.state[k] != now[k]]
         env_before, env_after = self.state["environ"], now["environ"]
-        changed += [f"${k}" for k in sorted(set(env_before) | set(env_after))
-                    if env_before.get(k) != env_after.get(k) and not (k not in env_before and k.startswith(_FIRST_USE_ENV))]
+        changed += [
+            f"${k}"
+            for k in sorted(set(env_before) | set(env_after))
+            if env_before.get(k) != env_after.get(k) and not (k not in env_before and k.startswith(_FIRST_USE_ENV))
+        ]
         # libraries export some settings on first use (torch's inductor cache dir): accept those once
         self.state["environ"] = {k: v for k, v in env_after.items() if k in env_before or k.startswith(_FIRST_USE_ENV)}
         if changed:
@@ -97,8 +109,7 @@ class Hygiene:
             problems.append(f"process group unusable: {type(exc).__name__}: {clip(str(exc), 300)}")
         if not problems:
             gc.freeze()  # what a clean cell left behind is measured already: stop re-scanning it every cell
-        return {"clean": not problems, "problems": problems,
-                "leaked_modules": modules, "leaked_bytes": size}
+        return {"clean": not problems, "problems": problems, "leaked_modules": modules, "leaked_bytes": size}
 
 
 def _cmdline(proc: Any) -> list:

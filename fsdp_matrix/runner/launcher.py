@@ -23,8 +23,20 @@ from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import LaunchError
 from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner import procs
-from fsdp_matrix.runner.protocol import TASKS, Bye, Clean, End, Hello, Order, Ready, Start, Stop, Task, decode_event, \
-    encode_order
+from fsdp_matrix.runner.protocol import (
+    TASKS,
+    Bye,
+    Clean,
+    End,
+    Hello,
+    Order,
+    Ready,
+    Start,
+    Stop,
+    Task,
+    decode_event,
+    encode_order,
+)
 
 
 @dataclass(kw_only=True)
@@ -152,7 +164,7 @@ class Launcher:
         if not self.keep_dirs and clean:
             shutil.rmtree(live.run_dir, ignore_errors=True)
 
-    def __enter__(self) -> "Launcher":
+    def __enter__(self) -> Launcher:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -167,19 +179,42 @@ class Launcher:
         run_dir = self.run_root / f"launch-{number}-{launch_id}"
         (run_dir / TASKS).mkdir(parents=True)
         (run_dir / "scratch").mkdir()
-        (run_dir / "launch.json").write_text(json.dumps({
-            "scratch": str(run_dir / "scratch"), "seed": self.seed, "cell_timeout": self.cell_timeout,
-            "barrier_timeout": min(30.0, self.cell_timeout), "coordinator": os.getpid(),
-            "leak_budget_mb": self.leak_budget_mb}))
-        env = {**os.environ, **self.env, procs.MARKER: launch_id, "FSDP_MATRIX_DEVICE": self.device,
-               "PYTHONUNBUFFERED": "1"}
+        (run_dir / "launch.json").write_text(
+            json.dumps(
+                {
+                    "scratch": str(run_dir / "scratch"),
+                    "seed": self.seed,
+                    "cell_timeout": self.cell_timeout,
+                    "barrier_timeout": min(30.0, self.cell_timeout),
+                    "coordinator": os.getpid(),
+                    "leak_budget_mb": self.leak_budget_mb,
+                }
+            )
+        )
+        env = {
+            **os.environ,
+            **self.env,
+            procs.MARKER: launch_id,
+            "FSDP_MATRIX_DEVICE": self.device,
+            "PYTHONUNBUFFERED": "1",
+        }
         env.pop("TORCHELASTIC_ERROR_FILE", None)  # torchrun sets one per rank under --log-dir
         if self.device == "cpu":
             # two ranks fighting over every core makes each cell slower, not faster
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // self.world_size)))
-        cmd = [self.python, "-m", "torch.distributed.run", *self.torchrun_args,
-               f"--nproc-per-node={self.world_size}", f"--log-dir={run_dir / 'logs'}", "--redirects=3",
-               "--max-restarts=0", "-m", "fsdp_matrix.runner.worker", str(run_dir)]
+        cmd = [
+            self.python,
+            "-m",
+            "torch.distributed.run",
+            *self.torchrun_args,
+            f"--nproc-per-node={self.world_size}",
+            f"--log-dir={run_dir / 'logs'}",
+            "--redirects=3",
+            "--max-restarts=0",
+            "-m",
+            "fsdp_matrix.runner.worker",
+            str(run_dir),
+        ]
         out = open(run_dir / "torchrun.out", "w")
         try:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -219,12 +254,17 @@ class Launcher:
 
     def _fail_queue(self, live: _Live, note: str) -> None:
         """Two launches in a row died before running anything: the env is broken; say why instead of looping."""
-        log = (live.run_dir / "torchrun.out").read_text(errors="replace") if (live.run_dir / "torchrun.out").exists() else ""
+        log = (
+            (live.run_dir / "torchrun.out").read_text(errors="replace")
+            if (live.run_dir / "torchrun.out").exists()
+            else ""
+        )
         message = f"{note}\n{clip(log, lines=40, tail=True)}"
         for task in self._queue:
             # the note carries the reason; session.observe turns it into the one env-error outcome
-            self._done[task.key] = CellRun(key=task.key, status="env-error", ranks=[], duration_s=0.0,
-                                           launch=live.number, note=message)
+            self._done[task.key] = CellRun(
+                key=task.key, status="env-error", ranks=[], duration_s=0.0, launch=live.number, note=message
+            )
         self._queue.clear()
 
     def _kill(self, live: _Live) -> None:
@@ -285,7 +325,11 @@ class Launcher:
     def _poll(self, live: _Live) -> None:
         self._read_events(live)
         for key, ends in list(live.ended.items()):
-            if key not in self._done and len(ends) == self.world_size and len(live.clean.get(key, {})) == self.world_size:
+            if (
+                key not in self._done
+                and len(ends) == self.world_size
+                and len(live.clean.get(key, {})) == self.world_size
+            ):
                 self._finish(live, key, "error" if any(r.status == "error" for r in ends.values()) else "ok")
         exited = live.proc.poll() is not None
         if exited:
@@ -299,7 +343,9 @@ class Launcher:
             if exited:
                 self._crash(live, key)
             elif errored and now - live.end_t[key] > self.grace_s:
-                self._stuck(live, key, "error", live.end_t[key], f"rank {errored[0].rank} raised; the others did not finish")
+                self._stuck(
+                    live, key, "error", live.end_t[key], f"rank {errored[0].rank} raised; the others did not finish"
+                )
             elif now - first > self.cell_timeout:
                 self._stuck(live, key, "hang", first + self.cell_timeout, f"no result within {self.cell_timeout:.0f}s")
         if self._live is not live:
@@ -315,17 +361,33 @@ class Launcher:
         elif len(live.ready) < self.world_size and time.monotonic() - live.born > self.startup_timeout:
             self._replace(live, f"ranks did not rendezvous within {self.startup_timeout:.0f}s")
 
-    def _finish(self, live: _Live, key: str, status: str, extra: Optional[List[RankResult]] = None,
-                detect_s: Optional[float] = None, note: str = "") -> None:
+    def _finish(
+        self,
+        live: _Live,
+        key: str,
+        status: str,
+        extra: Optional[List[RankResult]] = None,
+        detect_s: Optional[float] = None,
+        note: str = "",
+    ) -> None:
         ranks = dict(live.ended.get(key, {}))
         for r in extra or []:
             ranks.setdefault(r.rank, r)
         start = min(live.started.get(key, {0: time.time()}).values())
         end = live.end_t.get(key, time.time()) if status in ("ok", "error") and not extra else time.time()
-        problems = sorted({p for ps in live.clean.get(key, {}).values() for p in ps if p != "another rank is not clean"})
-        self._done[key] = CellRun(key=key, status=status, ranks=[ranks[r] for r in sorted(ranks)],
-                                  duration_s=round(end - start, 3), launch=live.number, detect_s=detect_s,
-                                  note=note or "; ".join(problems), hygiene=problems)
+        problems = sorted(
+            {p for ps in live.clean.get(key, {}).values() for p in ps if p != "another rank is not clean"}
+        )
+        self._done[key] = CellRun(
+            key=key,
+            status=status,
+            ranks=[ranks[r] for r in sorted(ranks)],
+            duration_s=round(end - start, 3),
+            launch=live.number,
+            detect_s=detect_s,
+            note=note or "; ".join(problems),
+            hygiene=problems,
+        )
 
     def _stuck(self, live: _Live, key: str, status: str, since: float, note: str) -> None:
         """Some ranks did not finish: dump their stacks, then kill the launch."""
@@ -343,11 +405,25 @@ class Launcher:
                 continue
             stderr, error_file = procs.rank_logs(live.run_dir / "logs", rank)
             code = codes.get(rank)
-            extra.append(RankResult(rank=rank, status="crash", exit_code=code, signal=procs.signal_name(code),
-                                    error_message=f"rank {rank} died with exit code {code}"
-                                    + (f" ({procs.signal_name(code)})" if procs.signal_name(code) else ""),
-                                    traceback=error_file, stack=stderr))
+            extra.append(
+                RankResult(
+                    rank=rank,
+                    status="crash",
+                    exit_code=code,
+                    signal=procs.signal_name(code),
+                    error_message=f"rank {rank} died with exit code {code}"
+                    + (f" ({procs.signal_name(code)})" if procs.signal_name(code) else ""),
+                    traceback=error_file,
+                    stack=stderr,
+                )
+            )
         # a rank that died takes precedence: the others' errors ("connection closed by peer") are its echo
         status = "crash" if extra else "error"
-        self._finish(live, key, status, extra, detect_s=round(time.time() - max(live.started[key].values()), 3),
-                     note=f"torchrun exited with {live.proc.returncode}")
+        self._finish(
+            live,
+            key,
+            status,
+            extra,
+            detect_s=round(time.time() - max(live.started[key].values()), 3),
+            note=f"torchrun exited with {live.proc.returncode}",
+        )

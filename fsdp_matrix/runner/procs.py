@@ -26,7 +26,8 @@ def tree(pid: int) -> List[psutil.Process]:
 
 
 def marked(launch_id: str) -> List[psutil.Process]:
-    """Every live process carrying this launch's marker (torchrun puts workers in new sessions; children may daemonize)."""
+    """Every live process carrying this launch's marker (torchrun puts workers in new sessions; children may
+    daemonize)."""
     found = []
     for proc in psutil.process_iter():
         try:

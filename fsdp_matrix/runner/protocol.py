@@ -23,6 +23,7 @@ TASKS = "tasks"
 
 # ---- launcher -> ranks --------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Task:
     """Run one cell."""
@@ -63,6 +64,7 @@ def decode_order(text: str) -> Order:
 
 
 # ---- ranks -> launcher --------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Hello:

@@ -24,30 +24,55 @@ from fsdp_matrix.verdicts import judge
 def observe(run: CellRun) -> Observed:
     """Fold per-rank results into one outcome: the lowest erroring rank speaks for the cell."""
     # the rank whose status is the cell's speaks for it: the crashed one for a crash, the raising one for an error
-    first = next((r for r in run.ranks if r.status == run.status), None) or \
-        next((r for r in run.ranks if r.status != "ok"), None)
+    first = next((r for r in run.ranks if r.status == run.status), None) or next(
+        (r for r in run.ranks if r.status != "ok"), None
+    )
     checks = next((r.checks for r in run.ranks if r.rank == 0 and r.checks), {})
     if run.status == "env-error":
         return records.env_error(run.note, "LaunchError")
     if run.status == "ok":
         return Observed(status="ok", checks=checks, ranks=run.ranks, detect_s=run.detect_s, note=run.note)
-    return Observed(status=run.status, error_type=first.error_type if first else None,
-                    error_message=first.error_message if first else run.note,
-                    location=first.location if first else None, checks=checks, ranks=run.ranks,
-                    detect_s=run.detect_s, note=run.note)
+    return Observed(
+        status=run.status,
+        error_type=first.error_type if first else None,
+        error_message=first.error_message if first else run.note,
+        location=first.location if first else None,
+        checks=checks,
+        ranks=run.ranks,
+        detect_s=run.detect_s,
+        note=run.note,
+    )
 
 
-def make_record(cell: Cell, expected: Expected, observed: Observed, versions: Dict[str, Optional[str]],
-                duration_s: float, combo: Optional[str], run_id: Optional[str]) -> Record:
+def make_record(
+    cell: Cell,
+    expected: Expected,
+    observed: Observed,
+    versions: Dict[str, Optional[str]],
+    duration_s: float,
+    combo: Optional[str],
+    run_id: Optional[str],
+) -> Record:
     """The record of one cell: what was expected, what was observed, and the verdict ``judge`` gives the pair.
 
     ``versions`` is what the env really holds (never the pins alone), so a record read later says what ran.
     """
     judgement = judge(expected, observed.status, observed.error_type, observed.error_message, observed.location)
-    return Record(case=cell.case, cell=cell.id, params=cell.params_dict, versions=dict(versions), device=cell.device,
-                  world_size=cell.world_size, expected=expected.to_json(), observed=observed,
-                  verdict=judgement.verdict.value, duration_s=round(duration_s, 3), line=judgement.line,
-                  combo=combo, run_id=run_id)
+    return Record(
+        case=cell.case,
+        cell=cell.id,
+        params=cell.params_dict,
+        versions=dict(versions),
+        device=cell.device,
+        world_size=cell.world_size,
+        expected=expected.to_json(),
+        observed=observed,
+        verdict=judgement.verdict.value,
+        duration_s=round(duration_s, 3),
+        line=judgement.line,
+        combo=combo,
+        run_id=run_id,
+    )
 
 
 @dataclass
@@ -97,14 +122,28 @@ class Session:
         expected = self.expected(cell)
         reason = self._skip_reason(cell, expected)
         if reason is not None:
-            rec = make_record(cell, expected, Observed(status="skipped", error_message=reason), self.versions, 0.0,
-                              self.combo, self.run_id)
+            rec = make_record(
+                cell,
+                expected,
+                Observed(status="skipped", error_message=reason),
+                self.versions,
+                0.0,
+                self.combo,
+                self.run_id,
+            )
         else:
             self.launcher.submit(self._task(cell))
             start = time.monotonic()
             run = self.launcher.wait(cell.key)
-            rec = make_record(cell, expected, observe(run), self.versions, run.duration_s or time.monotonic() - start,
-                              self.combo, self.run_id)
+            rec = make_record(
+                cell,
+                expected,
+                observe(run),
+                self.versions,
+                run.duration_s or time.monotonic() - start,
+                self.combo,
+                self.run_id,
+            )
         records.append(self.results, rec)
         self._records[cell.key] = rec
         return rec

@@ -25,8 +25,21 @@ from typing import Any, Callable, Dict, Optional
 
 from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner.hygiene import Hygiene
-from fsdp_matrix.runner.protocol import TASKS, Bye, Clean, End, Event, Hello, Order, Ready, Start, Stop, Task, \
-    decode_order, encode_event
+from fsdp_matrix.runner.protocol import (
+    TASKS,
+    Bye,
+    Clean,
+    End,
+    Event,
+    Hello,
+    Order,
+    Ready,
+    Start,
+    Stop,
+    Task,
+    decode_order,
+    encode_event,
+)
 
 POLL_S = 0.01
 
@@ -94,9 +107,15 @@ def make_context(scratch: Path, seed: int = 0) -> Any:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    return RankContext(rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1)),
-                       local_rank=local_rank, device=device, backend="nccl" if cuda else "gloo",
-                       scratch=scratch, seed=seed)
+    return RankContext(
+        rank=int(os.environ.get("RANK", 0)),
+        world_size=int(os.environ.get("WORLD_SIZE", 1)),
+        local_rank=local_rank,
+        device=device,
+        backend="nccl" if cuda else "gloo",
+        scratch=scratch,
+        seed=seed,
+    )
 
 
 def init_process_group(ctx: Any, timeout_s: float) -> None:

@@ -35,8 +35,14 @@ def add_adapter(model: nn.Module, adapter: str, seed: int, autocast: Optional[bo
     """
     if adapter not in ("lora", "dora", "qlora"):
         raise ValueError(f"unknown adapter {adapter!r} (expected lora, dora or qlora)")
-    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(TARGET_MODULES),
-                        use_dora=adapter == "dora", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        target_modules=list(TARGET_MODULES),
+        use_dora=adapter == "dora",
+        task_type="CAUSAL_LM",
+    )
     kwargs = {} if autocast is None else {"autocast_adapter_dtype": bool(autocast)}
     if autocast is False and not has_autocast_option():
         # before the option existed PEFT never upcast: leaving it out *is* autocast_adapter_dtype=False there

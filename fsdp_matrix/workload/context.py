@@ -23,7 +23,8 @@ class RankContext:
     backend: str
     """Process-group backend: ``gloo`` (cpu) or ``nccl`` (cuda)."""
     scratch: Path
-    """Per-launch temp dir shared by all ranks (e.g. tiny models saved for 4-bit loading); rank 0 writes, then barrier."""
+    """Per-launch temp dir shared by all ranks (e.g. tiny models saved for 4-bit loading); rank 0 writes, then
+    barrier."""
     seed: int = 0
     """Seed for model init and the synthetic batch; the same on every rank so FSDP sees identical weights."""
 

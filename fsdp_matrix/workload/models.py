@@ -19,8 +19,16 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 VOCAB = 128
 """Vocabulary size of every tiny model; the synthetic batch draws token ids below it."""
 
-_SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=4, max_position_embeddings=64, use_cache=False)
+_SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=64,
+    use_cache=False,
+)
 
 
 def _config(name: str):

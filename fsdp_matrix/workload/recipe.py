@@ -6,7 +6,7 @@ from typing import Any, Mapping, Optional
 
 from torch import nn
 
-from fsdp_matrix.workload.adapters import add_adapter, adapter_dtypes
+from fsdp_matrix.workload.adapters import adapter_dtypes, add_adapter
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import build_4bit_model, build_model, count_linear4bit, torch_dtype
 from fsdp_matrix.workload.training import train_and_check

@@ -1,7 +1,7 @@
 """Tiny models without ``_no_split_modules``: a plain ``nn.Module`` and a transformers model whose attribute is None.
 
-Both have ``q_proj``/``v_proj`` linears, so the same LoRA target modules apply, and both return a ``CausalLMOutput`` with a
-``loss`` for ``(input_ids, labels)``, so the same training loop trains them.
+Both have ``q_proj``/``v_proj`` linears, so the same LoRA target modules apply, and both return a ``CausalLMOutput``
+with a ``loss`` for ``(input_ids, labels)``, so the same training loop trains them.
 """
 
 from __future__ import annotations

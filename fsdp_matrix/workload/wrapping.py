@@ -30,8 +30,13 @@ def fsdp1(model: nn.Module, policy: Optional[Callable], orig: bool, ctx: RankCon
     ``device_id`` is always given: on CPU FSDP1 otherwise refuses to run ("FSDP needs a non-CPU accelerator
     device") before auto-wrapping, which would mask every error under test.
     """
-    return FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                                    use_orig_params=bool(orig), device_id=ctx.device)
+    return FullyShardedDataParallel(
+        model,
+        auto_wrap_policy=policy,
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        use_orig_params=bool(orig),
+        device_id=ctx.device,
+    )
 
 
 def fsdp2(model: nn.Module, ctx: RankContext) -> nn.Module:

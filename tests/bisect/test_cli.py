@@ -9,9 +9,9 @@ from typing import Dict, List
 import pytest
 
 from fsdp_matrix.bisect import cli as bisect_cli
-from fsdp_matrix.bisect.search import Outcome, Prepared
 from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller
 from fsdp_matrix.bisect.runner import CellRunner
+from fsdp_matrix.bisect.search import Outcome, Prepared
 from fsdp_matrix.matrix import load_matrix
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bisect_matrix.yaml"
@@ -45,17 +45,41 @@ def test_newest_cpu_combo_is_the_default() -> None:
 
 def test_bisect_prints_table_answer_and_writes_json(fake, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "r" / "bisect.json"
-    code = bisect_cli.main([CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--combo", "old",
-                            "--pin", "accelerate==1.2.1", "--matrix", str(FIXTURE), "--cache", str(tmp_path),
-                            "--json", str(out)])
+    code = bisect_cli.main(
+        [
+            CELL,
+            "--package",
+            "peft",
+            "--old",
+            "0.13.2",
+            "--new",
+            "0.15.2",
+            "--combo",
+            "old",
+            "--pin",
+            "accelerate==1.2.1",
+            "--matrix",
+            str(FIXTURE),
+            "--cache",
+            str(tmp_path),
+            "--json",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 0
     assert "first changed: peft 0.14.0 (last unchanged: 0.13.2)" in text
     assert "0.14.0  yes        ok <- first changed" in text
     data = json.loads(out.read_text())
     assert {k: data[k] for k in ("package", "old", "new", "first_changed", "last_unchanged", "combo", "cell")} == {
-        "package": "peft", "old": "0.13.2", "new": "0.15.2", "first_changed": "0.14.0", "last_unchanged": "0.13.2",
-        "combo": "old", "cell": CELL}
+        "package": "peft",
+        "old": "0.13.2",
+        "new": "0.15.2",
+        "first_changed": "0.14.0",
+        "last_unchanged": "0.13.2",
+        "combo": "old",
+        "cell": CELL,
+    }
     assert [s["candidate"] for s in data["steps"]] == ["0.13.2", "0.15.2", "0.15.0", "0.14.0"]
     # combo pins, overridden by --pin, then by the candidate
     assert all(p["transformers"] == "4.46.3" and p["accelerate"] == "1.2.1" for p in fake["pins"])
@@ -64,21 +88,26 @@ def test_bisect_prints_table_answer_and_writes_json(fake, tmp_path: Path, capsys
 
 def test_no_change_exits_zero_and_says_so(fake, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setattr(CellRunner, "run", lambda self, env, c: BUG)
-    assert bisect_cli.main([CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2",
-                            "--matrix", str(FIXTURE)]) == 0
+    assert (
+        bisect_cli.main([CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--matrix", str(FIXTURE)])
+        == 0
+    )
     assert "no change: peft 0.13.2 and 0.15.2 both give Exception" in capsys.readouterr().out
 
 
 def test_missing_arguments_and_unknown_cell(fake, capsys) -> None:
     with pytest.raises(SystemExit):
         bisect_cli.main([CELL, "--package", "peft", "--matrix", str(FIXTURE)])
-    assert bisect_cli.main(["no-such/cell-ws2", "--package", "peft", "--old", "1", "--new", "2",
-                            "--matrix", str(FIXTURE)]) == 2
+    assert (
+        bisect_cli.main(["no-such/cell-ws2", "--package", "peft", "--old", "1", "--new", "2", "--matrix", str(FIXTURE)])
+        == 2
+    )
     assert "no cell" in capsys.readouterr().err
 
 
-def test_by_date_reports_the_day_and_what_changed(fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                  capsys) -> None:
+def test_by_date_reports_the_day_and_what_changed(
+    fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+) -> None:
     def resolve(self: DatedInstaller, day: str) -> Dict[str, str]:
         peft = "0.13.2" if day < "2024-12-06" else "0.14.0"
         self.resolutions[day] = {"torch": "2.13.0+cpu", "peft": peft, "transformers": "4.47.0", "tqdm": "4.67.1"}
@@ -86,8 +115,25 @@ def test_by_date_reports_the_day_and_what_changed(fake, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(DatedInstaller, "resolve", resolve)
     out = tmp_path / "d.json"
-    assert bisect_cli.main([CELL, "--by-date", "2024-11-20", "2024-12-20", "--combo", "old", "--matrix",
-                            str(FIXTURE), "--cache", str(tmp_path), "--json", str(out)]) == 0
+    assert (
+        bisect_cli.main(
+            [
+                CELL,
+                "--by-date",
+                "2024-11-20",
+                "2024-12-20",
+                "--combo",
+                "old",
+                "--matrix",
+                str(FIXTURE),
+                "--cache",
+                str(tmp_path),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "first changed: 2024-12-06 (last unchanged: 2024-12-05)" in text
     assert "changed between 2024-12-05 and 2024-12-06: peft 0.13.2 -> 0.14.0" in text

@@ -28,8 +28,25 @@ SEED_ERROR = "Could not find the transformer layer class to wrap"
 def test_bisect_finds_the_peft_release_that_fixed_seed_003(tmp_path: Path) -> None:
     cache = Path(os.environ.get("FSDP_MATRIX_BISECT_CACHE") or tmp_path / "envs")
     out = tmp_path / "bisect.json"
-    cmd = [sys.executable, "-m", "fsdp_matrix", "bisect", CELL, "--package", "peft", "--old", "0.13.2",
-           "--new", "0.15.2", "--combo", "old", "--cache", str(cache), "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fsdp_matrix",
+        "bisect",
+        CELL,
+        "--package",
+        "peft",
+        "--old",
+        "0.13.2",
+        "--new",
+        "0.15.2",
+        "--combo",
+        "old",
+        "--cache",
+        str(cache),
+        "--json",
+        str(out),
+    ]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1400)
     took = time.monotonic() - start
@@ -37,8 +54,10 @@ def test_bisect_finds_the_peft_release_that_fixed_seed_003(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     steps = {s["candidate"]: s for s in result["steps"]}
-    print(f"bisect took {took:.0f}s, {len(result['steps'])} installs: "
-          + ", ".join(f"{s['candidate']} {s['seconds']:.0f}s" for s in result["steps"]))
+    print(
+        f"bisect took {took:.0f}s, {len(result['steps'])} installs: "
+        + ", ".join(f"{s['candidate']} {s['seconds']:.0f}s" for s in result["steps"])
+    )
 
     assert result["candidates"] == ["0.13.2", "0.14.0", "0.15.0", "0.15.1", "0.15.2"]
     assert (result["first_changed"], result["last_unchanged"]) == ("0.14.0", "0.13.2")

@@ -30,7 +30,10 @@ def test_pins_for_overrides_in_order(tmp_path: Path) -> None:
 
 
 def test_compile_output_parsing() -> None:
-    out = "accelerate==1.2.0\nfsdp-matrix @ file:///x\ntorch==2.13.0+cpu\nTyping_Extensions==4.12.2 ; python_version < '3.12'\n"
+    out = (
+        "accelerate==1.2.0\nfsdp-matrix @ file:///x\ntorch==2.13.0+cpu\n"
+        "Typing_Extensions==4.12.2 ; python_version < '3.12'\n"
+    )
     assert _compiled(out) == {"accelerate": "1.2.0", "torch": "2.13.0+cpu", "typing-extensions": "4.12.2"}
 
 
@@ -43,6 +46,8 @@ def test_days_between() -> None:
 def test_changes_between_resolutions(tmp_path: Path) -> None:
     dated = DatedInstaller(PinnedInstaller(load_matrix(FIXTURE).combo("old"), "peft", tmp_path))
     assert "torch" not in dated.floating and "peft" in dated.floating
-    dated.resolutions = {"d1": {"peft": "0.13.2", "torch": "2.13.0+cpu", "tokenizers": "0.20.3"},
-                         "d2": {"peft": "0.14.0", "torch": "2.13.0+cpu", "hf-xet": "1.0.0", "tokenizers": "0.20.3"}}
+    dated.resolutions = {
+        "d1": {"peft": "0.13.2", "torch": "2.13.0+cpu", "tokenizers": "0.20.3"},
+        "d2": {"peft": "0.14.0", "torch": "2.13.0+cpu", "hf-xet": "1.0.0", "tokenizers": "0.20.3"},
+    }
     assert dated.changes("d1", "d2") == ["hf-xet - -> 1.0.0", "peft 0.13.2 -> 0.14.0"]

@@ -9,9 +9,18 @@ import pytest
 from packaging.tags import Tag
 from packaging.version import Version
 
+from fsdp_matrix.bisect.releases import (
+    PYPI,
+    DistFile,
+    Locations,
+    candidates_between,
+    configured_locations,
+    list_files,
+    parse_simple,
+    release_candidates,
+    releases,
+)
 from fsdp_matrix.errors import EnvError
-from fsdp_matrix.bisect.releases import (PYPI, DistFile, Locations, candidates_between, configured_locations, list_files,
-                                  parse_simple, release_candidates, releases)
 
 TAGS = [Tag("py3", "none", "any"), Tag("cp311", "cp311", "manylinux_2_28_x86_64")]
 
@@ -40,10 +49,18 @@ def test_html_page_filters_like_an_installer() -> None:
 
 
 def test_json_page_gives_yanked_and_upload_times() -> None:
-    body = json.dumps({"files": [
-        {"filename": "peft-0.13.2-py3-none-any.whl", "yanked": False, "upload-time": "2024-10-11T10:00:00.1Z"},
-        {"filename": "peft-0.14.0-py3-none-any.whl", "yanked": "bad metadata", "upload-time": "2024-12-06T10:00:00Z"},
-    ]})
+    body = json.dumps(
+        {
+            "files": [
+                {"filename": "peft-0.13.2-py3-none-any.whl", "yanked": False, "upload-time": "2024-10-11T10:00:00.1Z"},
+                {
+                    "filename": "peft-0.14.0-py3-none-any.whl",
+                    "yanked": "bad metadata",
+                    "upload-time": "2024-12-06T10:00:00Z",
+                },
+            ]
+        }
+    )
     files = parse_simple(body, "application/vnd.pypi.simple.v1+json")
     assert files[1].yanked and not files[0].yanked
     got = avail(files)
@@ -55,7 +72,12 @@ def test_between_is_inclusive_and_leaves_out_pre_releases() -> None:
     got = avail(parse_simple(HTML, "text/html"))
     assert candidates_between("peft", "0.13.2", "0.15.2", got) == ["0.13.2", "0.14.0", "0.15.0", "0.15.2"]
     assert candidates_between("peft", "0.13.2", "0.15.2", got, pre=True) == [
-        "0.13.2", "0.14.0", "0.15.0rc1", "0.15.0", "0.15.2"]
+        "0.13.2",
+        "0.14.0",
+        "0.15.0rc1",
+        "0.15.0",
+        "0.15.2",
+    ]
     assert candidates_between("peft", "0.14.0", "0.14.0", got) == ["0.14.0"]
 
 
@@ -68,9 +90,11 @@ def test_unknown_or_yanked_end_is_an_error() -> None:
 
 
 def test_local_label_counts_as_its_release() -> None:
-    files = [DistFile("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"),
-             DistFile("torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"),
-             DistFile("torch-2.12.0-cp311-cp311-manylinux_2_28_x86_64.whl")]
+    files = [
+        DistFile("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"),
+        DistFile("torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"),
+        DistFile("torch-2.12.0-cp311-cp311-manylinux_2_28_x86_64.whl"),
+    ]
     got = releases("torch", files, python="3.11.7", tags=TAGS)
     assert sorted(map(str, got)) == ["2.12.0", "2.13.0"] and len(got[Version("2.13.0")].files) == 2
     assert candidates_between("torch", "2.12.0", "2.13.0+cpu", got) == ["2.12.0", "2.13.0"]
@@ -98,18 +122,21 @@ def test_unreachable_everywhere_is_an_env_error() -> None:
 
 
 def test_pip_configuration_becomes_the_locations() -> None:
-    pip = {"find-links": "/opt/wheels", "extra-index-url": "file:///a/simple file:///b/simple",
-           "cert": "/etc/ca.crt"}
+    pip = {"find-links": "/opt/wheels", "extra-index-url": "file:///a/simple file:///b/simple", "cert": "/etc/ca.crt"}
     loc = configured_locations(environ={}, pip=pip)
     assert loc.indexes == (PYPI, "file:///a/simple", "file:///b/simple")
     assert loc.find_links == ("/opt/wheels",) and loc.cafile == "/etc/ca.crt"
     assert configured_locations(environ={}, pip={"index-url": "https://mirror/simple"}).indexes == (
-        "https://mirror/simple",)
+        "https://mirror/simple",
+    )
 
 
 def test_users_own_uv_configuration_wins() -> None:
-    environ = {"UV_DEFAULT_INDEX": "https://corp/simple", "UV_INDEX": "torch=https://download/cpu",
-               "UV_FIND_LINKS": "/w1,/w2"}
+    environ = {
+        "UV_DEFAULT_INDEX": "https://corp/simple",
+        "UV_INDEX": "torch=https://download/cpu",
+        "UV_FIND_LINKS": "/w1,/w2",
+    }
     loc = configured_locations(environ=environ, pip={"find-links": "/opt/wheels"})
     assert loc.indexes == ("https://corp/simple", "https://download/cpu")
     assert loc.find_links == ("/w1", "/w2")

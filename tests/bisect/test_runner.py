@@ -26,17 +26,32 @@ def _fake_venv(tmp: Path, body: str) -> Path:
 
 
 def _record_writer(observed: Observed) -> str:
-    rec = Record(case="no-split-modules", cell="shape_plain-ws2", params={"shape": "plain"}, versions={}, device="cpu",
-                 world_size=2, expected={"kind": "ok"}, observed=observed, verdict="reproduced", duration_s=1.0)
-    return ("assert args[:4] == ['-m', 'fsdp_matrix', 'run', %r], args\n" % CELL
-            + "assert args[args.index('--device') + 1] == 'cpu' and args[args.index('--world-size') + 1] == '2'\n"
-            + "res = args[args.index('--results') + 1]\n"
-            + f"open(res + '/cells.jsonl', 'a').write({json.dumps(rec.to_json())!r} + '\\n')\n")
+    rec = Record(
+        case="no-split-modules",
+        cell="shape_plain-ws2",
+        params={"shape": "plain"},
+        versions={},
+        device="cpu",
+        world_size=2,
+        expected={"kind": "ok"},
+        observed=observed,
+        verdict="reproduced",
+        duration_s=1.0,
+    )
+    return (
+        f"assert args[:4] == ['-m', 'fsdp_matrix', 'run', {CELL!r}], args\n"
+        + "assert args[args.index('--device') + 1] == 'cpu' and args[args.index('--world-size') + 1] == '2'\n"
+        + "res = args[args.index('--results') + 1]\n"
+        + f"open(res + '/cells.jsonl', 'a').write({json.dumps(rec.to_json())!r} + '\\n')\n"
+    )
 
 
 def test_runner_reads_the_record(tmp_path: Path) -> None:
-    obs = Observed(status="error", error_type="Exception",
-                   error_message="Could not find the transformer layer class to wrap in the model.")
+    obs = Observed(
+        status="error",
+        error_type="Exception",
+        error_message="Could not find the transformer layer class to wrap in the model.",
+    )
     venv = _fake_venv(tmp_path, _record_writer(obs))
     outcome = CellRunner(CELL, workdir=tmp_path).run(venv, "0.13.2")
     assert outcome == Outcome.observed("error", "Exception", obs.error_message)
@@ -50,7 +65,9 @@ def test_runner_cannot_test_a_skipped_or_env_error_cell(tmp_path: Path, status: 
 
 
 def test_runner_without_a_record_is_untestable(tmp_path: Path) -> None:
-    venv = _fake_venv(tmp_path, "sys.stderr.write('ModuleNotFoundError: No module named fsdp_matrix.runner.worker')\nsys.exit(1)")
+    venv = _fake_venv(
+        tmp_path, "sys.stderr.write('ModuleNotFoundError: No module named fsdp_matrix.runner.worker')\nsys.exit(1)"
+    )
     with pytest.raises(Untestable, match=r"no record .* \(exit 1\): ModuleNotFoundError.*fsdp_matrix.runner.worker"):
         CellRunner(CELL, workdir=tmp_path).run(venv, "0.13.2")
 

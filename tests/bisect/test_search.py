@@ -8,8 +8,15 @@ from typing import Callable, List, Set
 
 import pytest
 
-from fsdp_matrix.bisect.search import (BisectResult, Outcome, Prepared, Untestable, bisect, install_bound,
-                                normalise_message)
+from fsdp_matrix.bisect.search import (
+    BisectResult,
+    Outcome,
+    Prepared,
+    Untestable,
+    bisect,
+    install_bound,
+    normalise_message,
+)
 
 OK = Outcome("ok")
 BUG = Outcome.observed("error", "Exception", "Could not find the transformer layer class to wrap in the model.")
@@ -178,12 +185,17 @@ def test_by_date_answer_has_no_package_name() -> None:
     assert result.answer.startswith("first changed: 2025-01-03 (last unchanged: 2025-01-02)")
 
 
-@pytest.mark.parametrize("a,b", [
-    ("Expected size [4, 16] but got [4, 32] at 0x7f3a2b1c", "Expected size [8, 16] but got [8, 32] at 0x55aa"),
-    ("connect to 127.0.0.1:29500 failed (pid 1234)", "connect to 127.0.0.1:41877 failed (pid 98)"),
-    ('File "/tmp/fsdp-bisect/v1/lib/python3.11/site-packages/peft/tuners/lora/dora.py", line 74',
-     'File "/root/.cache/x/v2/lib/python3.11/site-packages/peft/tuners/lora/dora.py", line 80'),
-])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("Expected size [4, 16] but got [4, 32] at 0x7f3a2b1c", "Expected size [8, 16] but got [8, 32] at 0x55aa"),
+        ("connect to 127.0.0.1:29500 failed (pid 1234)", "connect to 127.0.0.1:41877 failed (pid 98)"),
+        (
+            'File "/tmp/fsdp-bisect/v1/lib/python3.11/site-packages/peft/tuners/lora/dora.py", line 74',
+            'File "/root/.cache/x/v2/lib/python3.11/site-packages/peft/tuners/lora/dora.py", line 80',
+        ),
+    ],
+)
 def test_normalise_strips_what_varies(a: str, b: str) -> None:
     assert normalise_message(a) == normalise_message(b)
 

@@ -1,4 +1,4 @@
-"""Tests for fsdp_matrix.export.inline: dependency order, dropped and hoisted imports, and what it refuses to flatten."""
+"""Tests for fsdp_matrix.export.inline: dependency order, dropped and hoisted imports, and what it refuses."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ def _repro(tmp_path, body: str):
 
 
 def test_modules_come_after_what_they_import(tmp_path):
-    repro = _repro(tmp_path, '''
+    repro = _repro(
+        tmp_path,
+        '''
         """Doc of the repro."""
         from __future__ import annotations
 
@@ -36,12 +38,18 @@ def test_modules_come_after_what_they_import(tmp_path):
 
         if __name__ == "__main__":
             raise SystemExit("must be dropped")
-        ''')
+        ''',
+    )
     flat = flatten(repro)
     order = [s.module for s in flat.sections]
     assert order[-1] == "my_repro" and order[0] == "fsdp_matrix.errors"
-    for before, after in [("context", "models"), ("models", "wrapping"), ("wrapping", "recipe"),
-                          ("training", "recipe"), ("adapters", "training")]:
+    for before, after in [
+        ("context", "models"),
+        ("models", "wrapping"),
+        ("wrapping", "recipe"),
+        ("training", "recipe"),
+        ("adapters", "training"),
+    ]:
         assert order.index(f"fsdp_matrix.workload.{before}") < order.index(f"fsdp_matrix.workload.{after}")
     text = flat.sections[-1].text
     assert "V = VOCAB" in text and "# a comment that must survive" in text and '"""Doc of the repro."""' in text
@@ -51,18 +59,22 @@ def test_modules_come_after_what_they_import(tmp_path):
     assert errors.startswith("class CheckFailed(AssertionError):") and "MatrixError" not in errors
     body = "\n".join(flat.stdlib_imports + flat.other_imports + [s.text for s in flat.sections])
     ast.parse(body)
-    assert "fsdp_matrix" not in "".join(ast.unparse(n) for n in ast.walk(ast.parse(body))
-                                        if isinstance(n, (ast.Import, ast.ImportFrom)))
+    assert "fsdp_matrix" not in "".join(
+        ast.unparse(n) for n in ast.walk(ast.parse(body)) if isinstance(n, (ast.Import, ast.ImportFrom))
+    )
 
 
-@pytest.mark.parametrize("line, message", [
-    ("from fsdp_matrix.cells import Cell", "harness code"),
-    ("import fsdp_matrix.workload.models", "write `from fsdp_matrix.x import a`"),
-    ("from .workload import models", "relative import"),
-    ("from fsdp_matrix.workload.models import no_such_name", "does not define no_such_name"),
-    ("from fsdp_matrix.workload.recipe import peft_model\ndef wrap(): pass", "'wrap' is also bound"),
-    ("from fsdp_matrix.workload.recipe import peft_model\nfrom functools import wraps as nn", "'nn' is imported"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("from fsdp_matrix.cells import Cell", "harness code"),
+        ("import fsdp_matrix.workload.models", "write `from fsdp_matrix.x import a`"),
+        ("from .workload import models", "relative import"),
+        ("from fsdp_matrix.workload.models import no_such_name", "does not define no_such_name"),
+        ("from fsdp_matrix.workload.recipe import peft_model\ndef wrap(): pass", "'wrap' is also bound"),
+        ("from fsdp_matrix.workload.recipe import peft_model\nfrom functools import wraps as nn", "'nn' is imported"),
+    ],
+)
 def test_refuses_what_one_flat_script_cannot_hold(tmp_path, line, message):
     with pytest.raises(InlineError, match=message):
         flatten(_repro(tmp_path, line + "\n"))

@@ -17,12 +17,11 @@ import pytest
 from fsdp_matrix import records
 from fsdp_matrix.cells import expand_case
 from fsdp_matrix.export.cli import main
+from fsdp_matrix.export.inline import is_stdlib
 from fsdp_matrix.export.script import prepare, render_script
 from fsdp_matrix.export.snippet import code_block, code_span, render_markdown
-from fsdp_matrix.export.inline import is_stdlib
-from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix, parse_matrix
+from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
 from fsdp_matrix.records import Observed, RankResult, Record
-from tests.helpers import matrix_data
 
 try:
     import tomllib
@@ -46,8 +45,9 @@ def _script(ref: str, combo: str = None, results: Path = Path("/nonexistent")) -
 def _pep723(script: str) -> dict:
     blocks = [m for m in PEP723.finditer(script) if m.group("type") == "script"]
     assert len(blocks) == 1
-    content = "".join(line[2:] if line.startswith("# ") else line[1:]
-                      for line in blocks[0].group("content").splitlines(keepends=True))
+    content = "".join(
+        line[2:] if line.startswith("# ") else line[1:] for line in blocks[0].group("content").splitlines(keepends=True)
+    )
     return tomllib.loads(content)
 
 
@@ -117,26 +117,60 @@ def test_torch_is_imported_after_the_launcher_returns():
     tree = ast.parse(script)
     guard = next(i for i, n in enumerate(tree.body) if isinstance(n, ast.If) and "relaunch" in ast.unparse(n))
     # functions may import torch (the launcher never calls them); module-level statements may not, before the guard
-    heavy = [i for i, n in enumerate(tree.body) if not isinstance(n, (ast.FunctionDef, ast.ClassDef))
-             and {m.split(".")[0] for m in _imported_modules(n)} & THIRD_PARTY]
+    heavy = [
+        i
+        for i, n in enumerate(tree.body)
+        if not isinstance(n, (ast.FunctionDef, ast.ClassDef))
+        and {m.split(".")[0] for m in _imported_modules(n)} & THIRD_PARTY
+    ]
     assert heavy and min(heavy) > guard
 
 
-TRACEBACK = ('Traceback (most recent call last):\n  File "x.py", line 3, in f\n    s = """```not a fence```"""\n'
-             "ValueError: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False` | x\n")
+TRACEBACK = (
+    'Traceback (most recent call last):\n  File "x.py", line 3, in f\n    s = """```not a fence```"""\n'
+    "ValueError: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False` | x\n"
+)
 
 
 def _record(combo: str, finished_at: float, message: str, traceback: str = TRACEBACK) -> Record:
     cell = "lora-fp32-orig0-decoder_layer-llama-ws2"
-    rank = RankResult(rank=0, status="error", error_type="ValueError", error_message=message,
-                      location="torch.distributed.fsdp._flat_param.f", traceback=traceback)
-    observed = Observed(status="error", error_type="ValueError", error_message=message,
-                        location="torch.distributed.fsdp._flat_param.f", ranks=[rank])
-    versions = {"torch": "2.13.0+cpu", "peft": "0.21.2", "transformers": "5.23.0", "accelerate": "1.15.0",
-                "bitsandbytes": "0.50.2", "python": "3.11.7"}
-    return Record(case="lora-requires-grad", cell=cell, params={}, versions=versions, device="cpu", world_size=2,
-                  expected={"kind": "error"}, observed=observed, verdict="reproduced", duration_s=1.0, combo=combo,
-                  finished_at=finished_at)
+    rank = RankResult(
+        rank=0,
+        status="error",
+        error_type="ValueError",
+        error_message=message,
+        location="torch.distributed.fsdp._flat_param.f",
+        traceback=traceback,
+    )
+    observed = Observed(
+        status="error",
+        error_type="ValueError",
+        error_message=message,
+        location="torch.distributed.fsdp._flat_param.f",
+        ranks=[rank],
+    )
+    versions = {
+        "torch": "2.13.0+cpu",
+        "peft": "0.21.2",
+        "transformers": "5.23.0",
+        "accelerate": "1.15.0",
+        "bitsandbytes": "0.50.2",
+        "python": "3.11.7",
+    }
+    return Record(
+        case="lora-requires-grad",
+        cell=cell,
+        params={},
+        versions=versions,
+        device="cpu",
+        world_size=2,
+        expected={"kind": "error"},
+        observed=observed,
+        verdict="reproduced",
+        duration_s=1.0,
+        combo=combo,
+        finished_at=finished_at,
+    )
 
 
 def test_markdown_holds_the_newest_record_verbatim(tmp_path):
@@ -160,8 +194,9 @@ def test_markdown_renders_code_as_written(tmp_path):
     markdown_it = pytest.importorskip("markdown_it")
     message = "`x` | y ``` z"
     records.append(tmp_path, _record("current", time.time(), message))
-    md = render_markdown(prepare(MATRIX, "lora-requires-grad/lora-fp32-orig0-decoder_layer-llama-ws2", "current",
-                                 tmp_path, ROOT))
+    md = render_markdown(
+        prepare(MATRIX, "lora-requires-grad/lora-fp32-orig0-decoder_layer-llama-ws2", "current", tmp_path, ROOT)
+    )
     html = markdown_it.MarkdownIt("commonmark").render(md)
     assert f"<code>ValueError: {message}</code>" in html
     assert "```not a fence```" in html and html.count("<pre>") == 2
@@ -205,12 +240,16 @@ def test_exported_script_reproduces_alone(tmp_path):
     work.mkdir()
     assert main([CHEAP, "--out", str(work), "--results", str(tmp_path / "none")]) == 0
     script = next(work.glob("*.py"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TORCHELASTIC", "MASTER_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTHON", "TORCHELASTIC", "MASTER_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     env["PYTHONPATH"] = str(poison.parent)
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-I", script.name], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-I", script.name], cwd=work, env=env, capture_output=True, text=True, timeout=240
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "Could not find the transformer layer class to wrap in the model" in out, out

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import List
 
+from fsdp_matrix.records import Record, append
 from fsdp_matrix.report import cli as report_cli
 from fsdp_matrix.report import diff
-from fsdp_matrix.records import Record, append
 from tests.report.samples import make_record
 
 
@@ -56,11 +56,16 @@ def test_identical_reports_exit_0(tmp_path, capsys):
 def test_groups_unexpected_fixes_added_removed_and_versions(tmp_path):
     moved = dict(make_record("x", "fix-holds").versions, peft="0.22.0")
     old = BASE + [make_record("gone-ws2", "fix-holds")]
-    new = [make_record("a-ws2", "fix-holds", versions=moved), make_record("b-ws2", "UNEXPECTED-FIX"),
-           make_record("c-ws2", "hang"), make_record("d-ws2", "skipped"),
-           make_record("a-ws2", "REGRESSION", combo="brand-new")]
-    result = diff.compare(diff.load_report(_results(tmp_path, "old", old)),
-                          diff.load_report(_results(tmp_path, "new", new)))
+    new = [
+        make_record("a-ws2", "fix-holds", versions=moved),
+        make_record("b-ws2", "UNEXPECTED-FIX"),
+        make_record("c-ws2", "hang"),
+        make_record("d-ws2", "skipped"),
+        make_record("a-ws2", "REGRESSION", combo="brand-new"),
+    ]
+    result = diff.compare(
+        diff.load_report(_results(tmp_path, "old", old)), diff.load_report(_results(tmp_path, "new", new))
+    )
     names = lambda changes: [(c.column, c.cell, c.old, c.new) for c in changes]  # noqa: E731
     assert names(result.regressions) == [("brand-new", "dora/a-ws2", None, "REGRESSION")]  # a new combo counts
     assert names(result.unexpected_fixes) == [("cur", "dora/b-ws2", "reproduced", "UNEXPECTED-FIX")]

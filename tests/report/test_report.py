@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from fsdp_matrix.matrix import parse_matrix
+from fsdp_matrix.records import append, iter_records
 from fsdp_matrix.report import cli as report_cli
 from fsdp_matrix.report import json as report_json
 from fsdp_matrix.report import markdown, style
 from fsdp_matrix.report import text as report_text
-from fsdp_matrix.matrix import parse_matrix
-from fsdp_matrix.records import append, iter_records
 from fsdp_matrix.report.grid import LOCAL, build_grid
 from fsdp_matrix.report.style import MISSING
 from tests.report.samples import HOSTILE, MATRIX, STATUS, make_record, sample_records
@@ -33,8 +33,11 @@ def test_grid_orders_by_matrix_and_keeps_newest():
 
 
 def test_grid_without_matrix_orders_by_name_and_names_local_column():
-    recs = [make_record("b-ws2", "fix-holds", None), make_record("a-ws2", "fix-holds", "zz"),
-            make_record("a-ws2", "reproduced", "aa")]
+    recs = [
+        make_record("b-ws2", "fix-holds", None),
+        make_record("a-ws2", "fix-holds", "zz"),
+        make_record("a-ws2", "reproduced", "aa"),
+    ]
     grid = build_grid(recs)
     assert [c.id for c in grid.columns] == ["aa", "zz", LOCAL]
     recs = [make_record("a-ws2", "fix-holds", combo) for combo in ("t2.10", "t2.3", "t1")]
@@ -46,7 +49,9 @@ def test_grid_without_matrix_orders_by_name_and_names_local_column():
 def test_attention_lists_every_problem_most_severe_first():
     grid = build_grid(sample_records(), parse_matrix(MATRIX))
     assert [(r.key, c.id, rec.verdict) for r, c, rec in grid.attention()] == [
-        ("zeta/dora-ws2", "old", "REGRESSION"), ("zeta/dora-ws2", "new", "hang")]
+        ("zeta/dora-ws2", "old", "REGRESSION"),
+        ("zeta/dora-ws2", "new", "hang"),
+    ]
 
 
 def test_text_table_has_symbols_counts_and_attention_lines():
@@ -55,8 +60,10 @@ def test_text_table_has_symbols_counts_and_attention_lines():
     dora = next(line for line in lines if line.strip().startswith("dora-ws2"))
     assert dora.split()[1:] == ["!H", "!R"]
     assert "Needs attention (2):" in text
-    assert any(line.strip().startswith("!R") and "[2 old] zeta/dora-ws2: expected ok / observed error" in line
-               for line in lines)
+    assert any(
+        line.strip().startswith("!R") and "[2 old] zeta/dora-ws2: expected ok / observed error" in line
+        for line in lines
+    )
     assert "Combos in matrix.yaml with no record: never" in text
     assert "\x1b" not in text and "\\x1b[31mred" in text  # terminal escapes in messages are shown, not obeyed
     counts = next(line for line in lines if line.split()[:2] == ["1", "new"])
@@ -65,7 +72,9 @@ def test_text_table_has_symbols_counts_and_attention_lines():
 
 
 def test_text_table_scales_to_many_combos():
-    recs = [make_record(f"c{i}-ws2", "fix-holds", f"combo-with-a-long-name-{j:02d}") for i in range(100) for j in range(16)]
+    recs = [
+        make_record(f"c{i}-ws2", "fix-holds", f"combo-with-a-long-name-{j:02d}") for i in range(100) for j in range(16)
+    ]
     text = report_text.render_text(build_grid(recs))
     grid_lines = [line for line in text.splitlines() if line.startswith("  c")]
     assert len(grid_lines) == 100
@@ -113,8 +122,15 @@ def test_main_writes_every_format_and_tolerates_torn_line(tmp_path, monkeypatch,
     out = tmp_path / "out"
     assert report_cli.main([str(results), "--out", str(out), "--matrix", str(_write_matrix(tmp_path))]) == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["junit-local.xml", "junit-new.xml", "junit-old.xml", "report.html", "report.json",
-                     "report.md", "report.txt"]
+    assert names == [
+        "junit-local.xml",
+        "junit-new.xml",
+        "junit-old.xml",
+        "report.html",
+        "report.json",
+        "report.md",
+        "report.txt",
+    ]
     printed = capsys.readouterr().out
     assert printed.startswith((out / "report.txt").read_text())
     assert "!R" in printed and summary.read_text() == (out / "report.md").read_text()
@@ -125,8 +141,10 @@ def test_main_format_selection_and_bad_input(tmp_path, capsys):
     results = tmp_path / "results"
     append(results, make_record("a-ws2", "fix-holds", None))
     assert report_cli.main([str(results), "--format", "json", "--format", "junit"]) == 0
-    assert sorted(p.name for p in results.iterdir() if not p.name.startswith("cells")) == ["junit-local.xml",
-                                                                                             "report.json"]
+    assert sorted(p.name for p in results.iterdir() if not p.name.startswith("cells")) == [
+        "junit-local.xml",
+        "report.json",
+    ]
     assert report_cli.main([str(tmp_path / "nope")]) == 2
     assert "no such file" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
@@ -138,6 +156,7 @@ def test_main_format_selection_and_bad_input(tmp_path, capsys):
 
 def _write_matrix(tmp_path: Path) -> Path:
     import yaml
+
     path = tmp_path / "matrix.yaml"
     path.write_text(yaml.safe_dump(MATRIX))
     return path
@@ -146,6 +165,7 @@ def _write_matrix(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("verdict", list(STATUS) + ["SOMETHING-NEW"])
 def test_every_verdict_has_a_symbol_and_attention_matches_verdicts(verdict):
     from fsdp_matrix.verdicts import Verdict
+
     sym = style.symbol(verdict)
     expected = Verdict(verdict).needs_attention if verdict in STATUS else True
     assert style.needs_attention(verdict) is expected

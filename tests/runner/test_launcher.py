@@ -20,8 +20,23 @@ from fsdp_matrix.runner.session import Session
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 12.0
-SEQUENCE = ["ok", "hang_rank1", "ok", "exit_rank0", "ok", "segv_rank0", "ok", "raise_rank1", "ok", "leak_child", "ok",
-            "raise_both", "ok", "leak_module", "ok"]
+SEQUENCE = [
+    "ok",
+    "hang_rank1",
+    "ok",
+    "exit_rank0",
+    "ok",
+    "segv_rank0",
+    "ok",
+    "raise_rank1",
+    "ok",
+    "leak_child",
+    "ok",
+    "raise_both",
+    "ok",
+    "leak_module",
+    "ok",
+]
 
 
 def _cell(i, fault):
@@ -32,10 +47,10 @@ def _cell(i, fault):
 def runs(tmp_path_factory):
     results = tmp_path_factory.mktemp("faults")
     # a 1 MiB leak budget: the leak_module fault (4 MiB) must retire its launch; keep_dirs keeps even clean ones
-    launcher = Launcher(run_root=results / "launches", cell_timeout=TIMEOUT, python=sys.executable, leak_budget_mb=1,
-                        keep_dirs=True)
-    session = Session(load_matrix(HERE / "fault_matrix.yaml"), launcher, results, {"torch": "2.13.0"},
-                      repo_root=HERE)
+    launcher = Launcher(
+        run_root=results / "launches", cell_timeout=TIMEOUT, python=sys.executable, leak_budget_mb=1, keep_dirs=True
+    )
+    session = Session(load_matrix(HERE / "fault_matrix.yaml"), launcher, results, {"torch": "2.13.0"}, repo_root=HERE)
     cells = [_cell(i, f) for i, f in enumerate(SEQUENCE)]
     session.prefetch(cells)
     try:

@@ -19,8 +19,20 @@ CELLS = [f"healthy/fault_ok-n{i}-sleep1-ws2" for i in range(1, 7)]
 
 
 def _run(results: Path, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "fsdp_matrix", "run", "--matrix", str(HERE / "fault_matrix.yaml"),
-           "--results", str(results), "--combo", "local", *extra, *CELLS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fsdp_matrix",
+        "run",
+        "--matrix",
+        str(HERE / "fault_matrix.yaml"),
+        "--results",
+        str(results),
+        "--combo",
+        "local",
+        *extra,
+        *CELLS,
+    ]
     return subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

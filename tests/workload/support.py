@@ -17,5 +17,6 @@ def one_rank_group(tmp: Path) -> None:
 
 
 def cpu_context(scratch: Path, seed: int = 0) -> RankContext:
-    return RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo",
-                       scratch=scratch, seed=seed)
+    return RankContext(
+        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo", scratch=scratch, seed=seed
+    )

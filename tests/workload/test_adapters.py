@@ -5,7 +5,6 @@ import torch
 
 from fsdp_matrix.workload.adapters import adapter_dtypes, add_adapter, has_autocast_option, is_adapter
 from fsdp_matrix.workload.models import build_model
-
 from tests.workload.support import cpu_context
 
 
@@ -15,7 +14,9 @@ def test_is_adapter():
     assert not is_adapter("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")
 
 
-@pytest.mark.parametrize("adapter,markers", [("lora", {"lora_A", "lora_B"}), ("dora", {"lora_A", "lora_B", "lora_magnitude_vector"})])
+@pytest.mark.parametrize(
+    "adapter,markers", [("lora", {"lora_A", "lora_B"}), ("dora", {"lora_A", "lora_B", "lora_magnitude_vector"})]
+)
 def test_add_adapter_trains_only_adapters(tmp_path, adapter, markers):
     model = add_adapter(build_model("llama", "fp32", cpu_context(tmp_path)), adapter, seed=0)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]

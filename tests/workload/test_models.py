@@ -5,8 +5,13 @@ import torch
 import transformers
 from packaging.version import Version
 
-from fsdp_matrix.workload.models import build_4bit_model, build_model, count_linear4bit, decoder_layer_class, decoder_layers
-
+from fsdp_matrix.workload.models import (
+    build_4bit_model,
+    build_model,
+    count_linear4bit,
+    decoder_layer_class,
+    decoder_layers,
+)
 from tests.workload.support import cpu_context
 
 

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from fsdp_matrix.workload.tinynets import build_tinynet
-
 from tests.workload.support import cpu_context
 
 
