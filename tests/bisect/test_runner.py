@@ -92,7 +92,9 @@ def test_runner_backstop_takes_down_the_launch_in_its_own_session(tmp_path: Path
         "res = args[args.index('--results') + 1]\n"
         "os.makedirs(res + '/launches/cli/launch-0-backstop0test', exist_ok=True)\n"
         f"env = dict(os.environ, {procs.MARKER}='backstop0test')\n"
-        "p = subprocess.Popen(['sleep', '300'], env=env, start_new_session=True)\n"
+        # like torchrun: its own session, its output to its own file (not the run's pipes)
+        "p = subprocess.Popen(['sleep', '300'], env=env, start_new_session=True, stdout=subprocess.DEVNULL,\n"
+        "                     stderr=subprocess.DEVNULL)\n"
         f"open({str(tmp_path / 'torchrun.pid')!r}, 'w').write(str(p.pid))\n"
         "time.sleep(300)\n"
     )
