@@ -152,7 +152,7 @@ def test_main_format_selection_and_bad_input(tmp_path, capsys):
     (results / "cells.jsonl").write_text("not json\n{}\n")
     assert report_cli.main([str(results)]) == 2
     err = capsys.readouterr().err
-    assert "no cell records" in err and "2 lines could not be read" in err
+    assert "no cell records" in err and "2 lines of cells.jsonl could not be read" in err
 
 
 def _write_matrix(tmp_path: Path) -> Path:
