@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -134,7 +134,7 @@ class Record:
         return _adapter(cls).validate_python(data, strict=False)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _adapter(cls: type) -> TypeAdapter:
     return TypeAdapter(cls)
 
