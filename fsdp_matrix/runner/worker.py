@@ -11,6 +11,7 @@ continues the remaining cells in a fresh launch.
 from __future__ import annotations
 
 import faulthandler
+import hashlib
 import importlib.util
 import json
 import os
@@ -23,7 +24,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional
 
+from fsdp_matrix.errors import ReproError
 from fsdp_matrix.records import RankResult
+from fsdp_matrix.runner import procs
 from fsdp_matrix.runner.hygiene import Hygiene
 from fsdp_matrix.runner.protocol import (
     TASKS,
@@ -42,6 +45,8 @@ from fsdp_matrix.runner.protocol import (
 )
 
 POLL_S = 0.01
+COORDINATOR_CHECK_S = 0.5
+"""How often a rank waiting for its next task looks whether its coordinator is still there."""
 
 
 def error_details(exc: BaseException) -> Dict[str, Optional[str]]:
@@ -86,15 +91,48 @@ def run_cell(fn: Callable[[Dict[str, Any], Any], Any], params: Dict[str, Any], c
 
 
 def load_repro(path: str) -> ModuleType:
-    """Import a repro script by path (repros/ is not a package: each script must also run alone)."""
-    name = "fsdp_matrix_repro_" + Path(path).stem
+    """Import a repro script by path (repros/ is not a package: each script must also run alone). Modules are kept
+    per resolved path: two repros that share a file name are two modules."""
+    resolved = Path(path).resolve()
+    name = f"fsdp_matrix_repro_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:10]}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, resolved)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # a half-run module must not be found by the next cell as if it had loaded
+        raise
     return module
+
+
+def load_run(path: str) -> Callable[[Dict[str, Any], Any], Any]:
+    """The repro's ``run``, or a ReproError that names the file: missing, not importable, or without ``run``."""
+    try:
+        module = load_repro(path)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SyntaxError, ImportError, SystemExit at import...: this cell's error
+        raise ReproError(f"cannot load repro {path}: {type(exc).__name__}: {exc}") from exc
+    fn = getattr(module, "run", None)
+    if not callable(fn):
+        raise ReproError(f"repro {path} defines no run(params, ctx) function")
+    return fn
+
+
+def run_task(task: Task, ctx: Any, rank: int) -> RankResult:
+    """One cell from its task: load the repro, then run it. A repro that cannot be loaded is this cell's error on
+    every rank alike (they all load it), so the launch goes on to the next cell. Never raises."""
+    start = time.monotonic()
+    try:
+        fn = load_run(task.repro)
+    except ReproError as exc:
+        result = RankResult(rank=rank, status="error", **error_details(exc))
+        result.duration_s = round(time.monotonic() - start, 4)
+        return result
+    return run_cell(fn, task.params, ctx, rank)
 
 
 def make_context(scratch: Path, seed: int = 0) -> Any:
@@ -136,23 +174,25 @@ class EventLog:
         self.fh.flush()
 
 
-def next_order(run_dir: Path, seq: int, coordinator: int) -> Order:
+def next_order(run_dir: Path, seq: int, config: Dict[str, Any]) -> Order:
+    """The next task file, waiting for it; Stop when the coordinator is gone (by pid and create time: its pid may
+    belong to another process by now). The launch's watchdog covers a rank stuck inside a cell."""
     path = run_dir / TASKS / f"{seq:05d}.json"
+    pid, created = config.get("coordinator"), config.get("coordinator_create_time")
+    checked = 0.0
     while not path.exists():
-        if coordinator and not _alive(coordinator):
-            return Stop("coordinator gone")
+        if pid and time.monotonic() - checked > COORDINATOR_CHECK_S:
+            checked = time.monotonic()
+            if _gone(pid, created):
+                return Stop("coordinator gone")
         time.sleep(POLL_S)
     return decode_order(path.read_text())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+def _gone(pid: int, created: Optional[float]) -> bool:
+    import psutil
+
+    return not psutil.pid_exists(pid) if created is None else procs.same_process(pid, created) is None
 
 
 def main(run_dir: str) -> int:
@@ -178,15 +218,14 @@ def main(run_dir: str) -> int:
     log.write(Ready(pid=os.getpid()))
     seq = 0
     while True:
-        order = next_order(run, seq, config.get("coordinator", 0))
+        order = next_order(run, seq, config)
         seq += 1
         if isinstance(order, Stop):
             log.write(Bye(why=order.why))
             break
         assert isinstance(order, Task)
         log.write(Start(key=order.key, seq=seq - 1))
-        fn = load_repro(order.repro).run
-        result = run_cell(fn, order.params, ctx, rank)
+        result = run_task(order, ctx, rank)
         # the result goes out before the hygiene barrier: if only this rank raised, the launcher learns it now,
         # not after the barrier times out
         log.write(End(key=order.key, result=result))
