@@ -131,6 +131,8 @@ class Launcher(Watching):
         self._launches += 1
         launch_id = uuid.uuid4().hex[:12]
         self.launch_ids.append(launch_id)
+        if not self.keep_dirs:
+            launchdir.prune(self.run_root, self.keep_failed)  # earlier runs' launches, killed before they could
         run_dir = launchdir.create(
             self.run_root,
             number,

@@ -107,9 +107,20 @@ def dump_stacks(ranks: Dict[int, Tuple[int, float]], stack_dir: Path, settle_s: 
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
+_ROOT_CAUSE = "Root Cause (first observed failure)"
+
+
 def torchrun_failures(stderr: str) -> Dict[int, int]:
-    """rank -> exit code from torchrun's ChildFailedError summary (negative = killed by that signal)."""
+    """rank -> exit code from torchrun's ChildFailedError summary (negative = killed by that signal). It lists the
+    ranks it stopped itself (SIGTERM, after the first failure) as failures too; see ``torchrun_root_cause``."""
     return {int(rank): int(code) for rank, code in _FAILURE.findall(stderr)}
+
+
+def torchrun_root_cause(stderr: str) -> Set[int]:
+    """The ranks torchrun names as the root cause (first observed failure); every listed rank when the summary
+    has no such section (older releases list only the culprit)."""
+    head, found, tail = stderr.rpartition(_ROOT_CAUSE)
+    return {int(rank) for rank, _ in _FAILURE.findall(tail if found else stderr)}
 
 
 def signal_name(exit_code: Optional[int]) -> Optional[str]:

@@ -15,6 +15,7 @@ A cell ends in one of these ways, and each has one place here:
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field, replace
@@ -247,55 +248,39 @@ class Watching:
         self._replace(live, note)
 
     def _crash(self, live: _Live, key: str) -> None:
-        """torchrun exited while ``key`` was unfinished. torchrun names only the rank that died (it stops the
-        others itself), so that rank speaks for the cell, with its exit code or signal; a rank that had already
-        reported End died in the cleanup after the cell, and its End result does not make the cell pass."""
-        codes = procs.torchrun_failures((live.run_dir / "torchrun.out").read_text(errors="replace"))
+        """torchrun exited while ``key`` was unfinished. The rank that died speaks for the cell, with its exit code
+        or signal: torchrun's root cause, or any rank that died of something other than torchrun's own SIGTERM.
+        The ranks torchrun stopped after it are "stopped". A rank that had already reported End died in the cleanup
+        after the cell, and its End does not make the cell pass."""
+        log = (live.run_dir / "torchrun.out").read_text(errors="replace")
+        codes, root = procs.torchrun_failures(log), procs.torchrun_root_cause(log)
+        died = {r for r, code in codes.items() if r in root or code != -signal.SIGTERM}
+        culprits = ", ".join(f"rank {r}" for r in sorted(died)) or "a rank"
         ended = live.ended.get(key, {})
-        culprits = ", ".join(f"rank {r}" for r in sorted(codes)) or "a rank"
         extra = []
         for rank in range(self.world_size):
             code = codes.get(rank)
-            if rank in ended and code is None:
+            if rank in ended and rank not in died:
                 continue  # it finished the cell and was only stopped afterwards: its End stands
             stderr, error_file = procs.rank_logs(live.run_dir / "logs", rank)
-            died = _death(code)
+            how = dict(exit_code=code, signal=procs.signal_name(code), traceback=error_file, stack=stderr)
             if rank in ended:
+                message = f"rank {rank} died in the cleanup after the cell, {_death(code)} (its own result was "
                 extra.append(
-                    replace(
-                        ended[rank],
-                        status="crash",
-                        exit_code=code,
-                        signal=procs.signal_name(code),
-                        error_message=f"rank {rank} died in the cleanup after the cell, {died} "
-                        f"(its own result was {ended[rank].status})",
-                        traceback=error_file,
-                        stack=stderr,
-                    )
+                    replace(ended[rank], status="crash", error_message=message + f"{ended[rank].status})", **how)
                 )
-            elif code is not None or not codes:
+            elif rank in died:
                 extra.append(
-                    RankResult(
-                        rank=rank,
-                        status="crash",
-                        exit_code=code,
-                        signal=procs.signal_name(code),
-                        error_message=f"rank {rank} died {died}"
-                        if code is not None
-                        else f"rank {rank} is gone, exit code unknown (torchrun exited with {live.proc.returncode})",
-                        traceback=error_file,
-                        stack=stderr,
-                    )
+                    RankResult(rank=rank, status="crash", error_message=f"rank {rank} died {_death(code)}", **how)
                 )
+            elif codes:
+                message = f"rank {rank} was stopped by torchrun after {culprits} died" + (
+                    f" ({_death(code)})" if code is not None else ""
+                )
+                extra.append(RankResult(rank=rank, status="stopped", error_message=message, **how))
             else:
-                extra.append(
-                    RankResult(
-                        rank=rank,
-                        status="stopped",
-                        error_message=f"rank {rank} was stopped by torchrun after {culprits} died",
-                        stack=stderr,
-                    )
-                )
+                message = f"rank {rank} is gone, exit code unknown (torchrun exited with {live.proc.returncode})"
+                extra.append(RankResult(rank=rank, status="crash", error_message=message, **how))
         # a rank that died takes precedence: the others' errors ("connection closed by peer") are its echo
         status = "crash" if any(r.status == "crash" for r in extra) else "error"
         self._finish(
@@ -309,5 +294,5 @@ class Watching:
 
 
 def _death(code: Optional[int]) -> str:
-    signal = procs.signal_name(code)
-    return f"with exit code {code}" + (f" ({signal})" if signal else "")
+    name = procs.signal_name(code)
+    return f"with exit code {code}" + (f" ({name})" if name else "")

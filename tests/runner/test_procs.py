@@ -34,3 +34,40 @@ def test_stack_dump_spares_a_process_that_reuses_a_dead_ranks_pid(tmp_path):
         for p in (torchrun, reuser):
             p.kill()
             p.wait()
+
+
+# torchrun 2.13's summary after rank 1 was SIGKILLed mid-cell (observed in the chaos test): it lists the rank it
+# stopped itself (SIGTERM) under Failures, and the rank that died under Root Cause
+SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+======================================================
+fsdp_matrix.runner.worker FAILED
+------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-22_18:32:56
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 2735)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 2735
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_18:32:55
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 2736)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 2736
+======================================================
+"""
+
+
+def test_torchrun_summary_names_the_root_cause_apart_from_the_ranks_it_stopped():
+    """Defect 5: the rank torchrun stopped (SIGTERM) is listed as a failure too; the root cause is the one that died."""
+    from fsdp_matrix.runner import procs
+
+    assert procs.torchrun_failures(SUMMARY) == {0: -15, 1: -9}
+    assert procs.torchrun_root_cause(SUMMARY) == {1}
+    only_culprit = SUMMARY.split("Root Cause")[1]  # releases that list the culprit alone
+    assert procs.torchrun_root_cause(only_culprit) == {1}
