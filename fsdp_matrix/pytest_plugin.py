@@ -41,7 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--combo", default=None, help="matrix.yaml combo id this env was built for (set by nox)")
     g.addoption("--cases", default=None, help="comma-separated case ids to run (default: all)")
     g.addoption(
-        "--resume", action="store_true", help="keep cells that already have a record in --results; run the rest"
+        "--resume",
+        action="store_true",
+        help="keep cells whose newest record in --results is an outcome (not env-error, hang or crash); run the rest",
     )
     g.addoption("--cell-timeout", type=float, default=180.0, help="seconds before a cell counts as hung (default 180)")
     g.addoption("--progress-line", action="store_true", help="print 'combo: N/M cells, elapsed' as cells finish")

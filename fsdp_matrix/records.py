@@ -197,7 +197,7 @@ def iter_records(path: Path, skipped: SkipSink = None) -> Iterator[Record]:
                 if not raw.strip():
                     continue
                 try:
-                    yield adapter.validate_json(raw)
+                    yield adapter.validate_json(raw.rstrip(b"\r\n"))
                 except ValidationError as exc:
                     report(Skipped(file, number, _reason(exc), torn=not raw.endswith(b"\n")))
 

@@ -43,9 +43,9 @@ from fsdp_matrix.runner.session import resumable
 HERE = Path(__file__).resolve().parent
 SEED = int(os.environ.get("FSDP_MATRIX_CHAOS_SEED") or random.SystemRandom().randrange(2**31))
 KILLS = int(os.environ.get("FSDP_MATRIX_CHAOS_KILLS") or 20)
-KILLS_PER_ROUND = 5
+KILLS_PER_ROUND = 10
 """SIGKILLs before a round's resume runs to completion (each round starts from an empty results folder)."""
-CELL_TIMEOUT_S = 20
+CELL_TIMEOUT_S = 10
 """Per-cell timeout of the runs: bounds the injected C hang; generous for the cheap cells on a loaded machine."""
 GONE_WITHIN_S = 30.0
 """Generous bound for a killed run's launch (watchdog included) to be gone: proves it goes, not how fast."""

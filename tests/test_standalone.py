@@ -17,7 +17,8 @@ def test_standalone_run_removes_its_scratch_folder(tmp_path):
     script = tmp_path / "solo.py"
     script.write_text(
         "import sys\n"
-        f"sys.path.insert(0, {str(FAULTS)!r})\n"
+        # this checkout's fsdp_matrix, whichever one is installed
+        f"sys.path[:0] = [{str(HERE.parent)!r}, {str(FAULTS)!r}]\n"
         "from fault_cells import run\n"
         "from fsdp_matrix.standalone import main\n"
         "if __name__ == '__main__':\n"

@@ -26,7 +26,11 @@ def main(argv: List[str]) -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--combo", default=None)
-    p.add_argument("--resume", action="store_true")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep cells whose newest record is an outcome; re-run env-error, hang, crash",
+    )
     p.add_argument("--cell-timeout", type=float, default=180.0)
     p.add_argument("--torchrun-args", default="--standalone")
     args = p.parse_args(argv)
