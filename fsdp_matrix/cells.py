@@ -92,7 +92,11 @@ def find_cell(matrix: Matrix, ref: str, device: str = "cpu", world_size: Optiona
     if world_size is None:
         tail = cid.rsplit("-", 1)[-1]
         world_size = int(tail[2:]) if tail.startswith("ws") and tail[2:].isdigit() else 2
-    hits = [c for c in expand(matrix, device, world_size, [case_id] if case_id else None) if c.id == cid]
+    try:
+        cells = expand(matrix, device, world_size, [case_id] if case_id else None)
+    except UnknownCellError as exc:
+        raise UnknownCellError(f"no cell {ref!r} in matrix.yaml: {exc}") from None
+    hits = [c for c in cells if c.id == cid]
     if len(hits) == 1:
         return hits[0]
     if not hits:
