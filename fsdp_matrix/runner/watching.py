@@ -5,8 +5,8 @@ A cell ends in one of these ways, and each has one place here:
 - every rank reported End and then Clean: ok or error (``_poll``);
 - a rank raised and the others did not finish within ``grace_s``: error, the others' stacks (``_stuck``);
 - no End from some rank within ``cell_timeout``: hang, the stacks of the ranks that did not finish (``_stuck``);
-- every rank reported End, but one never reported Clean within ``cell_timeout``: hang in the cleanup after the cell,
-  with that rank's stack (``_stuck_in_cleanup``);
+- every rank reported End, but one never reported Clean within ``cell_timeout`` (+ ``grace_s``): hang in the cleanup
+  after the cell, with that rank's stack (``_stuck_in_cleanup``);
 - torchrun exited: crash, told by the rank that died with its exit code or signal, whether it died in the cell or
   in the cleanup after it (``_crash``).
 
@@ -157,7 +157,8 @@ class Watching:
             if exited:
                 self._crash(live, key)
             elif len(ends) == self.world_size:
-                if now - live.end_t[key] > self.cell_timeout:
+                # past the ranks' own barrier timeout (at most cell_timeout): the healthy ones have reported by then
+                if now - live.end_t[key] > self.cell_timeout + self.grace_s:
                     self._stuck_in_cleanup(live, key)
             elif errored and now - live.end_t[key] > self.grace_s:
                 self._stuck(
@@ -231,7 +232,7 @@ class Watching:
         stacks = procs.dump_stacks(stuck, live.run_dir)
         note = (
             f"hung in cleanup after the cell: rank(s) {', '.join(map(str, sorted(stuck)))} reported their result "
-            f"but not their cleanup within {self.cell_timeout:.0f}s"
+            f"but not their cleanup within {self.cell_timeout + self.grace_s:.0f}s"
         )
         extra = [
             replace(
@@ -243,7 +244,7 @@ class Watching:
             )
             for r in stuck
         ]
-        since = live.end_t[key] + self.cell_timeout
+        since = live.end_t[key] + self.cell_timeout + self.grace_s
         self._finish(live, key, "hang", extra, detect_s=round(time.time() - since, 3), note=note)
         self._replace(live, note)
 

@@ -65,8 +65,12 @@ def run(params, ctx):
         os.kill(os.getpid(), signal.SIGSEGV)
     if fault == "raise_rank1" and ctx.rank == 1:
         raise RuntimeError("injected error on rank 1 only")
-    if fault == "segv_rank1" and ctx.rank == 1:
-        os.kill(os.getpid(), signal.SIGSEGV)
+    if fault == "segv_rank1":
+        if ctx.rank == 1:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        # rank 0 is busy outside any collective (no peer error to raise): torchrun stops it when rank 1 dies
+        time.sleep(30)
+        return {"sum": total}
     if fault in ("die_in_cleanup_rank1", "stall_in_cleanup_rank1"):
         if ctx.rank == 1:
             global _TRAP

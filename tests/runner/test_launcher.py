@@ -163,6 +163,7 @@ def test_stall_in_the_cleanup_after_the_cell_is_a_hang_with_its_stack(runs):
     assert "cleanup after the cell" in rec.observed.error_message
     rank1 = next(r for r in rec.observed.ranks if r.rank == 1)
     assert rank1.status == "hang" and "fault_cells.py" in (rank1.stack or "") and "parameters" in rank1.stack
+    assert "rank 1 hung" in rec.observed.error_message  # the stuck rank speaks, not the one its barrier gave up on
     assert nxt.verdict == "fix-holds"
 
 
