@@ -14,36 +14,39 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 import psutil
 
 from fsdp_matrix.runner import procs
-from fsdp_matrix.runner.protocol import TASKS, Order, encode_order
+from fsdp_matrix.runner.protocol import (
+    LAUNCH_JSON,
+    TASKS,
+    LaunchConfig,
+    Order,
+    encode_config,
+    encode_order,
+)
 
-LAUNCH_JSON = "launch.json"
-"""Settings the ranks read at start: scratch dir, seed, timeouts, and the coordinator (pid + create time)."""
 RETIRED = "retired.txt"
 """Written into a failed launch's directory when it is retired: why. A retired directory may be pruned."""
 ORPHAN_AGE_S = 3600.0
 """A directory with no launch.json (a coordinator killed while creating it) is prunable after this long."""
 
 
-def create(run_root: Path, number: int, launch_id: str, settings: Dict[str, Any]) -> Path:
-    """``run_root/launch-<number>-<launch_id>`` with its task folder, scratch folder and launch.json."""
+def create(run_root: Path, number: int, launch_id: str, **settings: Any) -> Path:
+    """``run_root/launch-<number>-<launch_id>`` with its task folder, scratch folder and launch.json (``settings``:
+    the LaunchConfig fields other than scratch and coordinator, which this fills in)."""
     run_dir = Path(run_root) / f"launch-{number}-{launch_id}"
     (run_dir / TASKS).mkdir(parents=True)
     (run_dir / "scratch").mkdir()
     me = psutil.Process()
-    config = {
-        "scratch": str(run_dir / "scratch"),
-        **settings,
-        "coordinator": me.pid,
-        "coordinator_create_time": me.create_time(),
-    }
+    config = LaunchConfig(
+        scratch=str(run_dir / "scratch"), coordinator=me.pid, coordinator_create_time=me.create_time(), **settings
+    )
     tmp = run_dir / f".{LAUNCH_JSON}.tmp"
-    tmp.write_text(json.dumps(config))
-    os.replace(tmp, run_dir / LAUNCH_JSON)  # a pruner never reads half of it
+    tmp.write_text(encode_config(config))
+    os.replace(tmp, run_dir / LAUNCH_JSON)  # a rank or a pruner never reads half of it
     return run_dir
 
 
@@ -83,15 +86,14 @@ def _finished(run_dir: Path) -> bool:
     if (run_dir / RETIRED).exists():
         return True
     try:
-        config = json.loads((run_dir / LAUNCH_JSON).read_text())
-    except (OSError, ValueError):
+        # only the coordinator matters here, so a launch.json of another harness version is read too
+        data = json.loads((run_dir / LAUNCH_JSON).read_text())
+        pid, created = data["coordinator"], data.get("coordinator_create_time")
+    except (OSError, ValueError, TypeError, KeyError):  # not written yet, or not ours
         return time.time() - _mtime(run_dir) > ORPHAN_AGE_S
-    pid, created = config.get("coordinator"), config.get("coordinator_create_time")
-    if not isinstance(pid, int):
-        return False
-    if isinstance(created, (int, float)):
-        return procs.same_process(pid, created) is None
-    return not psutil.pid_exists(pid)
+    if not isinstance(created, (int, float)):
+        return not psutil.pid_exists(pid)
+    return procs.same_process(pid, created) is None
 
 
 def _mtime(path: Path) -> float:

@@ -137,12 +137,10 @@ class Launcher(Watching):
             self.run_root,
             number,
             launch_id,
-            {
-                "seed": self.seed,
-                "cell_timeout": self.cell_timeout,
-                "barrier_timeout": min(30.0, self.cell_timeout),
-                "leak_budget_mb": self.leak_budget_mb,
-            },
+            seed=self.seed,
+            cell_timeout=self.cell_timeout,
+            barrier_timeout=min(30.0, self.cell_timeout),
+            leak_budget_mb=self.leak_budget_mb,
         )
         env = {
             **os.environ,

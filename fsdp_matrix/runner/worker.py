@@ -13,7 +13,6 @@ from __future__ import annotations
 import faulthandler
 import hashlib
 import importlib.util
-import json
 import os
 import signal
 import sys
@@ -29,17 +28,20 @@ from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner import procs
 from fsdp_matrix.runner.hygiene import Hygiene
 from fsdp_matrix.runner.protocol import (
+    LAUNCH_JSON,
     TASKS,
     Bye,
     Clean,
     End,
     Event,
     Hello,
+    LaunchConfig,
     Order,
     Ready,
     Start,
     Stop,
     Task,
+    decode_config,
     decode_order,
     encode_event,
 )
@@ -174,25 +176,18 @@ class EventLog:
         self.fh.flush()
 
 
-def next_order(run_dir: Path, seq: int, config: Dict[str, Any]) -> Order:
+def next_order(run_dir: Path, seq: int, config: LaunchConfig) -> Order:
     """The next task file, waiting for it; Stop when the coordinator is gone (by pid and create time: its pid may
     belong to another process by now). The launch's watchdog covers a rank stuck inside a cell."""
     path = run_dir / TASKS / f"{seq:05d}.json"
-    pid, created = config.get("coordinator"), config.get("coordinator_create_time")
     checked = 0.0
     while not path.exists():
-        if pid and time.monotonic() - checked > COORDINATOR_CHECK_S:
+        if time.monotonic() - checked > COORDINATOR_CHECK_S:
             checked = time.monotonic()
-            if _gone(pid, created):
+            if procs.same_process(config.coordinator, config.coordinator_create_time) is None:
                 return Stop("coordinator gone")
         time.sleep(POLL_S)
     return decode_order(path.read_text())
-
-
-def _gone(pid: int, created: Optional[float]) -> bool:
-    import psutil
-
-    return not psutil.pid_exists(pid) if created is None else procs.same_process(pid, created) is None
 
 
 def main(run_dir: str) -> int:
@@ -207,14 +202,14 @@ def main(run_dir: str) -> int:
     stack_file = open(run / f"stack-rank{local}.txt", "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     faulthandler.enable()
-    config = json.loads((run / "launch.json").read_text())
+    config = decode_config((run / LAUNCH_JSON).read_text())
     log.write(Hello(pid=os.getpid(), rank=rank, create_time=psutil.Process().create_time()))
     # import the workload stack now, as part of the launch (the per-launch cost), not inside the first cell
     import fsdp_matrix.workload.recipe  # noqa: F401
 
-    ctx = make_context(Path(config["scratch"]), config.get("seed", 0))
-    init_process_group(ctx, config["cell_timeout"])
-    hygiene = Hygiene(int(config.get("leak_budget_mb", 512)) << 20)
+    ctx = make_context(Path(config.scratch), config.seed)
+    init_process_group(ctx, config.cell_timeout)
+    hygiene = Hygiene(config.leak_budget_mb << 20)
     log.write(Ready(pid=os.getpid()))
     seq = 0
     while True:
@@ -229,7 +224,7 @@ def main(run_dir: str) -> int:
         # the result goes out before the hygiene barrier: if only this rank raised, the launcher learns it now,
         # not after the barrier times out
         log.write(End(key=order.key, result=result))
-        state = hygiene.check(config.get("barrier_timeout", 30))
+        state = hygiene.check(config.barrier_timeout)
         log.write(Clean(key=order.key, **state))
         if not state["clean"]:
             # exit 0 on purpose: this is a planned retirement, and torchrun must not report it as a failure
