@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from fsdp_matrix.errors import UnknownCellError
-from fsdp_matrix.matrix import Case, Matrix, Requirement
+from fsdp_matrix.matrix import Case, Matrix, Requirement, same_value
 
 # Axes named in the id in this order, bare; any other axis follows as ``name_value`` (``name0/1`` for bools).
 ID_ORDER = ("adapter", "dtype", "orig", "wrap", "model")
@@ -74,7 +74,10 @@ def expand_case(case: Case, device: str = "cpu", world_size: int = 2) -> List[Ce
 def expand(
     matrix: Matrix, device: str = "cpu", world_size: int = 2, cases: Optional[Iterable[str]] = None
 ) -> List[Cell]:
+    """Every cell of the matrix, or of the ``cases`` named (each must exist: a typo must not select nothing)."""
     wanted = set(cases) if cases else None
+    for case_id in sorted(wanted or ()):
+        matrix.case(case_id)  # raises UnknownCellError naming it
     return [
         c for case in matrix.cases if wanted is None or case.id in wanted for c in expand_case(case, device, world_size)
     ]
@@ -89,7 +92,11 @@ def find_cell(matrix: Matrix, ref: str, device: str = "cpu", world_size: Optiona
     if world_size is None:
         tail = cid.rsplit("-", 1)[-1]
         world_size = int(tail[2:]) if tail.startswith("ws") and tail[2:].isdigit() else 2
-    hits = [c for c in expand(matrix, device, world_size, [case_id] if case_id else None) if c.id == cid]
+    try:
+        cells = expand(matrix, device, world_size, [case_id] if case_id else None)
+    except UnknownCellError as exc:
+        raise UnknownCellError(f"no cell {ref!r} in matrix.yaml: {exc}") from None
+    hits = [c for c in cells if c.id == cid]
     if len(hits) == 1:
         return hits[0]
     if not hits:
@@ -103,16 +110,9 @@ def matches(when: Dict[str, Any], context: Dict[str, Any]) -> bool:
         if key not in context:
             return False
         options = want if isinstance(want, list) else [want]
-        if not any(_same(context[key], o) for o in options):
+        if not any(same_value(context[key], o) for o in options):
             return False
     return True
-
-
-def _same(value: Any, want: Any) -> bool:
-    # YAML writes orig as 0/1 or false/true; treat them alike
-    if isinstance(value, bool) or isinstance(want, bool):
-        return isinstance(value, (bool, int)) and isinstance(want, (bool, int)) and bool(value) == bool(want)
-    return value == want
 
 
 def unmet_requirement(requires: Iterable[Requirement], cell: Cell) -> Optional[str]:

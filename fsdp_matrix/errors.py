@@ -19,6 +19,11 @@ class EnvError(MatrixError):
     """An environment could not be built, installed, imported or verified against its pins."""
 
 
+class ReproError(MatrixError):
+    """A repro script cannot be loaded: the file is missing, does not import, or defines no ``run``. Raised on the
+    ranks, where it becomes the cell's observed error (type ``fsdp_matrix.errors.ReproError``), naming the file."""
+
+
 class LaunchError(MatrixError):
     """torchrun could not be started or died before any cell ran."""
 

@@ -1,14 +1,16 @@
 """The matrix model: matrix.yaml parsed and validated into typed objects.
 
 pydantic does the validation; this module only turns its errors into one line that names the key, e.g.
-``matrix.yaml: cases[1].expect[3].error.match: invalid regex: unbalanced parenthesis``.
+``matrix.yaml: cases[1].expect[3].error.match: invalid regex: unbalanced parenthesis``. Beyond types it checks what
+a typo would otherwise make silently dead: a ``when`` naming an axis or value no grid has, an empty axis, an empty
+version specifier, a duplicate YAML key, a repro file that does not exist.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, Iterable, List, Literal, Optional, Union
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -21,6 +23,8 @@ PACKAGES = ("torch", "peft", "transformers", "accelerate", "bitsandbytes")
 """The packages every combo pins and every record reports."""
 
 Scalar = Union[bool, int, float, str]
+BUILTIN_AXES = {"device": ("cpu", "cuda"), "world_size": None}
+"""Axes every cell has besides its grid's: ``when`` may match them (world size: any positive integer)."""
 DEFAULT_MATRIX = Path(__file__).resolve().parent.parent / "matrix.yaml"
 
 
@@ -102,6 +106,9 @@ class Rule(_Strict):
         for name, spec in value.items():
             if name not in PACKAGES:
                 raise ValueError(f"unknown package {name!r} (expected one of {', '.join(PACKAGES)})")
+            if not spec.strip():
+                # SpecifierSet("") matches every release: a rule meant for some versions would claim them all
+                raise ValueError(f"empty specifier for {name} (leave {name} out to match any version)")
             try:
                 SpecifierSet(spec)
             except InvalidSpecifier:
@@ -134,11 +141,38 @@ class Case(_Strict):
     """Where the failure was reported (seed report, upstream issue)."""
     repro: str
     """Path of the standalone repro script, relative to the repo root."""
-    grids: List[Dict[str, List[Scalar]]] = Field(min_length=1)
-    """Each grid is a product of axes; the case's cells are the union of its grids."""
+    grids: List[Dict[str, Annotated[List[Scalar], Field(min_length=1)]]] = Field(min_length=1)
+    """Each grid is a product of axes; the case's cells are the union of its grids. An empty axis is refused: it
+    would silently drop every cell of its grid."""
     requires: List[Requirement] = []
     expect: List[Rule] = Field(min_length=1)
     """Rules in order; the first that matches a cell gives its expected outcome."""
+
+    def axes(self) -> Dict[str, List[Scalar]]:
+        """Every axis of the case's grids with every value it takes."""
+        out: Dict[str, List[Scalar]] = {}
+        for grid in self.grids:
+            for name, values in grid.items():
+                out.setdefault(name, []).extend(v for v in values if not any(same_value(v, o) for o in out[name]))
+        return out
+
+    @model_validator(mode="after")
+    def _known_axes(self) -> Case:
+        """A ``when`` naming an axis or a value that no cell has would never match: a dead rule, silently."""
+        axes = self.axes()
+        named = [(f"expect[{i}].when", rule.when) for i, rule in enumerate(self.expect)]
+        named += [(f"requires[{i}].when", req.when) for i, req in enumerate(self.requires)]
+        for where, when in named:
+            for key, want in when.items():
+                if key not in axes and key not in BUILTIN_AXES:
+                    have = ", ".join(sorted(axes) + list(BUILTIN_AXES))
+                    raise ValueError(f"{where}.{key}: unknown axis {key!r} (this case has: {have})")
+                allowed = axes.get(key, BUILTIN_AXES.get(key))
+                for value in want if isinstance(want, list) else [want]:
+                    if not _allowed(value, allowed):
+                        shown = "a positive integer" if allowed is None else ", ".join(map(repr, allowed))
+                        raise ValueError(f"{where}.{key}: unknown value {value!r} (the axis has: {shown})")
+        return self
 
 
 class Matrix(_Strict):
@@ -179,6 +213,19 @@ class Matrix(_Strict):
         raise UnknownCellError(f"no case {case_id!r} in matrix.yaml (have: {', '.join(c.id for c in self.cases)})")
 
 
+def same_value(value: Any, want: Any) -> bool:
+    """Axis values compare as written, except that YAML writes orig as 0/1 or false/true: those are alike."""
+    if isinstance(value, bool) or isinstance(want, bool):
+        return isinstance(value, (bool, int)) and isinstance(want, (bool, int)) and bool(value) == bool(want)
+    return value == want
+
+
+def _allowed(value: Any, allowed: Optional[Iterable[Any]]) -> bool:
+    if allowed is None:  # world_size
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return any(same_value(value, a) for a in allowed)
+
+
 def _loc(loc: tuple, data: Any) -> str:
     """Render a pydantic error location as ``cases[1].expect[0].error.match``, naming ids where known."""
     out = ""
@@ -195,6 +242,11 @@ def _loc(loc: tuple, data: Any) -> str:
     return out or "<top level>"
 
 
+def _one_line(text: str) -> str:
+    # a message may quote the input (a NUL, a newline inside a value): what the user sees stays one line
+    return " ".join(str(text).replace("\x00", "\\x00").split())
+
+
 def parse_matrix(data: Any, origin: str = "matrix.yaml") -> Matrix:
     try:
         return Matrix.model_validate(data)
@@ -208,17 +260,61 @@ def parse_matrix(data: Any, origin: str = "matrix.yaml") -> Matrix:
         )
         msg = err["msg"].removeprefix("Value error, ")
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise MatrixConfigError(f"{origin}: {_loc(loc, data)}: {msg}{more}") from None
+        raise MatrixConfigError(_one_line(f"{origin}: {_loc(loc, data)}: {msg}{more}")) from None
 
 
-def load_matrix(path: Union[str, Path, None] = None) -> Matrix:
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error instead of "the last wins"."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
+        seen: Dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # "<<: *anchor" merges are YAML's own way of overriding keys
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line)
+            except TypeError:
+                continue  # an unhashable key: the base loader says so
+            if first != key_node.start_mark.line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first + 1})", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_error(path: Path, text: str, exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.reader.ReaderError):
+        # a byte YAML cannot hold at all (NUL, other controls): its own message spans two lines
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        name = {"\x00": "NUL"}.get(char, f"control character #x{ord(char):02x}")
+        line = text.count("\n", 0, exc.position) + 1
+        return f"{path}: line {line}: not valid YAML: {name} at character {exc.position}"
+    mark = getattr(exc, "problem_mark", None)
+    where = f" line {mark.line + 1}:" if mark else ""
+    return f"{path}:{where} not valid YAML: {getattr(exc, 'problem', None) or exc}"
+
+
+def load_matrix(path: Union[str, Path, None] = None, check_repros: bool = True) -> Matrix:
+    """Parse and validate a matrix.yaml. ``check_repros``: every case's repro file must exist, relative to the
+    file's folder (the report, which only orders its rows by the matrix, does without)."""
     path = Path(path) if path else DEFAULT_MATRIX
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise MatrixConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MatrixConfigError(_one_line(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise MatrixConfigError(f"{path}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    return parse_matrix(data, origin=path.name)
+        raise MatrixConfigError(_one_line(_yaml_error(path, text, exc))) from None
+    matrix = parse_matrix(data, origin=path.name)
+    if check_repros:
+        for i, case in enumerate(matrix.cases):
+            if not (path.parent / case.repro).is_file():
+                raise MatrixConfigError(
+                    _one_line(
+                        f"{path.name}: cases[{i}]({case.id}).repro: {case.repro}: no such file "
+                        f"(relative to {path.parent})"
+                    )
+                )
+    return matrix

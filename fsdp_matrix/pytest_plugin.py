@@ -12,7 +12,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import pytest
 
@@ -41,7 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--combo", default=None, help="matrix.yaml combo id this env was built for (set by nox)")
     g.addoption("--cases", default=None, help="comma-separated case ids to run (default: all)")
     g.addoption(
-        "--resume", action="store_true", help="keep cells that already have a record in --results; run the rest"
+        "--resume",
+        action="store_true",
+        help="keep cells whose newest record in --results is an outcome (not env-error, hang or crash); run the rest",
     )
     g.addoption("--cell-timeout", type=float, default=180.0, help="seconds before a cell counts as hung (default 180)")
     g.addoption("--progress-line", action="store_true", help="print 'combo: N/M cells, elapsed' as cells finish")
@@ -113,9 +115,25 @@ class Progress:
                 )
 
 
+def _cases(config: pytest.Config) -> Optional[List[str]]:
+    """The case ids of ``--cases``, each checked against matrix.yaml: a typo must not select zero cells silently."""
+    given = config.getoption("--cases")
+    if not given:
+        return None
+    ids = [c.strip() for c in given.split(",") if c.strip()]
+    matrix = _matrix(config)
+    for case_id in ids:
+        try:
+            matrix.case(case_id)
+        except MatrixError as exc:
+            raise pytest.UsageError(f"--cases: {exc}") from None
+    return ids
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     # validate before collection: a collection error would bury the one line that names the bad key
     _matrix(session.config)
+    _cases(session.config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -123,8 +141,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     config = metafunc.config
     device = _device(config)
-    cases = config.getoption("--cases")
-    cells = expand(_matrix(config), device, _world_size(config, device), cases.split(",") if cases else None)
+    cells = expand(_matrix(config), device, _world_size(config, device), _cases(config))
     metafunc.parametrize("cell", [pytest.param(c, id=c.key, marks=pytest.mark.cell) for c in cells])
 
 

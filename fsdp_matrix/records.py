@@ -1,7 +1,9 @@
 """Records: one JSON line per cell in ``<results>/cells.jsonl``, appended the moment the cell ends.
 
-The file is shared by xdist workers and by concurrent runs, so each append takes a lock and writes one whole line.
-Readers skip a torn last line (a run killed mid-write) instead of failing the whole report.
+The file is shared by xdist workers and by concurrent runs, so each append takes a lock and writes one whole line,
+starting on a fresh line even when a killed writer left a torn one. Readers validate every line with pydantic and
+skip a line that is not a record (torn, wrong-typed), counting and reporting it, instead of failing the whole file.
+Unknown fields are ignored, so an older reader reads a newer harness's records.
 """
 
 from __future__ import annotations
@@ -9,12 +11,15 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from filelock import FileLock
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 SCHEMA = 1
 RECORDS_FILE = "cells.jsonl"
@@ -24,10 +29,12 @@ RECORDS_FILE = "cells.jsonl"
 class RankResult:
     """What one rank reported (or what the launcher learned about it) for one cell."""
 
+    __pydantic_config__ = ConfigDict(strict=True)  # a record's "1.5" is not a number: that line was not ours
+
     rank: int
     """Global rank."""
     status: str
-    """ok / error / hang / crash / skipped."""
+    """ok / error / hang / crash / skipped, or stopped: torchrun ended it because another rank died."""
     error_type: Optional[str] = None
     """Exception class name, qualified by module unless it is a builtin."""
     error_message: Optional[str] = None
@@ -49,12 +56,14 @@ class RankResult:
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> RankResult:
-        return cls(**data)
+        return _adapter(cls).validate_python(data, strict=False)
 
 
 @dataclass(kw_only=True)
 class Observed:
     """The cell's outcome across ranks."""
+
+    __pydantic_config__ = ConfigDict(strict=True)
 
     status: str
     """ok / error / hang / crash / skipped / env-error."""
@@ -77,6 +86,8 @@ class Observed:
 @dataclass(kw_only=True)
 class Record:
     """One line of cells.jsonl."""
+
+    __pydantic_config__ = ConfigDict(strict=True)
 
     case: str
     """Case id."""
@@ -120,11 +131,29 @@ class Record:
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> Record:
-        data = dict(data)
-        obs = dict(data.pop("observed"))
-        obs["ranks"] = [RankResult.from_json(r) for r in obs.get("ranks", [])]
-        known = set(cls.__dataclass_fields__)
-        return cls(observed=Observed(**obs), **{k: v for k, v in data.items() if k in known})
+        return _adapter(cls).validate_python(data, strict=False)
+
+
+@cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A line of cells.jsonl that is not a cell record: left out of what is read, and said so."""
+
+    file: Path
+    """The cells.jsonl it is in."""
+    line: int
+    """1-based line number."""
+    reason: str
+    """Which field is wrong and how, or why it is not JSON."""
+    torn: bool = False
+    """The file's last line, without its newline: a writer killed mid-write (or one still writing)."""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: skipped: {self.reason}"
 
 
 def env_error(message: str, error_type: str = "EnvError") -> Observed:
@@ -136,28 +165,55 @@ def env_error(message: str, error_type: str = "EnvError") -> Observed:
 
 def append(results: Path, record: Record) -> None:
     results.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(record.to_json(), sort_keys=True, default=str) + "\n"
+    line = (json.dumps(record.to_json(), sort_keys=True, default=str) + "\n").encode("utf-8")
     with FileLock(str(results / (RECORDS_FILE + ".lock"))):
-        with open(results / RECORDS_FILE, "a", encoding="utf-8") as fh:
-            fh.write(line)
+        with open(results / RECORDS_FILE, "ab+") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            if end:
+                fh.seek(end - 1)
+                if fh.read(1) != b"\n":
+                    # a writer killed mid-line left a fragment: end it, or this record would be glued onto it
+                    line = b"\n" + line
+            fh.write(line)  # append mode: always at the end, wherever the read left the position
             fh.flush()
             os.fsync(fh.fileno())
 
 
-def iter_records(path: Path) -> Iterator[Record]:
-    """Records of one cells.jsonl, or of every cells.jsonl under a directory."""
+SkipSink = Union[List[Skipped], Callable[[Skipped], None], None]
+"""Where ``iter_records`` puts the lines it skips: a list to collect them, a callable, or None for stderr."""
+
+
+def iter_records(path: Path, skipped: SkipSink = None) -> Iterator[Record]:
+    """Records of one cells.jsonl, or of every cells.jsonl under a directory.
+
+    A line that is not a valid record is skipped and handed to ``skipped`` (see SkipSink); none is dropped unsaid.
+    """
+    report = skipped.append if isinstance(skipped, list) else skipped or _to_stderr
     files = [path] if path.is_file() else sorted(path.rglob(RECORDS_FILE))
+    adapter = _adapter(Record)
     for file in files:
-        with open(file, encoding="utf-8") as fh:
-            for number, text in enumerate(fh, 1):
-                if not text.strip():
+        with open(file, "rb") as fh:
+            for number, raw in enumerate(fh, 1):
+                if not raw.strip():
                     continue
                 try:
-                    yield Record.from_json(json.loads(text))
-                except (json.JSONDecodeError, TypeError, KeyError) as exc:
-                    if text.endswith("\n"):
-                        raise ValueError(f"{file}:{number}: not a cell record: {exc}") from None
-                    # a torn final line from a killed run: the cell has no record and will be re-run on --resume
+                    yield adapter.validate_json(raw.rstrip(b"\r\n"))
+                except ValidationError as exc:
+                    report(Skipped(file, number, _reason(exc), torn=not raw.endswith(b"\n")))
+
+
+def _reason(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    if first["type"] == "json_invalid":
+        return f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}"
+    where = ".".join(str(p) for p in first["loc"]) or "<line>"
+    return f"{where}: {first['msg']}{more}"
+
+
+def _to_stderr(skip: Skipped) -> None:
+    print(f"fsdp-matrix: {skip}", file=sys.stderr)
 
 
 def latest(records: Iterator[Record]) -> Dict[Tuple[Optional[str], str], Record]:

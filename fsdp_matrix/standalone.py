@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -65,23 +66,31 @@ def main(run: Callable[[Dict[str, Any], Any], Any], case: str, argv: List[str] =
         cell = find_cell(matrix, f"{case}/{args.cell}", args.device, world_size)
     else:
         cell = Cell(case, tuple(sorted(params.items())), args.device, world_size)
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
-    scratch = Path(tempfile.gettempdir()) / f"fsdp-matrix-{run_id}"
-    scratch.mkdir(exist_ok=True)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id:
+        # every rank of this node must find the same folder (rank 0 may save a tiny model there for the others)
+        scratch = Path(tempfile.gettempdir()) / f"fsdp-matrix-{run_id}"
+        scratch.mkdir(exist_ok=True)
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix="fsdp-matrix-"))
     ctx = make_context(scratch)
-    init_process_group(ctx, args.timeout)
-    start = time.monotonic()
-    mine = run_cell(run, cell.params_dict, ctx, ctx.rank)
-    gathered: List[Any] = [None] * world_size
-    dist.all_gather_object(gathered, mine)
-    duration = time.monotonic() - start
+    try:
+        init_process_group(ctx, args.timeout)
+        start = time.monotonic()
+        mine = run_cell(run, cell.params_dict, ctx, ctx.rank)
+        gathered: List[Any] = [None] * world_size
+        dist.all_gather_object(gathered, mine)  # also the point after which no rank uses the scratch folder
+        duration = time.monotonic() - start
+    finally:
+        if ctx.local_rank == 0:
+            shutil.rmtree(scratch, ignore_errors=True)
     dist.destroy_process_group()
     if ctx.rank != 0:
         return 0
     status = "error" if any(r.status == "error" for r in gathered) else "ok"
     observed = observe(CellRun(key=cell.key, status=status, ranks=gathered, duration_s=duration))
     expected = expected_for(matrix.case(case), cell, local_versions()) if matrix else Expected("none")
-    rec = make_record(cell, expected, observed, local_versions(), duration, None, f"standalone-{run_id}")
+    rec = make_record(cell, expected, observed, local_versions(), duration, None, f"standalone-{run_id or 'local'}")
     if not args.no_record:
         records.append(args.results, rec)
     summary = f"{rec.verdict}: {cell.key}: {rec.line}" if matrix else f"{cell.key}: {rec.line.split(' / ', 1)[1]}"

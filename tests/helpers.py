@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 BASE = {
     "combos": [
@@ -58,3 +59,52 @@ def matrix_data(**changes):
     data = copy.deepcopy(BASE)
     data.update(changes)
     return data
+
+
+def _edit(change):
+    data = matrix_data()
+    change(data["cases"][0])
+    return data
+
+
+BAD_INPUTS = {
+    # defect -> (matrix data or YAML text, what the one line must name)
+    "18-unknown-axis-in-when": (
+        _edit(lambda c: c["expect"][0]["when"].update(wrapp="decoder_layer")),
+        "expect[0].when.wrapp: unknown axis",
+    ),
+    "18-unknown-axis-in-requires": (
+        _edit(lambda c: c["requires"][0]["when"].update(wrapz="fsdp2")),
+        "requires[0].when.wrapz: unknown axis",
+    ),
+    "19-unknown-axis-value": (
+        _edit(lambda c: c["expect"][0]["when"].update(wrap="decoder_layr")),
+        "expect[0].when.wrap: unknown value 'decoder_layr'",
+    ),
+    "20-empty-axis": (_edit(lambda c: c["grids"][1].update(model=[])), "grids[1].model"),
+    "21-missing-repro": (_edit(lambda c: c.update(repro="repros/not_there.py")), "repro: repros/not_there.py"),
+    "22-duplicate-key": ("DUPLICATE", "duplicate key 'title'"),
+    "23-empty-specifier": (
+        _edit(lambda c: c["expect"][0]["versions"].update(torch="")),
+        "expect[0].versions: empty specifier for torch",
+    ),
+    "25-nul-byte": ("NUL", "NUL"),
+}
+
+
+def write_matrix(folder: Path, data) -> Path:
+    """matrix.yaml (and the repro files it names) in ``folder``; ``data`` is matrix data, or DUPLICATE / NUL for text
+    that no dict can hold."""
+    import yaml
+
+    (folder / "repros").mkdir(parents=True, exist_ok=True)
+    (folder / "repros" / "lora_requires_grad.py").write_text("CASE = 'lora-requires-grad'\n")
+    if data == "DUPLICATE":
+        text = yaml.safe_dump(matrix_data(), sort_keys=False).replace("  title: t\n", "  title: t\n  title: u\n", 1)
+    elif data == "NUL":
+        text = yaml.safe_dump(matrix_data(), sort_keys=False).replace("title: t", "title: t\x00", 1)
+    else:
+        text = yaml.safe_dump(data, sort_keys=False)
+    path = folder / "matrix.yaml"
+    path.write_text(text)
+    return path

@@ -4,7 +4,7 @@ import pytest
 
 from fsdp_matrix.errors import MatrixConfigError, UnknownCellError
 from fsdp_matrix.matrix import load_matrix, parse_matrix
-from tests.helpers import BASE, matrix_data
+from tests.helpers import BAD_INPUTS, BASE, matrix_data, write_matrix
 
 
 def test_valid_matrix_parses():
@@ -99,3 +99,20 @@ def test_newest_is_the_newest_cpu_combo():
     ]
     assert parse_matrix(data).newest("cpu").id == "c"
     assert load_matrix().newest("cpu").id == "current"
+
+
+@pytest.mark.parametrize("defect", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_naming_the_key(tmp_path, defect):
+    """Defects 18-23, 25: inputs that were accepted silently (or told in two lines)."""
+    data, names = BAD_INPUTS[defect]
+    with pytest.raises(MatrixConfigError) as err:
+        load_matrix(write_matrix(tmp_path, data))
+    message = str(err.value)
+    assert names in message and "\n" not in message, message
+    assert message.startswith(str(tmp_path / "matrix.yaml")) or message.startswith("matrix.yaml"), message
+
+
+def test_known_axes_include_device_and_world_size_and_bools_match_ints(tmp_path):
+    data = matrix_data()
+    data["cases"][0]["expect"][0]["when"].update(device="cpu", world_size=2, orig=False)
+    load_matrix(write_matrix(tmp_path, data))

@@ -3,6 +3,7 @@ import pytest
 from fsdp_matrix.pytest_plugin import check_record
 from fsdp_matrix.records import Observed, RankResult, Record
 from fsdp_matrix.report.failure import failure_text
+from tests.helpers import BAD_INPUTS, matrix_data, write_matrix
 
 
 def _record(verdict, status="error", ranks=()):
@@ -55,3 +56,35 @@ def test_matches_pass_and_skips_skip():
                 **{**_record("skipped").__dict__, "observed": Observed(status="skipped", error_message="needs cuda")}
             )
         )
+
+
+def _pytest(*args: str):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repos = Path(__file__).resolve().parent / "test_repros.py"
+    cmd = [sys.executable, "-m", "pytest", str(repos), "--collect-only", "-q", "-p", "no:cacheprovider", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def _usage_error(proc) -> str:
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("ERROR:")]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("defect", sorted(BAD_INPUTS))
+def test_plugin_rejects_bad_matrix_with_one_usage_line(tmp_path, defect):
+    """Defects 18-23, 25, as a pytest run sees them."""
+    data, names = BAD_INPUTS[defect]
+    line = _usage_error(_pytest("--matrix", str(write_matrix(tmp_path, data))))
+    assert names in line and "\x00" not in line, line
+
+
+def test_plugin_cases_filter_that_matches_nothing_is_a_usage_error(tmp_path):
+    """Defect 24."""
+    matrix = write_matrix(tmp_path, matrix_data())
+    line = _usage_error(_pytest("--matrix", str(matrix), "--cases", "lora-requires-gard"))
+    assert "--cases" in line and "'lora-requires-gard'" in line, line

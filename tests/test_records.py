@@ -49,15 +49,77 @@ def test_round_trip(tmp_path):
     assert set(line["observed"]) >= {"status", "error_type", "error_message", "location", "checks"}
 
 
-def test_torn_last_line_is_skipped_but_corruption_inside_is_an_error(tmp_path):
+def test_torn_last_line_is_skipped_and_counted(tmp_path):
     records.append(tmp_path, _record("a"))
     with open(tmp_path / "cells.jsonl", "a") as fh:
         fh.write('{"case": "case", "cell": "b", "par')  # killed mid-write
-    assert [r.cell for r in records.iter_records(tmp_path)] == ["a"]
+    skipped = []
+    assert [r.cell for r in records.iter_records(tmp_path, skipped)] == ["a"]
+    assert [(s.line, s.torn) for s in skipped] == [(2, True)]
+
+
+def test_append_after_a_torn_line_starts_a_new_line(tmp_path):
+    """Defect 1: a resume (or a concurrent run) appending after a killed writer's fragment is not glued onto it."""
+    records.append(tmp_path, _record("a"))
     with open(tmp_path / "cells.jsonl", "a") as fh:
-        fh.write("\nnot json\n")
-    with pytest.raises(ValueError, match=r"cells.jsonl:2: not a cell record"):
-        list(records.iter_records(tmp_path))
+        fh.write('{"case": "case", "cell": "b", "par')  # killed mid-write
+    records.append(tmp_path, _record("c"))
+    assert [r.cell for r in records.iter_records(tmp_path)] == ["a", "c"]
+    skipped = []
+    list(records.iter_records(tmp_path, skipped))
+    assert [s.line for s in skipped] == [2]  # the fragment is its own (skipped, counted) line
+
+
+def _line(**changes):
+    data = _record("bad").to_json()
+    for dotted, value in changes.items():
+        node = data
+        *path, last = dotted.split(".")
+        for part in path:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[last] = value
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(
+    "changes,where",
+    [
+        ({"duration_s": "fast"}, "duration_s"),
+        ({"finished_at": "yesterday"}, "finished_at"),
+        ({"versions": ["torch", "2.13.0"]}, "versions"),
+        ({"observed.ranks.0.rank": "zero"}, "observed.ranks.0.rank"),
+        ({"observed": None}, "observed"),
+    ],
+)
+def test_wrong_typed_line_is_skipped_counted_and_reading_goes_on(tmp_path, changes, where):
+    """Defect 3: one bad line costs that line, named with its file, number and field, never the whole file."""
+    records.append(tmp_path, _record("a"))
+    with open(tmp_path / "cells.jsonl", "a") as fh:
+        fh.write(_line(**changes) + "\n")
+    records.append(tmp_path, _record("c"))
+    assert [r.cell for r in records.iter_records(tmp_path)] == ["a", "c"]
+    skipped = []
+    list(records.iter_records(tmp_path, skipped))
+    [bad] = skipped
+    assert bad.line == 2 and not bad.torn and where in bad.reason and bad.file.name == "cells.jsonl"
+
+
+def test_unknown_fields_inside_observed_and_ranks_are_ignored(tmp_path):
+    """Defect 3: a newer harness may add fields anywhere; an older reader reads the rest."""
+    with open(tmp_path / "cells.jsonl", "w") as fh:
+        fh.write(_line(**{"observed.new_thing": 1, "observed.ranks.1.gpu_mem": 3, "top_level_new": "x"}) + "\n")
+    [rec] = list(records.iter_records(tmp_path))
+    assert rec.observed.ranks[1].status == "ok"
+    skipped = []
+    list(records.iter_records(tmp_path, skipped))
+    assert skipped == []
+
+
+def test_unread_lines_are_reported_when_the_caller_does_not_collect_them(tmp_path, capsys):
+    with open(tmp_path / "cells.jsonl", "w") as fh:
+        fh.write(_line(duration_s="fast") + "\n")
+    assert list(records.iter_records(tmp_path)) == []
+    assert "cells.jsonl:1: skipped" in capsys.readouterr().err
 
 
 def test_latest_keeps_newest_per_combo_and_cell(tmp_path):

@@ -14,6 +14,7 @@ from fsdp_matrix.bisect.installers import bytecode_on_import
 from fsdp_matrix.bisect.search import Outcome, Untestable
 from fsdp_matrix.clip import clip
 from fsdp_matrix.records import RECORDS_FILE, iter_records
+from fsdp_matrix.runner import procs
 
 
 class CellRunner:
@@ -62,8 +63,11 @@ class CellRunner:
         try:
             stdout, stderr = proc.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
-            # the run command bounds hangs itself; this is the backstop when it does not
+            # the run command bounds hangs itself; this is the backstop when it does not. torchrun runs in a session
+            # of its own, out of reach of killpg: its launches are found by their directories' markers instead
+            # (the launch's watchdog would take them down too, but the backstop does not wait for it)
             os.killpg(proc.pid, signal.SIGKILL)
+            procs.kill_all(procs.marked(procs.launch_ids_under(results)))
             proc.communicate()
             return Outcome("hang")
         records = list(iter_records(results / RECORDS_FILE)) if (results / RECORDS_FILE).exists() else []

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Iterable, List, Optional
 
+from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.export.script import Export, prepare, render_script
 from fsdp_matrix.export.snippet import render_markdown
 from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
@@ -32,7 +33,12 @@ def main(argv: Iterable[str]) -> int:
     p.add_argument("--matrix", type=Path, default=None)
     args = p.parse_args(list(argv))
     root = (args.matrix or DEFAULT_MATRIX).resolve().parent
-    exp = prepare(load_matrix(args.matrix), args.cell, args.combo, args.results, root)
-    for path in write(exp, args.out, args.script):
+    try:
+        exp = prepare(load_matrix(args.matrix), args.cell, args.combo, args.results, root)
+        paths = write(exp, args.out, args.script)
+    except OSError as exc:
+        # the repro vanished after matrix.yaml was checked, or the output cannot be written: one line, no traceback
+        raise MatrixError(f"{exc.filename or args.cell}: {exc.strerror or exc}") from None
+    for path in paths:
         print(path)
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,10 @@ OUTCOME_ENV = "FSDP_REPRO_OUTCOME_FILE"
 turns it into the exit code. torchrun would otherwise follow the real traceback with its own ChildFailedError one."""
 
 
+SCRATCH_ENV = "FSDP_REPRO_SCRATCH"
+"""Set by the launching process: the ranks' shared scratch folder, inside a temporary folder it removes."""
+
+
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -65,7 +70,9 @@ def relaunch(argv: List[str], device: str, world_size: int) -> int:
     print("+ " + " ".join(cmd), flush=True)
     with tempfile.TemporaryDirectory(prefix="fsdp-repro-") as tmp:
         outcome = Path(tmp) / "outcome"
-        code = subprocess.call(cmd, env={**os.environ, OUTCOME_ENV: str(outcome)})
+        # the ranks' scratch folder lives in here too: gone with it, however the ranks ended
+        env = {**os.environ, OUTCOME_ENV: str(outcome), SCRATCH_ENV: str(Path(tmp) / "scratch")}
+        code = subprocess.call(cmd, env=env)
         if code:
             return code
         return 0 if outcome.exists() and outcome.read_text() == "ok" else 1
@@ -136,8 +143,12 @@ def rank_main(
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
     # rank 0 writes shared files here (e.g. a tiny model saved for 4-bit loading); the run id is the same on all ranks
-    scratch = Path(tempfile.gettempdir()) / f"fsdp-repro-{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}"
-    scratch.mkdir(exist_ok=True)
+    given = os.environ.get(SCRATCH_ENV)
+    if given:
+        scratch = Path(given)
+    else:  # started under the user's own torchrun: this node's rank 0 removes it once every rank is done
+        scratch = Path(tempfile.gettempdir()) / f"fsdp-repro-{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}"
+    scratch.mkdir(parents=True, exist_ok=True)
     ctx = context_cls(
         rank=rank,
         world_size=dist.get_world_size(),
@@ -153,12 +164,15 @@ def rank_main(
     mine = _run_once(run, params, ctx)
     try:
         outcomes: List[Any] = [None] * ctx.world_size
-        dist.all_gather_object(outcomes, mine)
+        dist.all_gather_object(outcomes, mine)  # after it, no rank uses the scratch folder
         dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - another rank is gone or stuck: say what this rank saw, alone
         print(f"[rank {rank}] could not gather the other ranks' outcomes ({type(exc).__name__}: {exc})", flush=True)
         _show(mine)
         return 1 if mine["status"] != "ok" or rank == 0 else 0
+    finally:
+        if not given and local_rank == 0:
+            shutil.rmtree(scratch, ignore_errors=True)
     if rank != 0:
         return 0
     for outcome in outcomes:

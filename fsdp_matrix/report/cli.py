@@ -15,7 +15,7 @@ from fsdp_matrix.report.html import render_html
 from fsdp_matrix.report.json import to_json
 from fsdp_matrix.report.junit import junit_name, junit_xml
 from fsdp_matrix.report.markdown import append_step_summary, render_markdown
-from fsdp_matrix.report.text import render_text
+from fsdp_matrix.report.text import one_line, render_text
 
 FORMATS = ("text", "md", "html", "json", "junit")
 
@@ -46,10 +46,10 @@ def write_reports(grid: Grid, out: Path, formats: Sequence[str] = FORMATS) -> Li
 def _matrix_for(path: Optional[Path]) -> Optional[Matrix]:
     """matrix.yaml only orders rows and columns, so the repo's own is used when none is named and it loads."""
     if path is not None:
-        return load_matrix(path)
+        return load_matrix(path, check_repros=False)
     if DEFAULT_MATRIX.exists():
         try:
-            return load_matrix(DEFAULT_MATRIX)
+            return load_matrix(DEFAULT_MATRIX, check_repros=False)
         except MatrixError as exc:
             print(f"report: ignoring {DEFAULT_MATRIX} for ordering: {exc}", file=sys.stderr)
     return None
@@ -73,11 +73,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         grid = load_grid(args.results, _matrix_for(args.matrix))
-    except (OSError, ValueError, MatrixError) as exc:
+    except (OSError, MatrixError) as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
+    for skip in grid.skipped:
+        print(f"report: {one_line(str(skip))}", file=sys.stderr)
     if not grid.rows:
-        print(f"report: no cell records in {args.results}", file=sys.stderr)
+        print(
+            f"report: no cell records in {args.results}" + (f"; {grid.skipped_text()}" if grid.skipped else ""),
+            file=sys.stderr,
+        )
         return 2
     out = args.out or (args.results if args.results.is_dir() else args.results.parent)
     try:

@@ -18,6 +18,7 @@ from fsdp_matrix.records import RECORDS_FILE
 from fsdp_matrix.report.grid import load_grid
 from fsdp_matrix.report.json import REPORT_SCHEMA, to_json
 from fsdp_matrix.report.style import symbol
+from fsdp_matrix.report.text import one_line
 from fsdp_matrix.verdicts import Verdict
 
 Key = Tuple[str, str]
@@ -72,19 +73,30 @@ def load_report(path: Path) -> Dict[str, Any]:
     try:
         if path.is_dir():
             if any(path.rglob(RECORDS_FILE)):
-                return to_json(load_grid(path))
+                return _records_report(path)
             if (path / "report.json").is_file():
                 path = path / "report.json"
             else:
                 raise ReportInputError(f"{path}: neither a {RECORDS_FILE} under it nor a report.json in it")
         elif path.name.endswith(".jsonl"):
-            return to_json(load_grid(path))
+            return _records_report(path)
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, MatrixError) as exc:
         raise ReportInputError(f"{path}: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("entries"), dict) or data.get("schema") != REPORT_SCHEMA:
         raise ReportInputError(f"{path}: not a fsdp-matrix report.json (schema {REPORT_SCHEMA})")
     return data
+
+
+def _records_report(path: Path) -> Dict[str, Any]:
+    """The report of a results dir or cells.jsonl; lines that are not records are named on stderr, and a file with
+    no record at all is unreadable input (a diff against it would call every cell removed)."""
+    grid = load_grid(path)
+    if grid.skipped and not grid.rows:
+        raise ReportInputError(f"{path}: no cell records; {grid.skipped_text()}, e.g. {one_line(str(grid.skipped[0]))}")
+    for skip in grid.skipped:
+        print(f"diff: {one_line(str(skip))}", file=sys.stderr)
+    return to_json(grid)
 
 
 def _entries(report: Dict[str, Any]) -> Dict[Key, Dict[str, Any]]:

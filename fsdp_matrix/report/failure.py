@@ -1,6 +1,7 @@
 """What a cell that failed says: the verdict line, then each rank's status, exit signal, traceback or hang stack.
 
 The pytest plugin prints it, JUnit puts it in ``<failure>``, and the HTML page shows the same pieces per rank.
+It goes to a terminal: control characters from a record (a colored log in a traceback) are shown as ``\\xNN``.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 
 from fsdp_matrix.records import RankResult, Record
+from fsdp_matrix.report.text import shown_lines
 
 
 def rank_heading(rank: RankResult) -> str:
@@ -31,4 +33,5 @@ def rank_text(rank: RankResult) -> str:
 
 def failure_text(rec: Record) -> str:
     """The one-line verdict, then what each rank said."""
-    return "\n".join([f"{rec.verdict}: {rec.key}: {rec.line}"] + [f"--- {rank_text(r)}" for r in rec.observed.ranks])
+    text = "\n".join([f"{rec.verdict}: {rec.key}: {rec.line}"] + [f"--- {rank_text(r)}" for r in rec.observed.ranks])
+    return shown_lines(text)

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from fsdp_matrix.cells import expand_case
 from fsdp_matrix.matrix import PACKAGES, Matrix
-from fsdp_matrix.records import Record, iter_records, latest
+from fsdp_matrix.records import Record, Skipped, iter_records, latest
 from fsdp_matrix.report.style import CODES, MISSING, STYLES, needs_attention, severity
 
 LOCAL = "(local)"
@@ -72,6 +72,13 @@ class Grid:
     """Combos of matrix.yaml with no record at all: an env that never reported is worth a line."""
     source: str = ""
     """Where the records were read from."""
+    skipped: List[Skipped] = field(default_factory=list)
+    """Lines of cells.jsonl that are not records (torn by a killed run, wrong-typed): every renderer counts them."""
+
+    def skipped_text(self) -> str:
+        """``2 lines of cells.jsonl could not be read``, or empty when every line was a record."""
+        n = len(self.skipped)
+        return f"{n} line{'s' if n != 1 else ''} of cells.jsonl could not be read" if n else ""
 
     def entry(self, column: Column, row: Row) -> Optional[Record]:
         return self.entries.get((column.id, row.key))
@@ -95,7 +102,9 @@ class Grid:
         return sorted(hits, key=lambda h: severity(h[2].verdict))  # stable: grid order within a verdict
 
 
-def build_grid(records: Iterable[Record], matrix: Optional[Matrix] = None, source: str = "") -> Grid:
+def build_grid(
+    records: Iterable[Record], matrix: Optional[Matrix] = None, source: str = "", skipped: Iterable[Skipped] = ()
+) -> Grid:
     newest = latest(iter(records))
     by_col: Dict[str, List[Record]] = {}
     for (combo, _), rec in newest.items():
@@ -111,6 +120,7 @@ def build_grid(records: Iterable[Record], matrix: Optional[Matrix] = None, sourc
         {c.id: c.title for c in matrix.cases} if matrix else {},
         [c.id for c in matrix.combos if c.id not in by_col] if matrix else [],
         source,
+        list(skipped),
     )
 
 
@@ -142,8 +152,11 @@ def _row_order(matrix: Optional[Matrix], rows: set):
 
 
 def load_grid(results: Path, matrix: Optional[Matrix] = None) -> Grid:
-    """The grid of every cells.jsonl under ``results`` (or of that one file). Raises OSError/ValueError on bad input."""
+    """The grid of every cells.jsonl under ``results`` (or of that one file); lines that are not records are left
+    out and listed in ``Grid.skipped``. Raises OSError on a path that cannot be read."""
     results = Path(results)
     if not results.exists():
         raise FileNotFoundError(f"{results}: no such file or directory")
-    return build_grid(iter_records(results), matrix, str(results))
+    skipped: List[Skipped] = []
+    records = list(iter_records(results, skipped))
+    return build_grid(records, matrix, str(results), skipped)

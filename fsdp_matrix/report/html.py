@@ -111,7 +111,9 @@ def render_html(grid: Grid) -> str:
         f"<style>{CSS}\n{_palette()}</style></head><body>",
         "<h1>fsdp-matrix report</h1>",
         f'<div class="sub">{len(grid.rows)} cells &times; {len(grid.columns)} combos &middot; '
-        f"<b>{len(items)}</b> need attention &middot; {esc(grid.source)} &middot; generated {esc(generated)}</div>",
+        f"<b>{len(items)}</b> need attention &middot; {esc(grid.source)} &middot; generated {esc(generated)}"
+        + (f" &middot; <b>{esc(grid.skipped_text())}</b>" if grid.skipped else "")
+        + "</div>",
         _legend(),
         _grid_table(grid, anchors),
         "<h2>Combos</h2>",

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from fsdp_matrix.report.failure import failure_text
-from fsdp_matrix.report.grid import Column, Grid
+from fsdp_matrix.report.grid import LOCAL, Column, Grid
 from fsdp_matrix.report.style import needs_attention
 from fsdp_matrix.report.text import one_line
 from fsdp_matrix.verdicts import Verdict
@@ -60,5 +60,14 @@ def junit_xml(grid: Grid, column: Column) -> bytes:
     return ET.tostring(suites, encoding="utf-8", xml_declaration=True)
 
 
+_COMBO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
 def junit_name(column: Column) -> str:
-    return "junit-" + re.sub(r"[^A-Za-z0-9_.-]", "", column.id) + ".xml"
+    """``junit-<combo>.xml``. A matrix.yaml combo id is a safe file name that starts with a letter or digit, so the
+    other columns (records without a combo, ids from elsewhere) get names starting with ``_``: they never clash."""
+    if column.id == LOCAL:
+        return "junit-_local.xml"
+    if _COMBO_ID.match(column.id):
+        return f"junit-{column.id}.xml"
+    return f"junit-_{column.number}-" + re.sub(r"[^A-Za-z0-9_.-]", "", column.id) + ".xml"

@@ -84,7 +84,10 @@ class Hygiene:
                 + ", ".join(f"{c.pid} {clip(' '.join(_cmdline(c)), 60)}" for c in stray)
             )
             for child in stray:
-                child.kill()
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass  # it exited on its own since it was listed: gone is what we wanted
         now = self._global_state()
         changed = [k for k in now if k != "environ" and self.state[k] != now[k]]
         env_before, env_after = self.state["environ"], now["environ"]

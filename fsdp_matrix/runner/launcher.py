@@ -3,14 +3,14 @@
 The caller ``submit``s cells and ``wait``s for each one's ``CellRun``. Ranks stay up between cells (paying the
 ~4 s of imports and rendezvous once); when a cell hangs, crashes or leaves a rank unclean, that launch is killed
 (whole process tree, no orphans) and the cells not yet started continue in a fresh launch.
-Polling happens in the caller's thread while it waits: no background thread to leak or race.
+Polling happens in the caller's thread while it waits: no background thread to leak or race. What the polling
+decides about each cell is in watching.py; the launch directory's life in launchdir.py; and a per-launch watchdog
+process (watchdog.py) kills the launch if this process dies without doing it.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,72 +19,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import psutil
+
 from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import LaunchError
-from fsdp_matrix.records import RankResult
-from fsdp_matrix.runner import procs
-from fsdp_matrix.runner.protocol import (
-    TASKS,
-    Bye,
-    Clean,
-    End,
-    Hello,
-    Order,
-    Ready,
-    Start,
-    Stop,
-    Task,
-    decode_event,
-    encode_order,
-)
+from fsdp_matrix.runner import launchdir, procs
+from fsdp_matrix.runner.protocol import Order, Stop, Task
+from fsdp_matrix.runner.watching import CellRun, Watching, _Live
+
+__all__ = ["CellRun", "Launcher", "_Live"]
+
+KILL_WAIT_S = 10.0
+"""How long torchrun may take to go after SIGKILL before that is an error (it cannot refuse SIGKILL)."""
 
 
 @dataclass(kw_only=True)
-class CellRun:
-    """What the launcher observed for one cell, before it is judged."""
-
-    key: str
-    """``case/cell``."""
-    status: str
-    """ok / error / hang / crash / env-error."""
-    ranks: List[RankResult]
-    """Per-rank results, with stacks (hang) and exit codes (crash)."""
-    duration_s: float
-    """From the first rank's start to the last rank's end (or to detection)."""
-    launch: int = 0
-    """Which launch ran it (0, 1, ... as launches are replaced)."""
-    detect_s: Optional[float] = None
-    """For hang/crash/one-rank errors: seconds from the first sign of trouble to the verdict."""
-    note: str = ""
-    """Why the launch was replaced after this cell, if it was."""
-    hygiene: List[str] = field(default_factory=list)
-    """Problems a rank found after the cell (leaked modules, child processes, broken group): the launch was replaced."""
-
-
-@dataclass
-class _Live:
-    """Bookkeeping for the launch currently running."""
-
-    number: int
-    run_dir: Path
-    proc: subprocess.Popen
-    launch_id: str
-    seq: int = 0
-    pids: Dict[int, int] = field(default_factory=dict)
-    ready: set = field(default_factory=set)
-    byes: set = field(default_factory=set)
-    offsets: Dict[int, int] = field(default_factory=dict)
-    started: Dict[str, Dict[int, float]] = field(default_factory=dict)
-    ended: Dict[str, Dict[int, RankResult]] = field(default_factory=dict)
-    end_t: Dict[str, float] = field(default_factory=dict)
-    clean: Dict[str, Dict[int, List[str]]] = field(default_factory=dict)
-    retiring: Optional[str] = None
-    born: float = field(default_factory=time.monotonic)
-    submitted: List[str] = field(default_factory=list)
-
-
-@dataclass(kw_only=True)
-class Launcher:
+class Launcher(Watching):
     """Runs cells on ``world_size`` ranks in as few torchrun launches as robustness allows."""
 
     run_root: Path
@@ -110,7 +60,11 @@ class Launcher:
     leak_budget_mb: int = 512
     """Memory that modules left alive by cells may hold (FSDP1 leaks its flat parameters) before a fresh launch."""
     keep_dirs: bool = False
-    """Keep launch directories of clean launches (those with a failure are always kept)."""
+    """Keep every launch directory, clean or failed, and prune none."""
+    keep_failed: int = 5
+    """Directories of failed launches (hang, crash, killed, never started) kept for inspection under ``run_root``:
+    the newest this many, counting those of earlier runs whose coordinator is gone; older ones are removed when a
+    launch fails. A clean launch's directory is removed when it ends."""
 
     def __post_init__(self) -> None:
         self.run_root = Path(self.run_root)
@@ -160,9 +114,10 @@ class Launcher:
             self._read_events(live)
             time.sleep(0.01)
         clean = len(live.byes) == self.world_size or live.proc.returncode == 0
-        self._kill(live)
-        if not self.keep_dirs and clean:
-            shutil.rmtree(live.run_dir, ignore_errors=True)
+        try:
+            self._kill(live)
+        finally:
+            self._retire(live, None if clean else f"ranks did not stop when asked (torchrun: {live.proc.returncode})")
 
     def __enter__(self) -> Launcher:
         return self
@@ -176,20 +131,16 @@ class Launcher:
         self._launches += 1
         launch_id = uuid.uuid4().hex[:12]
         self.launch_ids.append(launch_id)
-        run_dir = self.run_root / f"launch-{number}-{launch_id}"
-        (run_dir / TASKS).mkdir(parents=True)
-        (run_dir / "scratch").mkdir()
-        (run_dir / "launch.json").write_text(
-            json.dumps(
-                {
-                    "scratch": str(run_dir / "scratch"),
-                    "seed": self.seed,
-                    "cell_timeout": self.cell_timeout,
-                    "barrier_timeout": min(30.0, self.cell_timeout),
-                    "coordinator": os.getpid(),
-                    "leak_budget_mb": self.leak_budget_mb,
-                }
-            )
+        if not self.keep_dirs:
+            launchdir.prune(self.run_root, self.keep_failed)  # earlier runs' launches, killed before they could
+        run_dir = launchdir.create(
+            self.run_root,
+            number,
+            launch_id,
+            seed=self.seed,
+            cell_timeout=self.cell_timeout,
+            barrier_timeout=min(30.0, self.cell_timeout),
+            leak_budget_mb=self.leak_budget_mb,
         )
         env = {
             **os.environ,
@@ -202,6 +153,8 @@ class Launcher:
         if self.device == "cpu":
             # two ranks fighting over every core makes each cell slower, not faster
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // self.world_size)))
+        # the watchdog first: from the moment torchrun exists, something outside this process can take it down
+        watchdog = self._start_watchdog(run_dir, launch_id)
         cmd = [
             self.python,
             "-m",
@@ -219,11 +172,28 @@ class Launcher:
         try:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
+            watchdog.kill()
+            watchdog.wait()
             raise LaunchError(f"cannot start torchrun with {self.python}: {exc}") from None
         finally:
             out.close()
-        self._live = _Live(number, run_dir, proc, launch_id)
+        self._live = _Live(number, run_dir, proc, launch_id, watchdog=watchdog)
         self._feed(self._live)
+
+    @staticmethod
+    def _start_watchdog(run_dir: Path, launch_id: str) -> subprocess.Popen:
+        """The launch's watchdog (watchdog.py), in a session of its own so that no signal meant for this process's
+        group reaches it; it kills the launch if this process dies without doing so."""
+        me = psutil.Process()
+        with open(run_dir / "watchdog.out", "w") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "fsdp_matrix.runner.watchdog", str(me.pid), repr(me.create_time()), launch_id],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, procs.MARKER: launch_id},
+                start_new_session=True,
+            )
 
     def _feed(self, live: _Live) -> None:
         while self._queue:
@@ -233,24 +203,27 @@ class Launcher:
 
     @staticmethod
     def _write_task(live: _Live, order: Order) -> None:
-        tasks = live.run_dir / TASKS
-        tmp = tasks / f".{live.seq:05d}.tmp"
-        tmp.write_text(encode_order(order))
-        os.replace(tmp, tasks / f"{live.seq:05d}.json")  # atomic: a rank never reads half a task
+        launchdir.write_order(live.run_dir, live.seq, order)
         live.seq += 1
 
     def _replace(self, live: _Live, note: str) -> None:
-        """Retire this launch; re-queue, in order, every submitted cell it did not finish or start."""
-        self._kill(live)
+        """Retire this launch (``note`` says why; empty when it ended cleanly by itself); re-queue, in order, every
+        submitted cell it did not finish or start."""
         self._live = None
         # the culprit is already done; anything else it had been given runs again in the next launch
         self._queue[:0] = [self._tasks[k] for k in live.submitted if k not in self._done]
-        if not live.started:
-            self._failed_starts += 1
-        else:
-            self._failed_starts = 0
-        if self._failed_starts >= 2:
-            self._fail_queue(live, note)
+        try:
+            self._kill(live)
+        finally:
+            if note:
+                self._failed_starts = 0 if live.started else self._failed_starts + 1
+                if self._failed_starts >= 2:
+                    self._fail_queue(live, note)
+            # every rank said goodbye (a planned retirement, e.g. over the leak budget): nothing to inspect
+            self._retire(live, None if not note or len(live.byes) == self.world_size else note)
+
+    def _retire(self, live: _Live, failed: Optional[str]) -> None:
+        launchdir.retire(live.run_dir, failed, self.keep_dirs, self.keep_failed)
 
     def _fail_queue(self, live: _Live, note: str) -> None:
         """Two launches in a row died before running anything: the env is broken; say why instead of looping."""
@@ -268,162 +241,31 @@ class Launcher:
         self._queue.clear()
 
     def _kill(self, live: _Live) -> None:
+        """SIGKILL the launch: torchrun's tree, and every process with its marker (ranks in their own sessions, the
+        watchdog). Raises LaunchError if torchrun is still there ``KILL_WAIT_S`` later: that is never normal (a
+        process stuck in the kernel, e.g. on a hung device), and a launch that cannot be ended must not be hidden."""
         victims = {p.pid: p for p in procs.tree(live.proc.pid) + procs.marked(live.launch_id)}
         procs.kill_all(victims.values())
-        try:
-            live.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-    # ---- watching ---------------------------------------------------------------------------------------------
-    def _read_events(self, live: _Live) -> None:
-        for rank in range(self.world_size):
-            path = live.run_dir / f"rank{rank}.jsonl"
-            if not path.exists():
+        stuck = []
+        for name, child in (("torchrun", live.proc), ("watchdog", live.watchdog)):
+            if child is None:
                 continue
-            with open(path, encoding="utf-8") as fh:
-                fh.seek(live.offsets.get(rank, 0))
-                while True:
-                    pos = fh.tell()
-                    line = fh.readline()
-                    if not line.endswith("\n"):
-                        fh.seek(pos)  # half-written line: read it whole next time
-                        break
-                    self._apply(live, rank, line)
-                live.offsets[rank] = fh.tell()
-
-    def _apply(self, live: _Live, rank: int, line: str) -> None:
-        event = decode_event(line)
-        getattr(self, f"worker_{event.event}")(live, rank, event)
-
-    # one handler per rank event, as pytest-xdist's scheduler dispatches worker_<event>
-    def worker_hello(self, live: _Live, rank: int, ev: Hello) -> None:
-        live.pids[rank] = ev.pid
-
-    def worker_ready(self, live: _Live, rank: int, ev: Ready) -> None:
-        live.ready.add(rank)
-        if len(live.ready) == self.world_size:
-            self.launch_seconds.append(round(time.monotonic() - live.born, 3))
-
-    def worker_start(self, live: _Live, rank: int, ev: Start) -> None:
-        live.started.setdefault(ev.key, {})[rank] = ev.t
-
-    def worker_end(self, live: _Live, rank: int, ev: End) -> None:
-        live.ended.setdefault(ev.key, {})[rank] = ev.result
-        live.end_t[ev.key] = max(live.end_t.get(ev.key, 0.0), ev.t)
-
-    def worker_clean(self, live: _Live, rank: int, ev: Clean) -> None:
-        live.clean.setdefault(ev.key, {})[rank] = list(ev.problems)
-        if not ev.clean:
-            live.retiring = f"rank {rank} not clean after {ev.key}: " + "; ".join(ev.problems)
-
-    def worker_bye(self, live: _Live, rank: int, ev: Bye) -> None:
-        live.byes.add(rank)
-        if ev.retire:
-            live.retiring = ev.why
-
-    def _poll(self, live: _Live) -> None:
-        self._read_events(live)
-        for key, ends in list(live.ended.items()):
-            if (
-                key not in self._done
-                and len(ends) == self.world_size
-                and len(live.clean.get(key, {})) == self.world_size
-            ):
-                self._finish(live, key, "error" if any(r.status == "error" for r in ends.values()) else "ok")
-        exited = live.proc.poll() is not None
-        if exited:
-            self._read_events(live)  # last words
-        # cells run in order, so the oldest unfinished one is the culprit; later ones are just re-queued
-        current = [k for k in live.submitted if k in live.started and k not in self._done][:1]
-        now = time.time()
-        for key in current:
-            first = min(live.started[key].values())
-            errored = [r for r in live.ended.get(key, {}).values() if r.status == "error"]
-            if exited:
-                self._crash(live, key)
-            elif errored and now - live.end_t[key] > self.grace_s:
-                self._stuck(
-                    live, key, "error", live.end_t[key], f"rank {errored[0].rank} raised; the others did not finish"
-                )
-            elif now - first > self.cell_timeout:
-                self._stuck(live, key, "hang", first + self.cell_timeout, f"no result within {self.cell_timeout:.0f}s")
-        if self._live is not live:
-            return
-        idle = all(k in self._done for k in live.started)
-        if exited:
-            if live.proc.returncode == 0 and not live.retiring and all(k in self._done for k in live.submitted):
-                self._live = None
-                return
-            self._replace(live, live.retiring or f"torchrun exited with {live.proc.returncode}")
-        elif live.retiring and idle:
-            self._replace(live, live.retiring)
-        elif len(live.ready) < self.world_size and time.monotonic() - live.born > self.startup_timeout:
-            self._replace(live, f"ranks did not rendezvous within {self.startup_timeout:.0f}s")
-
-    def _finish(
-        self,
-        live: _Live,
-        key: str,
-        status: str,
-        extra: Optional[List[RankResult]] = None,
-        detect_s: Optional[float] = None,
-        note: str = "",
-    ) -> None:
-        ranks = dict(live.ended.get(key, {}))
-        for r in extra or []:
-            ranks.setdefault(r.rank, r)
-        start = min(live.started.get(key, {0: time.time()}).values())
-        end = live.end_t.get(key, time.time()) if status in ("ok", "error") and not extra else time.time()
-        problems = sorted(
-            {p for ps in live.clean.get(key, {}).values() for p in ps if p != "another rank is not clean"}
-        )
-        self._done[key] = CellRun(
-            key=key,
-            status=status,
-            ranks=[ranks[r] for r in sorted(ranks)],
-            duration_s=round(end - start, 3),
-            launch=live.number,
-            detect_s=detect_s,
-            note=note or "; ".join(problems),
-            hygiene=problems,
-        )
-
-    def _stuck(self, live: _Live, key: str, status: str, since: float, note: str) -> None:
-        """Some ranks did not finish: dump their stacks, then kill the launch."""
-        missing = {r: pid for r, pid in live.pids.items() if r not in live.ended.get(key, {})}
-        stacks = procs.dump_stacks(missing, live.run_dir)
-        extra = [RankResult(rank=r, status="hang", stack=stacks.get(r) or "(no stack dumped)") for r in missing]
-        self._finish(live, key, status, extra, detect_s=round(time.time() - since, 3), note=note)
-        self._replace(live, note)
-
-    def _crash(self, live: _Live, key: str) -> None:
-        codes = procs.torchrun_failures((live.run_dir / "torchrun.out").read_text(errors="replace"))
-        extra = []
-        for rank in range(self.world_size):
-            if rank in live.ended.get(key, {}):
-                continue
-            stderr, error_file = procs.rank_logs(live.run_dir / "logs", rank)
-            code = codes.get(rank)
-            extra.append(
-                RankResult(
-                    rank=rank,
-                    status="crash",
-                    exit_code=code,
-                    signal=procs.signal_name(code),
-                    error_message=f"rank {rank} died with exit code {code}"
-                    + (f" ({procs.signal_name(code)})" if procs.signal_name(code) else ""),
-                    traceback=error_file,
-                    stack=stderr,
-                )
+            if child.poll() is None and name == "watchdog":
+                child.kill()  # ours to end even if the marker sweep did not see it
+            try:
+                child.wait(timeout=KILL_WAIT_S)  # reaps it: both are this process's children
+            except subprocess.TimeoutExpired:
+                stuck.append(f"{name} {child.pid}")
+        if stuck:
+            survivors = [p.pid for p in victims.values() if _alive(p)]
+            raise LaunchError(
+                f"launch {live.number} ({live.run_dir}): {', '.join(stuck)} still running {KILL_WAIT_S:.0f}s after "
+                f"SIGKILL" + (f"; alive too: {survivors}" if survivors else "")
             )
-        # a rank that died takes precedence: the others' errors ("connection closed by peer") are its echo
-        status = "crash" if extra else "error"
-        self._finish(
-            live,
-            key,
-            status,
-            extra,
-            detect_s=round(time.time() - max(live.started[key].values()), 3),
-            note=f"torchrun exited with {live.proc.returncode}",
-        )
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

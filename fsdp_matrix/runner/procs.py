@@ -1,4 +1,8 @@
-"""Process-tree chores for the launcher: dump stacks, kill without orphans, read torchrun's failure summary."""
+"""Process-tree chores for the launcher: dump stacks, kill without orphans, read torchrun's failure summary.
+
+A pid names a process only while it lives; the kernel hands it to the next process after. So a process is named by
+its pid AND its create time (``same_process``) wherever a signal could reach the wrong one.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import re
 import signal
 import time
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import psutil
 
@@ -15,6 +19,18 @@ from fsdp_matrix.clip import clip
 
 MARKER = "FSDP_MATRIX_LAUNCH"
 """Env var set on every process of a launch, so a sweep finds even children that escaped the tree."""
+
+
+def same_process(pid: int, create_time: float) -> Optional[psutil.Process]:
+    """The live process ``pid`` if it is the one born at ``create_time`` (psutil's clock), else None."""
+    try:
+        proc = psutil.Process(pid)
+        # same boot clock, same tick: equal up to float noise; another process reusing the pid started later
+        if abs(proc.create_time() - create_time) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+    return None
 
 
 def tree(pid: int) -> List[psutil.Process]:
@@ -25,17 +41,23 @@ def tree(pid: int) -> List[psutil.Process]:
         return []
 
 
-def marked(launch_id: str) -> List[psutil.Process]:
-    """Every live process carrying this launch's marker (torchrun puts workers in new sessions; children may
-    daemonize)."""
+def marked(launch_id: Union[str, Set[str]]) -> List[psutil.Process]:
+    """Every live process carrying this launch's marker (or any of these launches'): torchrun puts workers in new
+    sessions, and children may daemonize."""
+    wanted = {launch_id} if isinstance(launch_id, str) else set(launch_id)
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.pid != os.getpid() and proc.environ().get(MARKER) == launch_id:
+            if proc.pid != os.getpid() and proc.environ().get(MARKER) in wanted:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def launch_ids_under(results: Path) -> Set[str]:
+    """Marker values of the launches whose directories are under ``results`` (``launches/<runner>/launch-N-<id>``)."""
+    return {d.name.rsplit("-", 1)[-1] for d in Path(results).glob("launches/*/launch-*-*")}
 
 
 def kill_all(procs: Iterable[psutil.Process], wait_s: float = 0.5) -> None:
@@ -50,21 +72,32 @@ def kill_all(procs: Iterable[psutil.Process], wait_s: float = 0.5) -> None:
     psutil.wait_procs(procs, timeout=wait_s)
 
 
-def dump_stacks(pids: Dict[int, int], stack_dir: Path, settle_s: float = 1.0) -> Dict[int, str]:
-    """Ask each rank's faulthandler for every thread's Python stack (SIGUSR1); return rank -> new dump text."""
-    offsets = {}
-    for rank, pid in pids.items():
+def dump_stacks(ranks: Dict[int, Tuple[int, float]], stack_dir: Path, settle_s: float = 1.0) -> Dict[int, str]:
+    """Ask each rank's faulthandler for every thread's Python stack (SIGUSR1); return rank -> new dump text.
+
+    ``ranks`` maps rank -> (pid, create time) from its Hello: SIGUSR1's default action kills, so a process that
+    merely reuses a dead rank's pid is never signalled; that rank's entry says why it has no stack instead.
+    """
+    offsets, out = {}, {}
+    for rank, (pid, created) in ranks.items():
         path = stack_dir / f"stack-rank{rank}.txt"
         offsets[rank] = path.stat().st_size if path.exists() else 0
+        proc = same_process(pid, created)
+        if proc is None:
+            reused = psutil.pid_exists(pid)
+            out[rank] = f"(no stack: rank {rank}'s process {pid} is no longer running" + (
+                "; its pid now belongs to another process, which was not signalled)" if reused else ")"
+            )
+            continue
         try:
-            os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
-    time.sleep(settle_s)
-    out = {}
-    for rank in pids:
+            proc.send_signal(signal.SIGUSR1)
+        except psutil.NoSuchProcess:
+            out[rank] = f"(no stack: rank {rank}'s process {pid} is no longer running)"
+    if len(out) < len(ranks):
+        time.sleep(settle_s)
+    for rank in ranks:
         path = stack_dir / f"stack-rank{rank}.txt"
-        if path.exists():
+        if rank not in out and path.exists():
             with open(path, encoding="utf-8", errors="replace") as fh:
                 fh.seek(offsets[rank])
                 out[rank] = fh.read()
@@ -74,9 +107,20 @@ def dump_stacks(pids: Dict[int, int], stack_dir: Path, settle_s: float = 1.0) ->
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
+_ROOT_CAUSE = "Root Cause (first observed failure)"
+
+
 def torchrun_failures(stderr: str) -> Dict[int, int]:
-    """rank -> exit code from torchrun's ChildFailedError summary (negative = killed by that signal)."""
+    """rank -> exit code from torchrun's ChildFailedError summary (negative = killed by that signal). It lists the
+    ranks it stopped itself (SIGTERM, after the first failure) as failures too; see ``torchrun_root_cause``."""
     return {int(rank): int(code) for rank, code in _FAILURE.findall(stderr)}
+
+
+def torchrun_root_cause(stderr: str) -> Set[int]:
+    """The ranks torchrun names as the root cause (first observed failure); every listed rank when the summary
+    has no such section (older releases list only the culprit)."""
+    head, found, tail = stderr.rpartition(_ROOT_CAUSE)
+    return {int(rank) for rank, _ in _FAILURE.findall(tail if found else stderr)}
 
 
 def signal_name(exit_code: Optional[int]) -> Optional[str]:

@@ -1,7 +1,8 @@
 """The messages between the launcher and the ranks of one launch, both directions, as typed dataclasses.
 
-Launcher -> ranks: numbered task files ``RUN_DIR/tasks/00000.json, 00001.json, ...``, each written atomically and
-read by every rank in order, so all ranks run the same cells in the same order without a collective to agree on it.
+Launcher -> ranks: ``RUN_DIR/launch.json`` (the launch's settings, read once at start), then numbered task files
+``RUN_DIR/tasks/00000.json, 00001.json, ...``, each written atomically and read by every rank in order, so all ranks
+run the same cells in the same order without a collective to agree on it.
 Ranks -> launcher: one JSON line per event, appended and flushed to ``RUN_DIR/rank<local rank>.jsonl``.
 
 A rank that raised reports it (``End`` with an error result); a rank that died says nothing more, and the launcher
@@ -22,6 +23,39 @@ TASKS = "tasks"
 
 
 # ---- launcher -> ranks --------------------------------------------------------------------------------------------
+
+LAUNCH_JSON = "launch.json"
+"""The launch's settings, in its directory."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    """What every rank of a launch needs to know before its first task."""
+
+    scratch: str
+    """Folder shared by the ranks of the launch (e.g. a tiny model rank 0 saves for the others)."""
+    seed: int
+    """Seed every rank sets before each cell."""
+    cell_timeout: float
+    """Seconds a cell may run; also the process group's timeout, so a stuck collective raises on a waiting rank."""
+    barrier_timeout: float
+    """Seconds the between-cell barrier waits for the other ranks."""
+    leak_budget_mb: int
+    """Memory that modules left alive by cells may hold before the launch retires."""
+    coordinator: int
+    """pid of the process that started the launch: when it is gone, the ranks stop."""
+    coordinator_create_time: float
+    """Its create time (psutil): with the pid it names that process, not a later one that reuses the pid."""
+
+
+def encode_config(config: LaunchConfig) -> str:
+    return json.dumps(asdict(config))
+
+
+def decode_config(text: str) -> LaunchConfig:
+    data = json.loads(text)
+    known = {f.name for f in fields(LaunchConfig)}
+    return LaunchConfig(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass(frozen=True)

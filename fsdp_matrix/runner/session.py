@@ -9,7 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from fsdp_matrix import records
 from fsdp_matrix.cells import Cell, unmet_requirement
@@ -18,7 +18,27 @@ from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.records import Observed, Record
 from fsdp_matrix.runner.launcher import CellRun, Launcher
 from fsdp_matrix.runner.protocol import Task
-from fsdp_matrix.verdicts import judge
+from fsdp_matrix.verdicts import Verdict, judge
+
+KEPT_ON_RESUME = frozenset(
+    v.value
+    for v in (
+        Verdict.REPRODUCED,
+        Verdict.FIX_HOLDS,
+        Verdict.REGRESSION,
+        Verdict.UNEXPECTED_FIX,
+        Verdict.DIFFERENT_ERROR,
+        Verdict.SKIPPED,
+    )
+)
+"""Verdicts that ``--resume`` keeps: the cell ran to an outcome about the bug, or was decided not to run here."""
+
+
+def resumable(rec: Record) -> bool:
+    """Does ``--resume`` keep this record? Not for env-error (the env may be fixed now), hang and crash (the run or a
+    rank may have been cut off by what happened around it: a kill, the OOM killer, a stalled machine), nor for a
+    verdict this version does not know. Those cells run again; a real crash or hang is simply recorded again."""
+    return rec.verdict in KEPT_ON_RESUME
 
 
 def observe(run: CellRun) -> Observed:
@@ -90,19 +110,29 @@ class Session:
     combo: Optional[str] = None
     """Combo id when run under nox."""
     resume: bool = False
-    """Reuse records already in cells.jsonl for this combo instead of re-running those cells."""
+    """Reuse records already in cells.jsonl instead of re-running those cells (see ``resumable``)."""
     repo_root: Path = DEFAULT_MATRIX.parent
     """Where repro paths in matrix.yaml are relative to."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     """Stamped on every record of this session."""
 
     def __post_init__(self) -> None:
-        self._recorded: Dict[str, Record] = {}
+        self._recorded: Dict[Tuple[str, str], Record] = {}
         if self.resume and (self.results / records.RECORDS_FILE).exists():
-            for (combo, key), rec in records.latest(records.iter_records(self.results / records.RECORDS_FILE)).items():
-                if combo == self.combo:
-                    self._recorded[key] = rec
+            newest: Dict[Tuple[str, str], Record] = {}
+            for rec in records.iter_records(self.results / records.RECORDS_FILE):
+                if self._same_env(rec):
+                    key = (rec.key, rec.device)
+                    if key not in newest or rec.finished_at >= newest[key].finished_at:
+                        newest[key] = rec
+            self._recorded = {key: rec for key, rec in newest.items() if resumable(rec)}
         self._records: Dict[str, Record] = {}
+
+    def _same_env(self, rec: Record) -> bool:
+        """A record of this run's env: same combo; with no combo (a plain pytest run), the same installed versions."""
+        if rec.combo != self.combo:
+            return False
+        return self.combo is not None or rec.versions == dict(self.versions)
 
     def expected(self, cell: Cell) -> Expected:
         return expected_for(self.matrix.case(cell.case), cell, self.versions)
@@ -110,15 +140,15 @@ class Session:
     def prefetch(self, cells: List[Cell]) -> None:
         """Queue every cell that will run, so ranks go from one to the next without waiting for the caller."""
         for cell in cells:
-            if cell.key not in self._recorded and self._skip_reason(cell, self.expected(cell)) is None:
+            if (cell.key, cell.device) not in self._recorded and self._skip_reason(cell, self.expected(cell)) is None:
                 self.launcher.submit(self._task(cell))
 
     def run(self, cell: Cell) -> Record:
         """The record of one cell: resumed, skipped, or run now. Appended to cells.jsonl as soon as it exists."""
         if cell.key in self._records:
             return self._records[cell.key]
-        if cell.key in self._recorded:
-            return self._recorded[cell.key]
+        if (cell.key, cell.device) in self._recorded:
+            return self._recorded[(cell.key, cell.device)]
         expected = self.expected(cell)
         reason = self._skip_reason(cell, expected)
         if reason is not None:

@@ -11,8 +11,8 @@ continues the remaining cells in a fresh launch.
 from __future__ import annotations
 
 import faulthandler
+import hashlib
 import importlib.util
-import json
 import os
 import signal
 import sys
@@ -23,25 +23,32 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional
 
+from fsdp_matrix.errors import ReproError
 from fsdp_matrix.records import RankResult
+from fsdp_matrix.runner import procs
 from fsdp_matrix.runner.hygiene import Hygiene
 from fsdp_matrix.runner.protocol import (
+    LAUNCH_JSON,
     TASKS,
     Bye,
     Clean,
     End,
     Event,
     Hello,
+    LaunchConfig,
     Order,
     Ready,
     Start,
     Stop,
     Task,
+    decode_config,
     decode_order,
     encode_event,
 )
 
 POLL_S = 0.01
+COORDINATOR_CHECK_S = 0.5
+"""How often a rank waiting for its next task looks whether its coordinator is still there."""
 
 
 def error_details(exc: BaseException) -> Dict[str, Optional[str]]:
@@ -86,15 +93,48 @@ def run_cell(fn: Callable[[Dict[str, Any], Any], Any], params: Dict[str, Any], c
 
 
 def load_repro(path: str) -> ModuleType:
-    """Import a repro script by path (repros/ is not a package: each script must also run alone)."""
-    name = "fsdp_matrix_repro_" + Path(path).stem
+    """Import a repro script by path (repros/ is not a package: each script must also run alone). Modules are kept
+    per resolved path: two repros that share a file name are two modules."""
+    resolved = Path(path).resolve()
+    name = f"fsdp_matrix_repro_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:10]}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, resolved)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # a half-run module must not be found by the next cell as if it had loaded
+        raise
     return module
+
+
+def load_run(path: str) -> Callable[[Dict[str, Any], Any], Any]:
+    """The repro's ``run``, or a ReproError that names the file: missing, not importable, or without ``run``."""
+    try:
+        module = load_repro(path)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SyntaxError, ImportError, SystemExit at import...: this cell's error
+        raise ReproError(f"cannot load repro {path}: {type(exc).__name__}: {exc}") from exc
+    fn = getattr(module, "run", None)
+    if not callable(fn):
+        raise ReproError(f"repro {path} defines no run(params, ctx) function")
+    return fn
+
+
+def run_task(task: Task, ctx: Any, rank: int) -> RankResult:
+    """One cell from its task: load the repro, then run it. A repro that cannot be loaded is this cell's error on
+    every rank alike (they all load it), so the launch goes on to the next cell. Never raises."""
+    start = time.monotonic()
+    try:
+        fn = load_run(task.repro)
+    except ReproError as exc:
+        result = RankResult(rank=rank, status="error", **error_details(exc))
+        result.duration_s = round(time.monotonic() - start, 4)
+        return result
+    return run_cell(fn, task.params, ctx, rank)
 
 
 def make_context(scratch: Path, seed: int = 0) -> Any:
@@ -136,23 +176,18 @@ class EventLog:
         self.fh.flush()
 
 
-def next_order(run_dir: Path, seq: int, coordinator: int) -> Order:
+def next_order(run_dir: Path, seq: int, config: LaunchConfig) -> Order:
+    """The next task file, waiting for it; Stop when the coordinator is gone (by pid and create time: its pid may
+    belong to another process by now). The launch's watchdog covers a rank stuck inside a cell."""
     path = run_dir / TASKS / f"{seq:05d}.json"
+    checked = 0.0
     while not path.exists():
-        if coordinator and not _alive(coordinator):
-            return Stop("coordinator gone")
+        if time.monotonic() - checked > COORDINATOR_CHECK_S:
+            checked = time.monotonic()
+            if procs.same_process(config.coordinator, config.coordinator_create_time) is None:
+                return Stop("coordinator gone")
         time.sleep(POLL_S)
     return decode_order(path.read_text())
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def main(run_dir: str) -> int:
@@ -167,30 +202,29 @@ def main(run_dir: str) -> int:
     stack_file = open(run / f"stack-rank{local}.txt", "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     faulthandler.enable()
-    config = json.loads((run / "launch.json").read_text())
+    config = decode_config((run / LAUNCH_JSON).read_text())
     log.write(Hello(pid=os.getpid(), rank=rank, create_time=psutil.Process().create_time()))
     # import the workload stack now, as part of the launch (the per-launch cost), not inside the first cell
     import fsdp_matrix.workload.recipe  # noqa: F401
 
-    ctx = make_context(Path(config["scratch"]), config.get("seed", 0))
-    init_process_group(ctx, config["cell_timeout"])
-    hygiene = Hygiene(int(config.get("leak_budget_mb", 512)) << 20)
+    ctx = make_context(Path(config.scratch), config.seed)
+    init_process_group(ctx, config.cell_timeout)
+    hygiene = Hygiene(config.leak_budget_mb << 20)
     log.write(Ready(pid=os.getpid()))
     seq = 0
     while True:
-        order = next_order(run, seq, config.get("coordinator", 0))
+        order = next_order(run, seq, config)
         seq += 1
         if isinstance(order, Stop):
             log.write(Bye(why=order.why))
             break
         assert isinstance(order, Task)
         log.write(Start(key=order.key, seq=seq - 1))
-        fn = load_repro(order.repro).run
-        result = run_cell(fn, order.params, ctx, rank)
+        result = run_task(order, ctx, rank)
         # the result goes out before the hygiene barrier: if only this rank raised, the launcher learns it now,
         # not after the barrier times out
         log.write(End(key=order.key, result=result))
-        state = hygiene.check(config.get("barrier_timeout", 30))
+        state = hygiene.check(config.barrier_timeout)
         log.write(Clean(key=order.key, **state))
         if not state["clean"]:
             # exit 0 on purpose: this is a planned retirement, and torchrun must not report it as a failure

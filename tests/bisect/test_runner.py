@@ -75,3 +75,41 @@ def test_runner_without_a_record_is_untestable(tmp_path: Path) -> None:
 def test_runner_backstop_timeout_is_a_hang(tmp_path: Path) -> None:
     venv = _fake_venv(tmp_path, "import time\ntime.sleep(30)")
     assert CellRunner(CELL, timeout=1, workdir=tmp_path).run(venv, "0.13.2") == Outcome("hang")
+
+
+def test_runner_backstop_takes_down_the_launch_in_its_own_session(tmp_path: Path) -> None:
+    """Defect 11: the backstop killed the run's process group, but torchrun starts its own session (as the launcher
+    does, with the launch marker and directory a real run has), so it and its ranks survived."""
+    import os
+    import time
+
+    import psutil
+
+    from fsdp_matrix.runner import procs
+
+    body = (
+        "import os, subprocess, time\n"
+        "res = args[args.index('--results') + 1]\n"
+        "os.makedirs(res + '/launches/cli/launch-0-backstop0test', exist_ok=True)\n"
+        f"env = dict(os.environ, {procs.MARKER}='backstop0test')\n"
+        # like torchrun: its own session, its output to its own file (not the run's pipes)
+        "p = subprocess.Popen(['sleep', '300'], env=env, start_new_session=True, stdout=subprocess.DEVNULL,\n"
+        "                     stderr=subprocess.DEVNULL)\n"
+        f"open({str(tmp_path / 'torchrun.pid')!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(300)\n"
+    )
+    venv = _fake_venv(tmp_path, body)
+    runner = CellRunner(CELL, timeout=3, workdir=tmp_path)
+    try:
+        assert runner.run(venv, "0.13.2") == Outcome("hang")
+        pid = int((tmp_path / "torchrun.pid").read_text())
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the launch outlived the backstop"
+            time.sleep(0.1)
+    finally:
+        if (tmp_path / "torchrun.pid").exists():
+            try:
+                os.kill(int((tmp_path / "torchrun.pid").read_text()), 9)
+            except ProcessLookupError:
+                pass

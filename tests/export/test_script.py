@@ -246,6 +246,8 @@ def test_exported_script_reproduces_alone(tmp_path):
         if not k.startswith(("PYTHON", "TORCHELASTIC", "MASTER_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
     }
     env["PYTHONPATH"] = str(poison.parent)
+    env["TMPDIR"] = str(tmp_path / "tmp")  # defect 13: the ranks' scratch folder must not outlive the run
+    (tmp_path / "tmp").mkdir()
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-I", script.name], cwd=work, env=env, capture_output=True, text=True, timeout=240
@@ -256,4 +258,5 @@ def test_exported_script_reproduces_alone(tmp_path):
     assert "===== rank 0: error" in out and "===== rank 1: error" in out, out
     assert "the exported script imported fsdp_matrix" not in out, out
     assert "ChildFailedError" not in out, out
+    assert not list((tmp_path / "tmp").glob("fsdp-repro-*")), "the ranks' scratch folder was left behind"
     print(f"exported script ran in {time.monotonic() - start:.1f} s")

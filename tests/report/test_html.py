@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from html.parser import HTMLParser
 
@@ -43,3 +44,55 @@ def test_html_links_every_entry_to_a_details_pane():
     panes = set(re.findall(r'<section class="pane" id="(e-\d+)"', page))
     assert links == panes and len(panes) == 5
     assert "Traceback (most recent call last)" in page
+
+
+CRAFTED_RANK = "<script>alert('rank')</script>"
+
+
+def crafted_page(tmp_path, main) -> str:
+    """A cells.jsonl line whose rank fields were crafted, through ``report``'s main; the page it wrote.
+
+    Written against the command line so the same body runs on the pre-restructure commit 6b25d25 (whose modules
+    had other names): only ``main`` differs.
+    """
+    record = {
+        "case": "c",
+        "cell": "x-ws2",
+        "params": {},
+        "versions": {},
+        "device": "cpu",
+        "world_size": 2,
+        "expected": {"kind": "ok"},
+        "verdict": "crash",
+        "duration_s": 1.0,
+        "finished_at": 1.0,
+        "observed": {
+            "status": "crash",
+            "ranks": [{"rank": CRAFTED_RANK, "status": "crash", "exit_code": None, "signal": CRAFTED_RANK}],
+        },
+    }
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "cells.jsonl").write_text(json.dumps(record) + "\n")
+    main([str(results), "--format", "html"])
+    page = results / "report.html"
+    return page.read_text() if page.exists() else ""
+
+
+def test_crafted_rank_field_never_reaches_the_page_as_markup(tmp_path):
+    """Defect 27: the HTML report escaped the rank's status but wrote the rank number itself raw."""
+    from fsdp_matrix.report.cli import main
+
+    assert "<script" not in crafted_page(tmp_path, main)
+
+
+def test_rank_fields_of_a_record_in_memory_are_escaped():
+    """Defect 27, past the reader: a record built in memory (no validation) with markup in every rank field."""
+    from fsdp_matrix.records import RankResult
+
+    rec = sample_records()[1]
+    rec.observed.ranks = [
+        RankResult(rank=CRAFTED_RANK, status=CRAFTED_RANK, signal=CRAFTED_RANK, error_type=CRAFTED_RANK, exit_code=-9)
+    ]
+    page = render_html(build_grid([rec], parse_matrix(MATRIX)))
+    assert "<script" not in page and "&lt;script&gt;alert(&#x27;rank&#x27;)" in page

@@ -123,7 +123,7 @@ def test_main_writes_every_format_and_tolerates_torn_line(tmp_path, monkeypatch,
     assert report_cli.main([str(results), "--out", str(out), "--matrix", str(_write_matrix(tmp_path))]) == 0
     names = sorted(p.name for p in out.iterdir())
     assert names == [
-        "junit-local.xml",
+        "junit-_local.xml",
         "junit-new.xml",
         "junit-old.xml",
         "report.html",
@@ -142,7 +142,7 @@ def test_main_format_selection_and_bad_input(tmp_path, capsys):
     append(results, make_record("a-ws2", "fix-holds", None))
     assert report_cli.main([str(results), "--format", "json", "--format", "junit"]) == 0
     assert sorted(p.name for p in results.iterdir() if not p.name.startswith("cells")) == [
-        "junit-local.xml",
+        "junit-_local.xml",
         "report.json",
     ]
     assert report_cli.main([str(tmp_path / "nope")]) == 2
@@ -151,7 +151,8 @@ def test_main_format_selection_and_bad_input(tmp_path, capsys):
     assert report_cli.main([str(tmp_path / "empty")]) == 2
     (results / "cells.jsonl").write_text("not json\n{}\n")
     assert report_cli.main([str(results)]) == 2
-    assert "not a cell record" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no cell records" in err and "2 lines of cells.jsonl could not be read" in err
 
 
 def _write_matrix(tmp_path: Path) -> Path:
@@ -171,3 +172,71 @@ def test_every_verdict_has_a_symbol_and_attention_matches_verdicts(verdict):
     assert style.needs_attention(verdict) is expected
     assert sym.startswith("!") is expected
     assert html.escape(sym) == sym
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("duration_s", "fast"), ("finished_at", "yesterday"), ("versions", "torch 2.13"), ("observed", [])],
+)
+def test_report_skips_a_wrong_typed_line_and_says_so(tmp_path, capsys, field, value):
+    """Defect 3: a wrong-typed field costs its line, which the report counts and names, not the whole report."""
+    results = tmp_path / "results"
+    append(results, make_record("a-ws2", "fix-holds", "new", case="zeta"))
+    bad = make_record("b-ws2", "fix-holds", "new", case="zeta").to_json()
+    bad[field] = value
+    with open(results / "cells.jsonl", "a") as fh:
+        fh.write(json.dumps(bad) + "\n")
+    append(results, make_record("c-ws2", "REGRESSION", "new", case="zeta"))
+    assert report_cli.main([str(results)]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert f"cells.jsonl:2: skipped: {field}" in captured.err
+    text = (results / "report.txt").read_text()
+    assert "1 line of cells.jsonl could not be read" in text and "zeta/c-ws2" in text
+    assert "2 cells" in text
+    assert "1 line" in (results / "report.md").read_text() and "1 line" in (results / "report.html").read_text()
+
+
+def test_plain_run_and_a_combo_named_local_get_their_own_junit_file(tmp_path):
+    """Defect 4: records without a combo and records of a combo called ``local`` must not share junit-local.xml."""
+    results = tmp_path / "results"
+    append(results / "plain", make_record("a-ws2", "REGRESSION", None))
+    append(results / "local", make_record("a-ws2", "fix-holds", "local"))
+    assert report_cli.main([str(results), "--format", "junit", "--out", str(tmp_path / "out")]) == 0
+    files = sorted((tmp_path / "out").glob("junit-*.xml"))
+    assert len(files) == 2
+    failures = sorted(f.read_text().count("<failure") for f in files)
+    assert failures == [0, 1]
+
+
+def _escape_everywhere(text: str) -> str:
+    return text + "\x1b[2J\x1b]0;pwned\x07\x9b31m"
+
+
+def test_text_report_shows_no_terminal_escape_from_any_record_field(tmp_path, capsys):
+    """Defect 28: every string a record carries, and the case title, reaches the terminal with its escapes shown."""
+    evil = _escape_everywhere
+    rec = make_record(evil("cell-ws2"), "REGRESSION", evil("combo"), case=evil("case"), message=evil("boom"))
+    rec.line = evil(rec.line)
+    rec.observed.location = evil("loc")
+    rec.versions = {evil("torch"): evil("2.13.0"), "peft": evil("0.21.2")}
+    rec.host, rec.run_id, rec.device = evil("host"), evil("run"), evil("cpu")
+    for rank in rec.observed.ranks:
+        rank.status, rank.signal, rank.error_type = evil("error"), evil("SIGX"), evil("E")
+        rank.traceback, rank.stack = evil("Traceback"), evil("stack")
+    matrix = {**MATRIX, "cases": [{**MATRIX["cases"][0], "id": "zeta", "title": evil("title")}]}
+    grid = build_grid([rec, make_record("x-ws2", "fix-holds", "new", case="zeta")], parse_matrix(matrix))
+    grid.case_titles[rec.case] = evil("title")
+    outputs = {
+        "render_text": report_text.render_text(grid),
+        "summary_line": report_text.summary_line(grid),
+        "one_line": report_text.one_line(rec.line),
+    }
+    results = tmp_path / "results"
+    append(results, rec)
+    assert report_cli.main([str(results), "--format", "text"]) == 0
+    outputs["report main (stdout)"] = capsys.readouterr().out
+    outputs["report.txt"] = (results / "report.txt").read_text()
+    for name, text in outputs.items():
+        assert not [c for c in text if c not in "\n" and (ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0)], name
+    assert "\\x1b[2J" in outputs["render_text"]  # shown, not dropped: a reader can still see what was there

@@ -36,6 +36,12 @@ SEQUENCE = [
     "ok",
     "leak_module",
     "ok",
+    "segv_rank1",
+    "ok",
+    "die_in_cleanup_rank1",
+    "ok",
+    "stall_in_cleanup_rank1",
+    "ok",
 ]
 
 
@@ -128,13 +134,46 @@ def test_leaked_module_over_the_budget_retires_the_launch(runs):
     assert nxt.verdict == "fix-holds"
 
 
+def test_crash_on_rank1_is_told_by_rank1_with_its_signal(runs):
+    """Defect 5: torchrun names only the rank that died; that rank, not the lowest one, speaks for the cell."""
+    rec, nxt = _after(runs[0], "segv_rank1")
+    assert rec.verdict == "crash"
+    assert "rank 1" in rec.observed.error_message and "SIGSEGV" in rec.observed.error_message
+    by_rank = {r.rank: r for r in rec.observed.ranks}
+    assert (by_rank[1].status, by_rank[1].exit_code, by_rank[1].signal) == ("crash", -11, "SIGSEGV")
+    assert by_rank[0].status != "crash" and "exit code None" not in (by_rank[0].error_message or "")
+    assert nxt.verdict == "fix-holds"
+
+
+def test_death_in_the_cleanup_after_the_cell_is_a_crash(runs):
+    """Defect 6: both ranks reported End (ok), then rank 1 died before its Clean: the cell must not pass, and the
+    record carries the signal and says when it died."""
+    rec, nxt = _after(runs[0], "die_in_cleanup_rank1")
+    assert rec.verdict == "crash" and rec.observed.status == "crash"
+    rank1 = next(r for r in rec.observed.ranks if r.rank == 1)
+    assert (rank1.exit_code, rank1.signal) == (-9, "SIGKILL")
+    assert "cleanup" in rec.observed.error_message and "SIGKILL" in rec.observed.error_message
+    assert nxt.verdict == "fix-holds"
+
+
+def test_stall_in_the_cleanup_after_the_cell_is_a_hang_with_its_stack(runs):
+    """Defect 7: a rank stuck between cells, after its End: the hang carries that rank's stack and says where."""
+    rec, nxt = _after(runs[0], "stall_in_cleanup_rank1")
+    assert rec.verdict == "hang"
+    assert "cleanup after the cell" in rec.observed.error_message
+    rank1 = next(r for r in rec.observed.ranks if r.rank == 1)
+    assert rank1.status == "hang" and "fault_cells.py" in (rank1.stack or "") and "parameters" in rank1.stack
+    assert "rank 1 hung" in rec.observed.error_message  # the stuck rank speaks, not the one its barrier gave up on
+    assert nxt.verdict == "fix-holds"
+
+
 def test_no_process_of_any_launch_survives(runs):
     records, launcher = runs
     assert launcher._live is None
     # only this launcher's launches (kept by keep_dirs): a session-scoped matrix launcher of another test file may be
-    # alive; the hang, exit, segv, one-rank error and both leaks each forced a fresh launch
+    # alive; the hang, exit, both segvs, one-rank error, both leaks and both cleanup faults each forced a fresh launch
     ids = {d.name.rsplit("-", 1)[-1] for d in launcher.run_root.glob("launch-*")}
-    assert len(ids) == 7
+    assert len(ids) == 10
     leftovers = [p for p in psutil.process_iter() if _marked(p, ids)]
     assert leftovers == []
 
@@ -144,3 +183,71 @@ def _marked(proc, ids):
         return proc.environ().get(procs.MARKER) in ids
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
+
+
+# ---- launch bookkeeping (no fault sequence needed) ----------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_kill_that_does_not_take_is_an_error_not_a_silence(tmp_path):
+    """Defect 14: ``except TimeoutExpired: pass`` hid a torchrun that outlived its SIGKILL."""
+    import subprocess
+
+    from fsdp_matrix.errors import LaunchError
+    from fsdp_matrix.runner.launcher import _Live
+
+    class Unkillable:
+        pid = _dead_pid()
+        returncode = None
+
+        def wait(self, timeout=None):
+            raise subprocess.TimeoutExpired("torchrun", timeout)
+
+        def poll(self):
+            return None
+
+    live = _Live(0, tmp_path, Unkillable(), "unkillable00")
+    with pytest.raises(LaunchError, match=f"{Unkillable.pid}.*still running"):
+        Launcher(run_root=tmp_path, python=sys.executable)._kill(live)
+
+
+def test_failed_launch_folders_are_pruned_to_the_newest_few(tmp_path):
+    """Defect 13: the folder of every failed launch was kept forever. Earlier runs' failed launches are pruned to the
+    newest ``keep_failed``; a launch whose coordinator is still alive (a concurrent run) is never touched."""
+    import json
+    import os
+
+    root = tmp_path / "launches"
+    dead = _dead_pid()
+    for i in range(6):
+        old = root / f"launch-{i}-old{i:09d}"
+        (old / "logs").mkdir(parents=True)
+        (old / "launch.json").write_text(json.dumps({"coordinator": dead, "coordinator_create_time": 1.0}))
+        os.utime(old, (1000 + i, 1000 + i))
+    concurrent = root / "launch-0-concurrent00"
+    concurrent.mkdir()
+    me = psutil.Process()
+    (concurrent / "launch.json").write_text(
+        json.dumps({"coordinator": me.pid, "coordinator_create_time": me.create_time()})
+    )
+    os.utime(concurrent, (1, 1))  # the oldest of all: age alone must not decide
+    launcher = Launcher(run_root=root, cell_timeout=TIMEOUT, python=sys.executable, keep_failed=2)
+    session = Session(load_matrix(HERE / "fault_matrix.yaml"), launcher, tmp_path, {"torch": "2.13.0"}, repo_root=HERE)
+    cells = [_cell(0, "exit_rank0"), _cell(1, "ok")]
+    session.prefetch(cells)
+    try:
+        assert [session.run(c).verdict for c in cells] == ["crash", "fix-holds"]
+    finally:
+        session.close()
+    left = sorted(d.name for d in root.iterdir())
+    mine = [d for d in left if d.endswith(launcher.launch_ids[0])]
+    assert len(mine) == 1  # the failed launch of this run is kept for inspection...
+    assert concurrent.name in left  # ...a live one of another run is not touched...
+    assert len([d for d in left if "-old" in d]) == 1 and f"launch-5-old{5:09d}" in left  # ...the rest pruned to 2

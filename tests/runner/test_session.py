@@ -91,3 +91,101 @@ def test_two_runs_at_once_share_a_results_dir_without_collision(tmp_path):
     final = list(records.iter_records(tmp_path))
     assert len(final) == 2 * len(CELLS) and len({r.run_id for r in final}) == 2
     assert all(r.verdict == "fix-holds" for r in final)
+
+
+# ---- what --resume re-runs (defect 2) -----------------------------------------------------------------------------
+
+
+class _CountingLauncher:
+    """Stands in for the launcher: every cell it is asked to run is ok, and it remembers which it was asked."""
+
+    def __init__(self):
+        self.ran = []
+
+    def submit(self, task):
+        if task.key not in self.ran:
+            self.ran.append(task.key)
+
+    def wait(self, key):
+        from fsdp_matrix.records import RankResult
+        from fsdp_matrix.runner.launcher import CellRun
+
+        return CellRun(key=key, status="ok", ranks=[RankResult(rank=0, status="ok", checks={"sum": 1})], duration_s=0.1)
+
+    def close(self):
+        pass
+
+
+def _session(results, combo="local", versions=None, resume=True):
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.runner.session import Session
+
+    launcher = _CountingLauncher()
+    session = Session(
+        load_matrix(HERE / "fault_matrix.yaml"),
+        launcher,
+        results,
+        versions or {"torch": "2.13.0", "peft": "0.21.2"},
+        combo=combo,
+        resume=resume,
+        repo_root=HERE,
+    )
+    return session, launcher
+
+
+def _healthy_cells(device="cpu"):
+    from fsdp_matrix.cells import expand
+    from fsdp_matrix.matrix import load_matrix
+
+    return expand(load_matrix(HERE / "fault_matrix.yaml"), device, 2, ["healthy"])
+
+
+def _earlier(results, cell, verdict, status, combo="local", versions=None, device="cpu"):
+    from fsdp_matrix.records import Observed, Record
+
+    rec = Record(
+        case=cell.case,
+        cell=cell.id,
+        params=cell.params_dict,
+        versions=versions or {"torch": "2.13.0", "peft": "0.21.2"},
+        device=device,
+        world_size=2,
+        expected={"kind": "ok"},
+        observed=Observed(status=status, error_message="earlier"),
+        verdict=verdict,
+        duration_s=1.0,
+        combo=combo,
+        run_id="earlier",
+    )
+    records.append(results, rec)
+
+
+def test_resume_reruns_env_errors_and_cut_off_cells_and_keeps_observations(tmp_path):
+    cells = _healthy_cells()
+    earlier = [
+        ("env-error", "env-error"),  # the env is fixed now: run it
+        ("crash", "crash"),  # cut off: the run (or a rank) was killed under it
+        ("hang", "hang"),  # cut off at the timeout
+        ("fix-holds", "ok"),  # observations of the bug stay
+        ("REGRESSION", "error"),
+    ]
+    for cell, (verdict, status) in zip(cells, earlier):
+        _earlier(tmp_path, cell, verdict, status)
+    session, launcher = _session(tmp_path)
+    session.prefetch(cells)
+    got = {c.key: session.run(c).verdict for c in cells}
+    assert launcher.ran == [c.key for c in cells[:3]] + [cells[5].key]  # cells[5] had no record at all
+    assert got[cells[3].key] == "fix-holds" and got[cells[4].key] == "REGRESSION"
+    assert all(got[c.key] == "fix-holds" for c in cells[:3])
+
+
+def test_resume_without_a_combo_matches_device_and_versions(tmp_path):
+    cells = _healthy_cells()
+    _earlier(tmp_path, cells[0], "fix-holds", "ok", combo=None)  # same env: kept
+    _earlier(tmp_path, cells[1], "fix-holds", "ok", combo=None, versions={"torch": "2.12.0", "peft": "0.21.2"})
+    _earlier(tmp_path, cells[2], "fix-holds", "ok", combo=None, device="cuda")
+    _earlier(tmp_path, cells[3], "fix-holds", "ok", combo="old")  # another combo's record is not this run's
+    session, launcher = _session(tmp_path, combo=None)
+    for cell in cells[:4]:
+        session.run(cell)
+    assert launcher.ran == [c.key for c in cells[1:4]]

@@ -1,0 +1,103 @@
+"""A launch's directory, and what becomes of it.
+
+While the launch runs, the launcher writes ``launch.json`` (settings, and who its coordinator is) and the numbered
+task files there; the ranks write their events, stack dumps and torchrun's logs. When it ends, a clean launch's
+directory is removed; a failed one (hang, crash, killed, never started) is kept for inspection, but only the newest
+``keep`` of those under one ``run_root`` (older ones go, including those of earlier runs whose coordinator is gone).
+A directory whose coordinator still runs is never touched: it may be a concurrent run's live launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, List, Optional
+
+import psutil
+
+from fsdp_matrix.runner import procs
+from fsdp_matrix.runner.protocol import (
+    LAUNCH_JSON,
+    TASKS,
+    LaunchConfig,
+    Order,
+    encode_config,
+    encode_order,
+)
+
+RETIRED = "retired.txt"
+"""Written into a failed launch's directory when it is retired: why. A retired directory may be pruned."""
+ORPHAN_AGE_S = 3600.0
+"""A directory with no launch.json (a coordinator killed while creating it) is prunable after this long."""
+
+
+def create(run_root: Path, number: int, launch_id: str, **settings: Any) -> Path:
+    """``run_root/launch-<number>-<launch_id>`` with its task folder, scratch folder and launch.json (``settings``:
+    the LaunchConfig fields other than scratch and coordinator, which this fills in)."""
+    run_dir = Path(run_root) / f"launch-{number}-{launch_id}"
+    (run_dir / TASKS).mkdir(parents=True)
+    (run_dir / "scratch").mkdir()
+    me = psutil.Process()
+    config = LaunchConfig(
+        scratch=str(run_dir / "scratch"), coordinator=me.pid, coordinator_create_time=me.create_time(), **settings
+    )
+    tmp = run_dir / f".{LAUNCH_JSON}.tmp"
+    tmp.write_text(encode_config(config))
+    os.replace(tmp, run_dir / LAUNCH_JSON)  # a rank or a pruner never reads half of it
+    return run_dir
+
+
+def write_order(run_dir: Path, seq: int, order: Order) -> None:
+    """Task file number ``seq``, written atomically: a rank never reads half a task."""
+    tasks = run_dir / TASKS
+    tmp = tasks / f".{seq:05d}.tmp"
+    tmp.write_text(encode_order(order))
+    os.replace(tmp, tasks / f"{seq:05d}.json")
+
+
+def retire(run_dir: Path, failed: Optional[str], keep_all: bool, keep: int) -> None:
+    """The launch is over: remove a clean one's directory (unless ``keep_all``); mark a failed one with ``failed``
+    (the reason) and prune the failed ones under the same root to the newest ``keep``."""
+    if failed is None:
+        if not keep_all:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    try:
+        (run_dir / RETIRED).write_text(failed + "\n")
+    except OSError:
+        return  # the directory is gone already: nothing to keep or prune
+    if not keep_all:
+        prune(run_dir.parent, keep)
+
+
+def prune(run_root: Path, keep: int) -> List[Path]:
+    """Remove all but the newest ``keep`` finished launch directories under ``run_root``; returns those removed."""
+    over = [d for d in Path(run_root).glob("launch-*") if d.is_dir() and _finished(d)]
+    over.sort(key=_mtime, reverse=True)
+    for old in over[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+    return over[keep:]
+
+
+def _finished(run_dir: Path) -> bool:
+    if (run_dir / RETIRED).exists():
+        return True
+    try:
+        # only the coordinator matters here, so a launch.json of another harness version is read too
+        data = json.loads((run_dir / LAUNCH_JSON).read_text())
+        pid, created = data["coordinator"], data.get("coordinator_create_time")
+    except (OSError, ValueError, TypeError, KeyError):  # not written yet, or not ours
+        return time.time() - _mtime(run_dir) > ORPHAN_AGE_S
+    if not isinstance(created, (int, float)):
+        return not psutil.pid_exists(pid)
+    return procs.same_process(pid, created) is None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

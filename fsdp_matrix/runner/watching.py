@@ -1,0 +1,299 @@
+"""Watching a live launch: the ranks' events in, one CellRun out per cell, whatever way the cell ended.
+
+A cell ends in one of these ways, and each has one place here:
+
+- every rank reported End and then Clean: ok or error (``_poll``);
+- a rank raised and the others did not finish within ``grace_s``: error, the others' stacks (``_stuck``);
+- no End from some rank within ``cell_timeout``: hang, the stacks of the ranks that did not finish (``_stuck``);
+- every rank reported End, but one never reported Clean within ``cell_timeout`` (+ ``grace_s``): hang in the cleanup
+  after the cell, with that rank's stack (``_stuck_in_cleanup``);
+- torchrun exited: crash, told by the rank that died with its exit code or signal, whether it died in the cell or
+  in the cleanup after it (``_crash``).
+
+``Watching`` is the launcher's half that reads; ``Launcher`` (launcher.py) is the half that starts and kills.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from fsdp_matrix.records import RankResult
+from fsdp_matrix.runner import procs
+from fsdp_matrix.runner.protocol import Bye, Clean, End, Hello, Ready, Start, decode_event
+
+
+@dataclass(kw_only=True)
+class CellRun:
+    """What the launcher observed for one cell, before it is judged."""
+
+    key: str
+    """``case/cell``."""
+    status: str
+    """ok / error / hang / crash / env-error."""
+    ranks: List[RankResult]
+    """Per-rank results, with stacks (hang) and exit codes (crash)."""
+    duration_s: float
+    """From the first rank's start to the last rank's end (or to detection)."""
+    launch: int = 0
+    """Which launch ran it (0, 1, ... as launches are replaced)."""
+    detect_s: Optional[float] = None
+    """For hang/crash/one-rank errors: seconds from the first sign of trouble to the verdict."""
+    note: str = ""
+    """Why the launch was replaced after this cell, if it was."""
+    hygiene: List[str] = field(default_factory=list)
+    """Problems a rank found after the cell (leaked modules, child processes, broken group): the launch was replaced."""
+
+
+@dataclass
+class _Live:
+    """Bookkeeping for the launch currently running."""
+
+    number: int
+    run_dir: Path
+    proc: subprocess.Popen
+    launch_id: str
+    seq: int = 0
+    pids: Dict[int, Tuple[int, float]] = field(default_factory=dict)
+    """rank -> (pid, create time) from its Hello: names the process, not just whoever holds the pid later."""
+    ready: set = field(default_factory=set)
+    byes: set = field(default_factory=set)
+    offsets: Dict[int, int] = field(default_factory=dict)
+    started: Dict[str, Dict[int, float]] = field(default_factory=dict)
+    ended: Dict[str, Dict[int, RankResult]] = field(default_factory=dict)
+    end_t: Dict[str, float] = field(default_factory=dict)
+    clean: Dict[str, Dict[int, List[str]]] = field(default_factory=dict)
+    retiring: Optional[str] = None
+    born: float = field(default_factory=time.monotonic)
+    submitted: List[str] = field(default_factory=list)
+    watchdog: Optional[subprocess.Popen] = None
+    """The launch's watchdog process (watchdog.py)."""
+
+
+class Watching:
+    """Reads a live launch's events and decides each cell's CellRun. Mixed into Launcher, whose fields
+    (world_size, cell_timeout, grace_s, startup_timeout) and lifecycle (``_replace``) it uses."""
+
+    world_size: int
+    cell_timeout: float
+    grace_s: float
+    startup_timeout: float
+    _done: Dict[str, CellRun]
+    _live: Optional[_Live]
+
+    def _replace(self, live: _Live, note: str) -> None:  # pragma: no cover - Launcher's
+        raise NotImplementedError
+
+    # ---- events -------------------------------------------------------------------------------------------------
+    def _read_events(self, live: _Live) -> None:
+        for rank in range(self.world_size):
+            path = live.run_dir / f"rank{rank}.jsonl"
+            if not path.exists():
+                continue
+            with open(path, encoding="utf-8") as fh:
+                fh.seek(live.offsets.get(rank, 0))
+                while True:
+                    pos = fh.tell()
+                    line = fh.readline()
+                    if not line.endswith("\n"):
+                        fh.seek(pos)  # half-written line: read it whole next time
+                        break
+                    self._apply(live, rank, line)
+                live.offsets[rank] = fh.tell()
+
+    def _apply(self, live: _Live, rank: int, line: str) -> None:
+        event = decode_event(line)
+        getattr(self, f"worker_{event.event}")(live, rank, event)
+
+    # one handler per rank event, as pytest-xdist's scheduler dispatches worker_<event>
+    def worker_hello(self, live: _Live, rank: int, ev: Hello) -> None:
+        live.pids[rank] = (ev.pid, ev.create_time)
+
+    def worker_ready(self, live: _Live, rank: int, ev: Ready) -> None:
+        live.ready.add(rank)
+        if len(live.ready) == self.world_size:
+            self.launch_seconds.append(round(time.monotonic() - live.born, 3))
+
+    def worker_start(self, live: _Live, rank: int, ev: Start) -> None:
+        live.started.setdefault(ev.key, {})[rank] = ev.t
+
+    def worker_end(self, live: _Live, rank: int, ev: End) -> None:
+        live.ended.setdefault(ev.key, {})[rank] = ev.result
+        live.end_t[ev.key] = max(live.end_t.get(ev.key, 0.0), ev.t)
+
+    def worker_clean(self, live: _Live, rank: int, ev: Clean) -> None:
+        live.clean.setdefault(ev.key, {})[rank] = list(ev.problems)
+        if not ev.clean:
+            live.retiring = f"rank {rank} not clean after {ev.key}: " + "; ".join(ev.problems)
+
+    def worker_bye(self, live: _Live, rank: int, ev: Bye) -> None:
+        live.byes.add(rank)
+        if ev.retire:
+            live.retiring = ev.why
+
+    # ---- deciding -----------------------------------------------------------------------------------------------
+    def _poll(self, live: _Live) -> None:
+        # exit first, events second: an exited launch's last words are all on disk by now
+        exited = live.proc.poll() is not None
+        self._read_events(live)
+        for key, ends in list(live.ended.items()):
+            if (
+                key not in self._done
+                and len(ends) == self.world_size
+                and len(live.clean.get(key, {})) == self.world_size
+            ):
+                self._finish(live, key, "error" if any(r.status == "error" for r in ends.values()) else "ok")
+        # cells run in order, so the oldest unfinished one is the culprit; later ones are just re-queued
+        current = [k for k in live.submitted if k in live.started and k not in self._done][:1]
+        now = time.time()
+        for key in current:
+            first = min(live.started[key].values())
+            ends = live.ended.get(key, {})
+            errored = [r for r in ends.values() if r.status == "error"]
+            if exited:
+                self._crash(live, key)
+            elif len(ends) == self.world_size:
+                # past the ranks' own barrier timeout (at most cell_timeout): the healthy ones have reported by then
+                if now - live.end_t[key] > self.cell_timeout + self.grace_s:
+                    self._stuck_in_cleanup(live, key)
+            elif errored and now - live.end_t[key] > self.grace_s:
+                self._stuck(
+                    live, key, "error", live.end_t[key], f"rank {errored[0].rank} raised; the others did not finish"
+                )
+            elif now - first > self.cell_timeout:
+                self._stuck(live, key, "hang", first + self.cell_timeout, f"no result within {self.cell_timeout:.0f}s")
+        if self._live is not live:
+            return
+        idle = all(k in self._done for k in live.started)
+        if exited:
+            if live.proc.returncode == 0 and not live.retiring and all(k in self._done for k in live.submitted):
+                self._replace(live, "")  # every rank said goodbye: nothing failed, nothing to re-run
+                return
+            self._replace(live, live.retiring or f"torchrun exited with {live.proc.returncode}")
+        elif live.retiring and idle:
+            self._replace(live, live.retiring)
+        elif len(live.ready) < self.world_size and time.monotonic() - live.born > self.startup_timeout:
+            self._replace(live, f"ranks did not rendezvous within {self.startup_timeout:.0f}s")
+
+    def _finish(
+        self,
+        live: _Live,
+        key: str,
+        status: str,
+        extra: Optional[List[RankResult]] = None,
+        detect_s: Optional[float] = None,
+        note: str = "",
+    ) -> None:
+        """Record the cell's CellRun. ``extra`` results override what a rank reported: a rank that died or hung in
+        the cleanup after its End is told by what happened after, not by its End."""
+        ranks = dict(live.ended.get(key, {}))
+        ranks.update({r.rank: r for r in extra or []})
+        start = min(live.started.get(key, {0: time.time()}).values())
+        end = live.end_t.get(key, time.time()) if status in ("ok", "error") and not extra else time.time()
+        problems = sorted(
+            {p for ps in live.clean.get(key, {}).values() for p in ps if p != "another rank is not clean"}
+        )
+        self._done[key] = CellRun(
+            key=key,
+            status=status,
+            ranks=[ranks[r] for r in sorted(ranks)],
+            duration_s=round(end - start, 3),
+            launch=live.number,
+            detect_s=detect_s,
+            note=note or "; ".join(problems),
+            hygiene=problems,
+        )
+
+    def _stuck(self, live: _Live, key: str, status: str, since: float, note: str) -> None:
+        """Some ranks did not finish the cell: dump their stacks, then kill the launch."""
+        missing = {r: ident for r, ident in live.pids.items() if r not in live.ended.get(key, {})}
+        stacks = procs.dump_stacks(missing, live.run_dir)
+        what = "did not finish after another rank raised" if status == "error" else "did not finish the cell"
+        extra = [
+            RankResult(
+                rank=r,
+                status="hang",
+                error_message=f"rank {r} {what} ({note})",
+                stack=stacks.get(r) or "(no stack dumped)",
+            )
+            for r in missing
+        ]
+        self._finish(live, key, status, extra, detect_s=round(time.time() - since, 3), note=note)
+        self._replace(live, note)
+
+    def _stuck_in_cleanup(self, live: _Live, key: str) -> None:
+        """Every rank ended the cell, but some never reported Clean: hung in the cleanup after the cell. The cell
+        is a hang (it must not pass: the launch is gone), told by the stuck ranks with their stacks."""
+        stuck = {r: ident for r, ident in live.pids.items() if r not in live.clean.get(key, {})}
+        stacks = procs.dump_stacks(stuck, live.run_dir)
+        note = (
+            f"hung in cleanup after the cell: rank(s) {', '.join(map(str, sorted(stuck)))} reported their result "
+            f"but not their cleanup within {self.cell_timeout + self.grace_s:.0f}s"
+        )
+        extra = [
+            replace(
+                live.ended[key][r],
+                status="hang",
+                error_message=f"rank {r} hung in the cleanup after the cell (its own result was "
+                f"{live.ended[key][r].status})",
+                stack=stacks.get(r) or "(no stack dumped)",
+            )
+            for r in stuck
+        ]
+        since = live.end_t[key] + self.cell_timeout + self.grace_s
+        self._finish(live, key, "hang", extra, detect_s=round(time.time() - since, 3), note=note)
+        self._replace(live, note)
+
+    def _crash(self, live: _Live, key: str) -> None:
+        """torchrun exited while ``key`` was unfinished. The rank that died speaks for the cell, with its exit code
+        or signal: torchrun's root cause, or any rank that died of something other than torchrun's own SIGTERM.
+        The ranks torchrun stopped after it are "stopped". A rank that had already reported End died in the cleanup
+        after the cell, and its End does not make the cell pass."""
+        log = (live.run_dir / "torchrun.out").read_text(errors="replace")
+        codes, root = procs.torchrun_failures(log), procs.torchrun_root_cause(log)
+        died = {r for r, code in codes.items() if r in root or code != -signal.SIGTERM}
+        culprits = ", ".join(f"rank {r}" for r in sorted(died)) or "a rank"
+        ended = live.ended.get(key, {})
+        extra = []
+        for rank in range(self.world_size):
+            code = codes.get(rank)
+            if rank in ended and rank not in died:
+                continue  # it finished the cell and was only stopped afterwards: its End stands
+            stderr, error_file = procs.rank_logs(live.run_dir / "logs", rank)
+            how = dict(exit_code=code, signal=procs.signal_name(code), traceback=error_file, stack=stderr)
+            if rank in ended:
+                message = f"rank {rank} died in the cleanup after the cell, {_death(code)} (its own result was "
+                extra.append(
+                    replace(ended[rank], status="crash", error_message=message + f"{ended[rank].status})", **how)
+                )
+            elif rank in died:
+                extra.append(
+                    RankResult(rank=rank, status="crash", error_message=f"rank {rank} died {_death(code)}", **how)
+                )
+            elif codes:
+                message = f"rank {rank} was stopped by torchrun after {culprits} died" + (
+                    f" ({_death(code)})" if code is not None else ""
+                )
+                extra.append(RankResult(rank=rank, status="stopped", error_message=message, **how))
+            else:
+                message = f"rank {rank} is gone, exit code unknown (torchrun exited with {live.proc.returncode})"
+                extra.append(RankResult(rank=rank, status="crash", error_message=message, **how))
+        # a rank that died takes precedence: the others' errors ("connection closed by peer") are its echo
+        status = "crash" if any(r.status == "crash" for r in extra) else "error"
+        self._finish(
+            live,
+            key,
+            status,
+            extra,
+            detect_s=round(time.time() - max(live.started[key].values()), 3),
+            note=f"torchrun exited with {live.proc.returncode}",
+        )
+
+
+def _death(code: Optional[int]) -> str:
+    name = procs.signal_name(code)
+    return f"with exit code {code}" + (f" ({name})" if name else "")

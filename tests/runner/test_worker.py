@@ -1,0 +1,75 @@
+"""The rank side: a repro that cannot be loaded is that cell's error, and repros are told apart by path."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from fsdp_matrix.cells import expand
+from fsdp_matrix.matrix import parse_matrix
+from fsdp_matrix.runner.launcher import Launcher
+from fsdp_matrix.runner.session import Session
+from fsdp_matrix.runner.worker import load_repro
+
+HERE = Path(__file__).resolve().parent
+PINS = {"torch": "2.13.0", "peft": "0.21.2", "transformers": "5.23.0", "accelerate": "1.15.0", "bitsandbytes": "0.50.2"}
+
+
+def _case(case_id: str, repro: str) -> dict:
+    return {
+        "id": case_id,
+        "title": case_id,
+        "report": "defect 9",
+        "repro": repro,
+        "grids": [{"fault": ["ok"]}],
+        "expect": [{"ok": True, "source": "a loadable repro trains"}],
+    }
+
+
+def test_a_repro_that_cannot_be_loaded_is_a_per_cell_error_naming_the_file(tmp_path):
+    """Defect 9: a missing file, a SyntaxError and a missing ``run`` each fail their own cell, with the file's name,
+    and the cells after them run in the same launch."""
+    shutil.copy(HERE / "fault_cells.py", tmp_path / "fault_cells.py")
+    (tmp_path / "broken_syntax.py").write_text("def run(params, ctx)\n    return {}\n")
+    (tmp_path / "no_run.py").write_text("CASE = 'no-run'\n")
+    matrix = parse_matrix(
+        {
+            "combos": [{"id": "local", "pins": PINS}],
+            "cases": [
+                _case("missing", "not_there.py"),
+                _case("syntax", "broken_syntax.py"),
+                _case("no-run", "no_run.py"),
+                _case("healthy", "fault_cells.py"),
+            ],
+        }
+    )
+    launcher = Launcher(run_root=tmp_path / "launches", cell_timeout=60, python=sys.executable)
+    session = Session(matrix, launcher, tmp_path / "results", {"torch": "2.13.0"}, repo_root=tmp_path)
+    cells = expand(matrix)
+    session.prefetch(cells)
+    try:
+        recs = {c.case: session.run(c) for c in cells}
+    finally:
+        session.close()
+    for case, name, what in [
+        ("missing", "not_there.py", "No such file"),
+        ("syntax", "broken_syntax.py", "SyntaxError"),
+        ("no-run", "no_run.py", "run"),
+    ]:
+        obs = recs[case].observed
+        assert obs.status == "error", (case, obs)
+        assert name in obs.error_message and what in obs.error_message, obs.error_message
+        assert [r.status for r in obs.ranks] == ["error", "error"]
+    assert recs["healthy"].verdict == "fix-holds"
+    assert len(launcher.launch_ids) == 1  # no cell cost a relaunch
+
+
+def test_repros_with_the_same_file_name_are_different_modules(tmp_path):
+    """Defect 10: modules were cached by file stem, so the second repro named run.py silently ran the first."""
+    for who in ("a", "b"):
+        (tmp_path / who).mkdir()
+        (tmp_path / who / "repro.py").write_text(f"def run(params, ctx):\n    return {{'who': {who!r}}}\n")
+    assert load_repro(str(tmp_path / "a" / "repro.py")).run({}, None) == {"who": "a"}
+    assert load_repro(str(tmp_path / "b" / "repro.py")).run({}, None) == {"who": "b"}
+    assert load_repro(str(tmp_path / "a" / "repro.py")) is load_repro(str(tmp_path / "a" / "repro.py"))

@@ -1,0 +1,286 @@
+"""Chaos: real runs of real cells (``python -m fsdp_matrix run``, as a user runs it) under injected faults, each
+followed by ``--resume`` runs until every cell has its record. After every fault:
+
+- no process of the run survives (the launch marker, ``procs.MARKER``, or the results folder in its command line);
+- nothing is left in the runs' temp folder (``TMPDIR`` of every run points at a folder of this test), except a
+  library's own cross-run cache (LIBRARY_CACHES);
+- no record that could once be read is lost, and ``python -m fsdp_matrix report`` reads the file;
+
+and once the resume runs complete, every cell has exactly one well-formed final record, and no more launch folders
+remain than the launcher keeps for inspection.
+
+Faults: SIGKILL of the run at random points (seeded: the seed is printed; ``FSDP_MATRIX_CHAOS_SEED=N`` replays a
+schedule, ``FSDP_MATRIX_CHAOS_KILLS`` sets how many), a torn final line in cells.jsonl, a rank SIGKILLed mid-cell, a
+rank hung in C code holding the GIL, and the run SIGKILLed while a rank hangs in C code. The cells are the matrix's
+no-split-modules cells (pure Python, cheap) and fault cells from tests/runner/fault_cells.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List, Optional, Set, Tuple
+
+import psutil
+import pytest
+import yaml
+
+from fsdp_matrix import records
+from fsdp_matrix.cells import expand
+from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
+from fsdp_matrix.report import cli as report_cli
+from fsdp_matrix.runner import procs
+from fsdp_matrix.runner.launcher import Launcher
+from fsdp_matrix.runner.session import resumable
+
+HERE = Path(__file__).resolve().parent
+SEED = int(os.environ.get("FSDP_MATRIX_CHAOS_SEED") or random.SystemRandom().randrange(2**31))
+KILLS = int(os.environ.get("FSDP_MATRIX_CHAOS_KILLS") or 20)
+KILLS_PER_ROUND = 10
+"""SIGKILLs before a round's resume runs to completion (each round starts from an empty results folder)."""
+CELL_TIMEOUT_S = 10
+"""Per-cell timeout of the runs: bounds the injected C hang; generous for the cheap cells on a loaded machine."""
+GONE_WITHIN_S = 30.0
+"""Generous bound for a killed run's launch (watchdog included) to be gone: proves it goes, not how fast."""
+RUN_TIMEOUT_S = 900
+LIBRARY_CACHES = ("torchinductor_",)
+"""Folders a library keeps in the temp folder across runs on purpose (torch's compile cache, one per user): not
+a run's leftovers. Everything else the runs put there must be gone."""
+SLEEPY = "chaos-faults/fault_ok-sleep2-ws2"
+HANG_C = ["chaos-faults/fault_hang_c_once_rank1-n1-ws2", "chaos-faults/fault_hang_c_once_rank1-n2-ws2"]
+Identity = Tuple[Optional[str], str, float]
+
+
+def _chaos_matrix(folder: Path) -> Path:
+    """matrix.yaml's no-split-modules case, plus the fault cells, with absolute repro paths."""
+    repo = yaml.safe_load(DEFAULT_MATRIX.read_text())
+    nosplit = next(c for c in repo["cases"] if c["id"] == "no-split-modules")
+    nosplit["repro"] = str(DEFAULT_MATRIX.parent / nosplit["repro"])
+    faults = {
+        "id": "chaos-faults",
+        "title": "cells the chaos test hurts",
+        "report": "issue 10",
+        "repro": str(HERE / "runner" / "fault_cells.py"),
+        "grids": [{"fault": ["ok"], "sleep": [2]}, {"fault": ["hang_c_once_rank1"], "n": [1, 2]}],
+        "expect": [{"ok": True, "source": "a healthy cell trains; the hang is transient"}],
+    }
+    combo = {"id": "chaos", "pins": repo["combos"][0]["pins"]}
+    path = folder / "chaos-matrix.yaml"
+    path.write_text(yaml.safe_dump({"combos": [combo], "cases": [nosplit, faults]}, sort_keys=False))
+    return path
+
+
+class Chaos:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.tmp = root / "tmp"
+        self.flags = root / "flags"
+        for folder in (self.tmp, self.flags, root / "logs"):
+            folder.mkdir()
+        self.matrix = _chaos_matrix(root)
+        self.nosplit = [c.key for c in expand(load_matrix(self.matrix), cases=["no-split-modules"])]
+        self.faults: Counter = Counter()
+        self.orphans = 0
+        self.temp_left: List[str] = []
+        self.lost: Set[Identity] = set()
+        self.skipped_lines: Set[Tuple[str, int]] = set()
+        self.seen: Dict[Path, Set[Identity]] = {}
+        self.runs = 0
+        self.launch_ids: Set[str] = set()
+
+    # ---- running ------------------------------------------------------------------------------------------------
+    def start(self, results: Path, cells: List[str]) -> subprocess.Popen:
+        self.runs += 1
+        cmd = [sys.executable, "-m", "fsdp_matrix", "run", *cells, "--matrix", str(self.matrix)]
+        cmd += ["--results", str(results), "--combo", "chaos", "--cell-timeout", str(CELL_TIMEOUT_S), "--resume"]
+        env = {**os.environ, "TMPDIR": str(self.tmp), "FSDP_MATRIX_CHAOS_DIR": str(self.flags)}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        with open(self.root / "logs" / f"run-{self.runs:03d}.log", "w") as log:
+            return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def log(self) -> str:
+        return (self.root / "logs" / f"run-{self.runs:03d}.log").read_text(errors="replace")[-4000:]
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        os.kill(proc.pid, signal.SIGKILL)  # the run alone, as the OOM killer or `kill -9 <pytest>` would
+        proc.wait()
+
+    def complete(self, results: Path, cells: List[str]) -> None:
+        """``--resume`` to completion, then every check, and every cell's one final record."""
+        proc = self.start(results, cells)
+        rc = proc.wait(timeout=RUN_TIMEOUT_S)
+        assert rc in (0, 1), f"run exited {rc}:\n{self.log()}"  # 1: some verdict failed, which chaos may cause
+        recs = self.settle(results)
+        for key in cells:
+            mine = [r for r in recs if r.key == key]
+            final = [r for r in mine if resumable(r)]
+            assert len(final) == 1, (key, [r.verdict for r in mine], self.log())
+            assert max(mine, key=lambda r: r.finished_at) is final[0], (key, [r.verdict for r in mine])
+        launches = list((results / "launches" / "cli").glob("launch-*"))
+        assert len(launches) <= Launcher(run_root=results).keep_failed, sorted(d.name for d in launches)
+
+    # ---- checking -----------------------------------------------------------------------------------------------
+    def settle(self, results: Path) -> List[records.Record]:
+        """After a run ended or was killed: its processes are gone, its temp files too, no record was lost."""
+        self.launch_ids |= procs.launch_ids_under(results)
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while (alive := self._alive(results)) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        if alive:
+            self.orphans += len(alive)
+            print(f"ORPHANS after run {self.runs}: {[(p.pid, _cmd(p)) for p in alive]}")
+            procs.kill_all(alive)
+        left = sorted(p.name for p in self.tmp.iterdir() if not p.name.startswith(LIBRARY_CACHES))
+        if left:
+            self.temp_left += left
+            print(f"TEMP LEFT after run {self.runs}: {left}")
+        skipped: List[records.Skipped] = []
+        file = results / records.RECORDS_FILE
+        recs = list(records.iter_records(file, skipped)) if file.exists() else []
+        self.skipped_lines |= {(str(s.file), s.line) for s in skipped}
+        now = {(r.run_id, r.key, r.finished_at) for r in recs}
+        seen = self.seen.setdefault(results, set())
+        self.lost |= seen - now
+        seen |= now
+        if recs:
+            out = self.root / "report"
+            assert report_cli.main([str(results), "--out", str(out), "--format", "text", "--format", "json"]) == 0
+            assert len(json.loads((out / "report.json").read_text())["rows"]) == len({r.key for r in recs})
+        return recs
+
+    def _alive(self, results: Path) -> List[psutil.Process]:
+        ids = self.launch_ids | procs.launch_ids_under(results)
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get(procs.MARKER) in ids or str(results / "launches") in " ".join(proc.cmdline()):
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+    def rank_event(self, results: Path, rank: int, key: str, proc: subprocess.Popen) -> Tuple[int, float]:
+        """Wait until ``rank`` started ``key``; its (pid, create time) from its Hello."""
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            for events in (results / "launches" / "cli").glob(f"launch-*/rank{rank}.jsonl"):
+                lines = [_json(line) for line in events.read_text().splitlines(keepends=True) if line.endswith("\n")]
+                if any(e.get("event") == "start" and e.get("key") == key for e in lines):
+                    hello = next(e for e in lines if e.get("event") == "hello")
+                    return hello["pid"], hello["create_time"]
+            time.sleep(0.1)
+        raise AssertionError(f"rank {rank} never started {key} (run exited {proc.poll()}):\n{self.log()}")
+
+    def figures(self, wall_s: float) -> str:
+        kinds = ", ".join(f"{n} {k}" for k, n in self.faults.items())
+        return (
+            f"chaos: seed {SEED} (replay: FSDP_MATRIX_CHAOS_SEED={SEED}); faults injected {sum(self.faults.values())}"
+            f" ({kinds}); records lost {len(self.lost)}; orphans {self.orphans}; temp files left "
+            f"{len(self.temp_left)}; torn lines skipped and reported {len(self.skipped_lines)}; {self.runs} runs; "
+            f"wall {wall_s:.0f}s"
+        )
+
+
+def _json(line: str) -> dict:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return {}
+
+
+def _cmd(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())[:160]
+    except psutil.Error:
+        return "?"
+
+
+@pytest.mark.timeout(3600)
+def test_chaos(tmp_path, capsys):
+    start = time.monotonic()
+    rng = random.Random(SEED)
+    with capsys.disabled():
+        print(f"\nchaos: seed {SEED}, {KILLS} SIGKILLs of the run at random points")
+    chaos = Chaos(tmp_path)
+    cells = chaos.nosplit
+
+    # ---- fault: SIGKILL of the run at random points, across runs ------------------------------------------------
+    window = 15.0  # seconds; then the time a resume took to complete, so kills land across a whole run
+    rounds = 0
+    while chaos.faults["SIGKILL of the run"] < KILLS:
+        rounds += 1
+        assert rounds <= KILLS, "kills keep missing their runs"
+        results = tmp_path / f"round{rounds}"
+        for _ in range(KILLS_PER_ROUND):
+            if chaos.faults["SIGKILL of the run"] >= KILLS:
+                break
+            proc = chaos.start(results, cells)
+            began = time.monotonic()
+            try:
+                proc.wait(timeout=rng.uniform(0.1, window))
+                window = max(1.0, time.monotonic() - began)  # it finished first: aim earlier next time
+            except subprocess.TimeoutExpired:
+                chaos.kill(proc)
+                chaos.faults["SIGKILL of the run"] += 1
+            chaos.settle(results)
+        began = time.monotonic()
+        chaos.complete(results, cells)
+        window = max(window, time.monotonic() - began + 2.0)
+
+    # ---- fault: a torn final line in cells.jsonl ----------------------------------------------------------------
+    file = results / records.RECORDS_FILE
+    lines = file.read_bytes().splitlines(keepends=True)
+    file.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    chaos.faults["torn final line"] += 1
+    chaos.seen[results] = {(r.run_id, r.key, r.finished_at) for r in records.iter_records(file, [])}  # not a loss
+    chaos.complete(results, cells)  # the torn cell runs again; its record must not be glued onto the fragment
+
+    # ---- fault: a rank SIGKILLed mid-cell -----------------------------------------------------------------------
+    cells = cells + [SLEEPY]
+    proc = chaos.start(results, cells)
+    pid, created = chaos.rank_event(results, 1, SLEEPY, proc)
+    time.sleep(0.5)  # inside the cell's 2 s sleep
+    rank = procs.same_process(pid, created)
+    assert rank is not None, "rank 1 ended before it could be killed"
+    rank.kill()
+    chaos.faults["rank SIGKILLed mid-cell"] += 1
+    assert proc.wait(timeout=RUN_TIMEOUT_S) == 1, chaos.log()
+    crash = [r for r in chaos.settle(results) if r.key == SLEEPY][-1]
+    assert crash.verdict == "crash" and "SIGKILL" in crash.observed.error_message, crash.observed
+    chaos.complete(results, cells)
+
+    # ---- fault: a rank hung in C code (holding the GIL) ---------------------------------------------------------
+    cells = cells + HANG_C[:1]
+    proc = chaos.start(results, cells)
+    chaos.faults["rank hung in C code"] += 1
+    assert proc.wait(timeout=RUN_TIMEOUT_S) == 1, chaos.log()
+    hang = [r for r in chaos.settle(results) if r.key == HANG_C[0]][-1]
+    assert hang.verdict == "hang", hang.observed
+    assert "fault_cells.py" in next(r.stack for r in hang.observed.ranks if r.rank == 1)
+    chaos.complete(results, cells)
+
+    # ---- fault: SIGKILL of the run while a rank hangs in C code -------------------------------------------------
+    cells = cells + HANG_C[1:]
+    proc = chaos.start(results, cells)
+    chaos.rank_event(results, 1, HANG_C[1], proc)
+    time.sleep(1.0)  # rank 1 is in its C sleep now
+    chaos.kill(proc)
+    chaos.faults["SIGKILL of the run while a rank hangs in C"] += 1
+    chaos.settle(results)
+    chaos.complete(results, cells)
+
+    # ---- fault: a kill during an env install ----------------------------------------------------------------------
+    # (added by the envs work: kill envs.prepare mid-install, then resume to completion with chaos.complete(...)
+    # and count it in chaos.faults, like the faults above)
+
+    figures = chaos.figures(time.monotonic() - start)
+    with capsys.disabled():
+        print(figures)
+    assert not chaos.lost and chaos.orphans == 0 and not chaos.temp_left, figures
