@@ -341,7 +341,8 @@ def _prepare(
             install_s,
             time.monotonic() - verify_start,
         )
-    error = import_check(python, imports)
+    with Heartbeat(f"env {label or venv.name}", "import check: " + ", ".join(imports)):
+        error = import_check(python, imports)
     if error:
         return EnvReport(False, f"import failed: {error}", versions, install_s, time.monotonic() - verify_start)
     write_stamp(venv, stamp_key, versions)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, Optional, TextIO
+from typing import Callable, List, Optional, TextIO
 
 INTERVAL_S = 10.0
 """Longest silence allowed by the project's rules; the heartbeat speaks a little before it runs out."""
@@ -29,7 +29,10 @@ class Heartbeat:
 
     Use as a context manager. ``status`` is what the next heartbeat says; ``say`` prints a line now (and counts as
     a heartbeat). Lines go to ``stream`` (stdout by default), flushed, so they show under nox and in CI logs.
+    Heartbeats nest (an upgrade's around an install's): only the innermost one beats, the most specific status.
     """
+
+    _active: List[Heartbeat] = []
 
     def __init__(
         self,
@@ -64,15 +67,21 @@ class Heartbeat:
 
     def _beat(self) -> None:
         while not self._stop.wait(min(1.0, self.interval)):
-            if self.clock() - self._last >= self.interval:
+            innermost = Heartbeat._active[-1] if Heartbeat._active else self
+            if innermost is not self:
+                self._last = self.clock()
+            elif self.clock() - self._last >= self.interval:
                 self.say(self.status)
 
     def __enter__(self) -> Heartbeat:
+        Heartbeat._active.append(self)
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{self.label}", daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self in Heartbeat._active:
+            Heartbeat._active.remove(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
