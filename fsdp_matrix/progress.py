@@ -39,7 +39,7 @@ class Heartbeat:
         label: str,
         status: str = "working",
         *,
-        interval: float = INTERVAL_S - 1,
+        interval: float = INTERVAL_S - 2,
         stream: Optional[TextIO] = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
