@@ -108,6 +108,8 @@ class PinnedInstaller:
         self.combo, self.package, self.cache, self.device = combo, canonicalize_name(package), cache, device
         self.overrides = dict(overrides or {})
         self.python = python or combo.python or sys.executable
+        # the env's name holds the Python version, not this interpreter's path: nox's venv and a plain one share envs
+        self.python_key = python or combo.python or "%d.%d" % sys.version_info[:2]
         self.harness = ["-e", str(harness_root())]
         self.log: List[InstallLog] = []
         """Every env asked for, in order: what an upgrade or bisect counts as its installs."""
@@ -121,7 +123,7 @@ class PinnedInstaller:
         return self.install(self.pins_for(candidate), list(self.combo.extra))
 
     def venv_for(self, pins: Mapping[str, str], extra: Sequence[str]) -> Path:
-        key = envs.requirements_hash([f"{k}=={v}" for k, v in pins.items()] + list(extra) + [self.python])
+        key = envs.requirements_hash([f"{k}=={v}" for k, v in pins.items()] + list(extra) + [self.python_key])
         return self.cache / f"env-{key}"
 
     def install(self, pins: Mapping[str, str], extra: Sequence[str]) -> Prepared[Path]:
