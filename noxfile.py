@@ -190,7 +190,14 @@ def newest(session: nox.Session, combo: str) -> None:
     resolved = newest_versions(list(spec.pins.model_dump()), pre=opts.pre, python=spec.python)
     session.log(f"{spec.id} resolves to " + ", ".join(f"{n} {v}" for n, v in resolved.items()))
     _notify_report(session, HERE / "results" / "newest")
-    _run_combo(session, spec.with_pins(**resolved), HERE / "results" / "newest", [], opts_rest=(opts, rest))
+    _run_combo(
+        session,
+        spec.with_pins(**resolved),
+        HERE / "results" / "newest",
+        [],
+        device=opts.device or "cpu",
+        opts_rest=(opts, rest),
+    )
 
 
 @nox.session(venv_backend="none")
