@@ -109,7 +109,7 @@ class PinnedInstaller:
         self.overrides = dict(overrides or {})
         self.python = python or combo.python or sys.executable
         # the env's name holds the Python version, not this interpreter's path: nox's venv and a plain one share envs
-        self.python_key = python or combo.python or "%d.%d" % sys.version_info[:2]
+        self.python_key = python or combo.python or f"{sys.version_info[0]}.{sys.version_info[1]}"
         self.harness = ["-e", str(harness_root())]
         self.log: List[InstallLog] = []
         """Every env asked for, in order: what an upgrade or bisect counts as its installs."""
