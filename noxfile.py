@@ -6,7 +6,10 @@
     nox -s tests                      quick self-test: unit tests + every cell on the two `tests` combos
     nox -s matrix                     every CPU combo (GPU combos on a GPU machine, or with -- --device cuda)
     nox -s matrix -- --results DIR    records of every combo under DIR/<combo>/cells.jsonl
+    nox -t torch                      the torch axis on CPU: one combo per torch minor (CUDA builds: ~3 GB each)
+    nox -s newest [-- --pre]          the newest releases of every package, resolved now
     nox -s bisect -- CELL --package peft --old 0.13.2 --new 0.15.2
+    nox -s upgrade -- peft==0.14.0 [--combo old]   which cells a version bump changes, and which release did it
     nox -s bench                      batched runner vs one torchrun launch per cell
     nox -t cpu -l                     list sessions by tag (CI fans these out)
 
@@ -57,6 +60,7 @@ def _options(posargs):
     p.add_argument("--device", default=None, choices=("cpu", "cuda"))
     p.add_argument("--world-size", default=None)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--pre", action="store_true", help="newest: let pre-releases count")
     return p.parse_known_args(posargs)
 
 
@@ -84,6 +88,8 @@ def _prepare(session: nox.Session, combo: Combo, device: str, extra=()) -> envs.
         harness=HARNESS + list(extra),
         device=device,
         stamp_extra=_stamp_extra(),
+        allow_cuda_build=combo.allow_cuda_build,
+        label=combo.id,
     )
     what = "reused" if report.reused else f"installed in {report.install_s:.1f}s"
     session.log(
@@ -92,12 +98,16 @@ def _prepare(session: nox.Session, combo: Combo, device: str, extra=()) -> envs.
     return report
 
 
-def _run_combo(session: nox.Session, combo: Combo, results_root: Path, pytest_args, extra=()) -> None:
-    opts, rest = _options(list(session.posargs) + list(pytest_args))
-    device = opts.device or ("cuda" if _host_has_gpu() else "cpu")
+def _run_combo(
+    session: nox.Session, combo: Combo, results_root: Path, pytest_args, extra=(), device=None, opts_rest=None
+) -> None:
+    opts, rest = opts_rest or _options(list(session.posargs) + list(pytest_args))
+    device = device or opts.device or ("cuda" if _host_has_gpu() else "cpu")
     wanted = "gpu" if device == "cuda" else "cpu"
-    if wanted not in combo.tags:
+    if device == "cuda" and wanted not in combo.tags:
         session.skip(f"{combo.id} is not tagged {wanted!r} (this run is on {device})")
+    if device == "cpu" and not ({"cpu", "torch"} & set(combo.tags) or combo.floating):
+        session.skip(f"{combo.id} is not tagged 'cpu' or 'torch' (this run is on {device})")
     results = Path(opts.results or results_root) / combo.id
     world_size = int(opts.world_size or 2)
     report = _prepare(session, combo, device, extra)
@@ -135,12 +145,56 @@ def _run_combo(session: nox.Session, combo: Combo, results_root: Path, pytest_ar
     session.run(*args)
 
 
+def _axis(combo: Combo) -> str:
+    return "newest" if combo.floating else ("torch" if "torch" in combo.tags else "matrix")
+
+
+def _notify_report(session: nox.Session, root: Path) -> None:
+    opts, _ = _options(list(session.posargs))
+    session.notify("report", posargs=["--results", str(opts.results or root)])
+
+
 @nox.session
-@nox.parametrize("combo", [nox.param(c.id, id=c.id, tags=list(c.tags)) for c in MATRIX.combos])
+@nox.parametrize("combo", [nox.param(c.id, id=c.id, tags=list(c.tags)) for c in MATRIX.combos if _axis(c) == "matrix"])
 def matrix(session: nox.Session, combo: str) -> None:
     """Every cell against one pinned combo; the combined report follows the last combo."""
-    session.notify("report", posargs=list(session.posargs))
+    _notify_report(session, HERE / "results" / "matrix")
     _run_combo(session, MATRIX.combo(combo), HERE / "results" / "matrix", [])
+
+
+@nox.session
+@nox.parametrize("combo", [nox.param(c.id, id=c.id, tags=list(c.tags)) for c in MATRIX.combos if _axis(c) == "torch"])
+def torch(session: nox.Session, combo: str) -> None:
+    """The torch axis on CPU: every cell against one torch minor release and the packages of its time.
+
+    Where no CPU build of the pinned torch is reachable through your pip/uv configuration (a PyTorch CPU index,
+    UV_TORCH_BACKEND=cpu, a find-links folder), the combo's ``allow_cuda_build`` lets the CUDA build from the
+    index run on CPU: about 3 GB with its nvidia libraries, announced with its size before the download starts.
+    """
+    _notify_report(session, HERE / "results" / "torch")
+    _run_combo(session, MATRIX.combo(combo), HERE / "results" / "torch", [], device="cpu")
+
+
+@nox.session
+@nox.parametrize("combo", [nox.param(c.id, id=c.id, tags=list(c.tags)) for c in MATRIX.combos if c.floating])
+def newest(session: nox.Session, combo: str) -> None:
+    """The newest release of every package, resolved now (``-- --pre`` lets pre-releases count); every record
+    holds the exact versions installed, so tonight's run diffs against last night's."""
+    from fsdp_matrix.bisect.releases import newest_versions
+
+    spec = MATRIX.combo(combo)
+    opts, rest = _options(list(session.posargs))
+    resolved = newest_versions(list(spec.pins.model_dump()), pre=opts.pre, python=spec.python)
+    session.log(f"{spec.id} resolves to " + ", ".join(f"{n} {v}" for n, v in resolved.items()))
+    _notify_report(session, HERE / "results" / "newest")
+    _run_combo(
+        session,
+        spec.with_pins(**resolved),
+        HERE / "results" / "newest",
+        [],
+        device=opts.device or "cpu",
+        opts_rest=(opts, rest),
+    )
 
 
 @nox.session(venv_backend="none")
@@ -190,6 +244,14 @@ def bisect(session: nox.Session) -> None:
     """Find the release that changed a cell's outcome: nox -s bisect -- CELL --package NAME --old V --new V."""
     session.install(*HARNESS)
     session.run("python", "-m", "fsdp_matrix", "bisect", *session.posargs)
+
+
+@nox.session
+def upgrade(session: nox.Session) -> None:
+    """Which cells a version bump changes, and the first release that changed each:
+    nox -s upgrade -- NAME==VERSION [NAME==VERSION ...] [--combo ID] [--cases IDS] [--json PATH]."""
+    session.install(*HARNESS)
+    session.run("python", "-m", "fsdp_matrix", "upgrade", *session.posargs)
 
 
 @nox.session

@@ -19,6 +19,8 @@ COMMANDS = {
     "report": "fsdp_matrix.report.cli",
     "diff": "fsdp_matrix.report.diff",
     "bisect": "fsdp_matrix.bisect.cli",
+    "upgrade": "fsdp_matrix.bisect.upgrade",
+    "nightly": "fsdp_matrix.bisect.nightly",
     "export": "fsdp_matrix.export.cli",
     "bench": "fsdp_matrix.runner.bench",
 }

@@ -2,7 +2,12 @@
 
 uv does not read pip's configuration, and with no index configured it resolves ``torch`` to the multi-GB CUDA build.
 So the user's pip settings (find-links, index-url, extra-index-url) are translated to uv's environment variables,
-unless the user already configured uv itself, and a CPU install is dry-run first and refused if it would pull CUDA.
+unless the user already configured uv itself, and a CPU install is dry-run first and refused if it would pull CUDA
+(unless the combo opts in: the torch axis, where only the CUDA build of most releases exists).
+
+An env is trusted only through its stamp, written after a verified install and invalidated before the next one
+starts, so an install that is killed half way is redone, never taken for done. uv runs bounded (per request and
+in all) in its own process group, which dies with the harness.
 """
 
 from __future__ import annotations
@@ -22,10 +27,19 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from filelock import FileLock
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix.clip import clip
+from fsdp_matrix import downloads
+from fsdp_matrix.envcheck import (  # noqa: F401  (re-exported: the verification half of this module's API)
+    DEFAULT_IMPORTS,
+    import_check,
+    inspect_env,
+    installed_versions,
+    mismatches,
+    same_release,
+)
 from fsdp_matrix.errors import EnvError
+from fsdp_matrix.progress import Heartbeat
+from fsdp_matrix.uvproc import failure, http_settings, install_timeout, run_uv, tail
 
 STAMP = "fsdp-matrix-env.json"
 _UV_INDEX_VARS = ("UV_INDEX", "UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
@@ -78,7 +92,7 @@ def uv_environment(base: Optional[Mapping[str, str]] = None, pip: Optional[Dict[
     A user who configured uv (any UV_INDEX* / UV_FIND_LINKS variable) keeps exactly that configuration.
     """
     base = dict(os.environ if base is None else base)
-    env: Dict[str, str] = {"UV_COMPILE_BYTECODE": base.get("UV_COMPILE_BYTECODE", "1")}
+    env: Dict[str, str] = {"UV_COMPILE_BYTECODE": base.get("UV_COMPILE_BYTECODE", "1"), **http_settings(base)}
     if any(base.get(v) for v in _UV_INDEX_VARS):
         return env
     pip = pip_config() if pip is None else pip
@@ -113,29 +127,46 @@ def requirements_hash(requirements: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:16]
 
 
-def is_current(venv: Path, requirements: Sequence[str]) -> bool:
+def _read_stamp(venv: Path) -> Dict:
     try:
-        return json.loads((venv / STAMP).read_text())["hash"] == requirements_hash(requirements)
-    except (OSError, ValueError, KeyError):
-        return False
+        data = json.loads((venv / STAMP).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def is_current(venv: Path, requirements: Sequence[str]) -> bool:
+    """True when the stamp says a finished install of exactly these requirements is in the env."""
+    stamp = _read_stamp(venv)
+    return stamp.get("hash") == requirements_hash(requirements) and not stamp.get("installing")
 
 
 def write_stamp(venv: Path, requirements: Sequence[str], versions: Mapping[str, Optional[str]]) -> None:
-    (venv / STAMP).write_text(
+    """Record a verified install. Written to a temporary file and renamed, so a kill never leaves half a stamp."""
+    tmp = venv / f"{STAMP}.tmp"
+    tmp.write_text(
         json.dumps(
             {"hash": requirements_hash(requirements), "requirements": sorted(requirements), "versions": dict(versions)},
             indent=1,
         )
     )
+    os.replace(tmp, venv / STAMP)
 
 
-def _uv(args: List[str], env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(["uv", *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
-    except FileNotFoundError:
-        raise EnvError("uv is not installed: python -m pip install 'nox[uv]' (or uv)") from None
-    except subprocess.TimeoutExpired as exc:
-        raise EnvError(f"uv timed out after {timeout:.0f}s: {' '.join(exc.cmd)}") from None
+def invalidate_stamp(venv: Path, requirements: Sequence[str]) -> bool:
+    """Mark the env as being installed into, before anything changes in it; True if an earlier install was cut off.
+
+    An install killed half way leaves the env neither as the old stamp says nor as the new pins say: without this the
+    old stamp would still say "current" once the pins went back, and every later run would fail verification.
+    """
+    interrupted = bool(_read_stamp(venv).get("installing"))
+    if venv.is_dir():
+        tmp = venv / f"{STAMP}.tmp"
+        tmp.write_text(
+            json.dumps({"installing": requirements_hash(requirements), "requirements": sorted(requirements)})
+        )
+        os.replace(tmp, venv / STAMP)
+    return interrupted
 
 
 def cuda_packages(dry_run_output: str) -> List[str]:
@@ -151,29 +182,49 @@ def install(
     device: str = "cpu",
     exclude_newer: Optional[str] = None,
     extra_args: Sequence[str] = (),
-    timeout: float = 1800,
+    timeout: Optional[float] = None,
+    allow_cuda_build: bool = False,
+    label: str = "",
 ) -> InstallResult:
-    """Install exact requirements into the env of ``python``. Never raises for an installer failure: returns it."""
+    """Install exact requirements into the env of ``python``. Never raises for an installer failure: returns it.
+
+    A CPU install is dry-run first. If it would pull a CUDA build of torch, it is refused unless ``allow_cuda_build``
+    (a combo that opts in); then one line names the combo and the download size before the download starts.
+    While uv runs, a heartbeat line shows every 10 s.
+    """
     start = time.monotonic()
     env = uv_environment()
+    timeout = install_timeout() if timeout is None else timeout
     args = ["pip", "install", "--python", str(python), *extra_args]
     if exclude_newer:
         args += ["--exclude-newer", exclude_newer]
-    if device == "cpu":
-        dry = _uv(args + ["--dry-run", *requirements], env, timeout)
-        if dry.returncode != 0:
-            return InstallResult(False, _tail(dry.stderr + dry.stdout), time.monotonic() - start)
-        cuda = cuda_packages(dry.stderr + dry.stdout)
-        if cuda:
-            return InstallResult(
-                False,
-                "refusing to download a CUDA build of torch for a CPU run (it would pull "
-                f"{', '.join(cuda[:4])}...). Point pip or uv at a CPU build: pip's find-links/"
-                "index-url, or UV_INDEX / UV_FIND_LINKS.",
-                time.monotonic() - start,
-            )
-    proc = _uv(args + list(requirements), env, timeout)
-    return InstallResult(proc.returncode == 0, _tail(proc.stderr + proc.stdout), time.monotonic() - start)
+    name = f"env {label}" if label else f"env {python.parent.parent.name}"
+    with Heartbeat(name, "uv resolving") as beat:
+        if device == "cpu":
+            dry = run_uv(args + ["--dry-run", *requirements], env, timeout)
+            if dry.returncode != 0:
+                return InstallResult(False, failure(dry, "the dry run", env), time.monotonic() - start)
+            cuda = cuda_packages(dry.output)
+            if cuda and not allow_cuda_build:
+                return InstallResult(
+                    False,
+                    "refusing to download a CUDA build of torch for a CPU run (it would pull "
+                    f"{', '.join(cuda[:4])}...). Point pip or uv at a CPU build: pip's find-links/"
+                    "index-url, or UV_INDEX / UV_FIND_LINKS / UV_TORCH_BACKEND=cpu.",
+                    time.monotonic() - start,
+                )
+            if cuda:
+                beat.update("estimating the download")
+                torch = next((v for n, v in downloads.planned(dry.output) if n == "torch"), "?")
+                size = downloads.estimate(dry.output, {**os.environ, **env}).describe()
+                beat.say(
+                    f"no CPU build of torch {torch} is reachable through your pip/uv configuration: installing the "
+                    f"CUDA build from the index (it runs on CPU), {size}"
+                )
+        beat.update("uv installing")
+        proc = run_uv(args + list(requirements), env, max(1.0, timeout - (time.monotonic() - start)))
+    ok = proc.returncode == 0
+    return InstallResult(ok, tail(proc.output) if ok else failure(proc, "the install", env), time.monotonic() - start)
 
 
 def run_quiet(cmd: Sequence[str], timeout: float = 30) -> str:
@@ -182,59 +233,6 @@ def run_quiet(cmd: Sequence[str], timeout: float = 30) -> str:
         return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
-
-
-def _tail(text: str, lines: int = 40) -> str:
-    # uv's "Using Python ... environment at" preamble would otherwise be the first line every report shows
-    kept = [line for line in text.strip().splitlines() if not line.startswith("Using Python ")]
-    return clip("\n".join(kept), lines=lines, tail=True)
-
-
-_VERSIONS_SCRIPT = """
-import json, sys
-from importlib import metadata
-out = {}
-for name in sys.argv[1:]:
-    try:
-        out[name] = metadata.version(name)
-    except metadata.PackageNotFoundError:
-        out[name] = None
-print(json.dumps(out))
-"""
-
-
-def installed_versions(python: Path, names: Sequence[str]) -> Dict[str, Optional[str]]:
-    proc = subprocess.run([str(python), "-c", _VERSIONS_SCRIPT, *names], capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
-        raise EnvError(f"cannot read installed versions with {python}: {_tail(proc.stderr, 5)}")
-    return json.loads(proc.stdout)
-
-
-def same_release(installed: Optional[str], pinned: str) -> bool:
-    """``2.13.0+cpu`` is the pinned ``2.13.0``: the local label names the build, not the release."""
-    if installed is None:
-        return False
-    try:
-        return Version(installed).public == Version(pinned).public
-    except InvalidVersion:
-        return installed == pinned
-
-
-def mismatches(installed: Mapping[str, Optional[str]], pins: Mapping[str, str]) -> List[str]:
-    return [
-        f"{name}: pinned {want}, installed {installed.get(name) or 'nothing'}"
-        for name, want in pins.items()
-        if not same_release(installed.get(name), want)
-    ]
-
-
-def import_check(
-    python: Path, modules: Sequence[str] = ("torch", "transformers", "peft", "accelerate"), timeout: float = 300
-) -> Optional[str]:
-    """None when the modules import in the env, else the error's last lines."""
-    code = "import " + ", ".join(modules)
-    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=timeout)
-    return None if proc.returncode == 0 else _tail(proc.stderr, 15)
 
 
 @dataclass
@@ -263,11 +261,24 @@ def prepare(
     device: str = "cpu",
     exclude_newer: Optional[str] = None,
     stamp_extra: Sequence[str] = (),
+    *,
+    allow_cuda_build: bool = False,
+    label: str = "",
+    imports: Sequence[str] = DEFAULT_IMPORTS,
 ) -> EnvReport:
-    """Install pins (+ extra + harness requirements) into ``venv`` unless its stamp says they are there; verify."""
+    """Install pins (+ extra + harness requirements) into ``venv`` unless its stamp says they are there; verify.
+
+    Never raises for a broken env: an install, a verification or an import that fails (or times out, or finds no
+    interpreter) gives a report that is not ok, with the reason.
+    """
     # two runs at once must not install into one env together; the second waits, then finds the stamp current
     with FileLock(str(venv) + ".fsdp-matrix.lock"):
-        return _prepare(venv, pins, extra, harness, device, exclude_newer, stamp_extra)
+        try:
+            return _prepare(
+                venv, pins, extra, harness, device, exclude_newer, stamp_extra, allow_cuda_build, label, imports
+            )
+        except EnvError as exc:
+            return EnvReport(False, str(exc))
 
 
 def _prepare(
@@ -278,6 +289,9 @@ def _prepare(
     device: str,
     exclude_newer: Optional[str],
     stamp_extra: Sequence[str],
+    allow_cuda_build: bool,
+    label: str,
+    imports: Sequence[str],
 ) -> EnvReport:
     python = venv / "bin" / "python"
     requirements = [f"{k}=={v}" for k, v in pins.items()] + list(extra) + list(harness)
@@ -287,29 +301,57 @@ def _prepare(
         + [f"device={device}"]
         + list(stamp_extra)
     )
-    reused = is_current(venv, stamp_key)
-    result = InstallResult(True, "", 0.0, skipped=True)
-    if not reused:
-        result = install(python, requirements, device=device, exclude_newer=exclude_newer)
-        if not result.ok:
-            return EnvReport(False, f"install failed: {result.output}", install_s=result.duration_s)
     start = time.monotonic()
-    versions = installed_versions(python, list(pins))
-    wrong = mismatches(versions, pins)
+    if is_current(venv, stamp_key):
+        state = inspect_env(python, list(pins))
+        wrong = _problems(state, pins)
+        if not wrong:
+            return EnvReport(True, "", state["versions"], 0.0, time.monotonic() - start, reused=True)
+        # something changed the env behind the stamp's back (a hand install, an old interrupted run): reinstall
+        print(f"[env {label or venv.name}] stamp says current, but {'; '.join(wrong)}: reinstalling", flush=True)
+    interrupted = invalidate_stamp(venv, stamp_key)
+    install_s = 0.0
+    reinstall: List[str] = ["--reinstall"] if interrupted else []
+    for attempt in range(2):
+        result = install(
+            python,
+            requirements,
+            device=device,
+            exclude_newer=exclude_newer,
+            extra_args=reinstall,
+            allow_cuda_build=allow_cuda_build,
+            label=label or venv.name,
+        )
+        install_s += result.duration_s
+        if not result.ok:
+            return EnvReport(False, f"install failed: {result.output}", install_s=install_s)
+        verify_start = time.monotonic()
+        state = inspect_env(python, list(pins))
+        versions, broken = state["versions"], state["broken"]
+        if not broken or attempt:
+            break
+        # files missing under a distribution uv counts as installed: an install cut off half way; rewrite those
+        reinstall = [a for name in broken for a in ("--reinstall-package", name)]
+    wrong = _problems(state, pins)
     if wrong:
         return EnvReport(
             False,
             "installed versions differ from the pins: " + "; ".join(wrong),
             versions,
-            result.duration_s,
-            time.monotonic() - start,
+            install_s,
+            time.monotonic() - verify_start,
         )
-    if not reused:
-        error = import_check(python)
-        if error:
-            return EnvReport(False, f"import failed: {error}", versions, result.duration_s, time.monotonic() - start)
-        write_stamp(venv, stamp_key, versions)
-    return EnvReport(True, "", versions, result.duration_s, time.monotonic() - start, reused)
+    with Heartbeat(f"env {label or venv.name}", "import check: " + ", ".join(imports)):
+        error = import_check(python, imports)
+    if error:
+        return EnvReport(False, f"import failed: {error}", versions, install_s, time.monotonic() - verify_start)
+    write_stamp(venv, stamp_key, versions)
+    return EnvReport(True, "", versions, install_s, time.monotonic() - verify_start)
+
+
+def _problems(state: Mapping[str, Dict], pins: Mapping[str, str]) -> List[str]:
+    wrong = mismatches(state["versions"], pins)
+    return wrong + [f"{name}: files missing ({', '.join(files)})" for name, files in state["broken"].items()]
 
 
 def local_versions() -> Dict[str, Optional[str]]:

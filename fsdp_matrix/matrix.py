@@ -63,9 +63,20 @@ class Combo(_Strict):
     python: Optional[str] = None
     """Python version for the env; None means the interpreter running nox."""
     notes: str = ""
+    allow_cuda_build: bool = False
+    """A CPU run may install the CUDA build of torch when no CPU build of the pin is reachable through the user's
+    pip/uv configuration (about 3 GB, announced with its size before the download). The torch axis needs it: only
+    torch 2.13.0 has a local CPU build here. The default ``cpu`` combos leave it off and refuse a CUDA torch."""
+    floating: bool = False
+    """The pins are a last known resolution, not what runs: at run time every package resolves to its newest
+    release on the configured indexes (``newest``), and the records hold the exact versions installed."""
 
     def requirements(self) -> List[str]:
         return [f"{name}=={version}" for name, version in self.pins.model_dump().items()] + list(self.extra)
+
+    def with_pins(self, **versions: str) -> Combo:
+        """The same combo with some pins replaced (a floating combo resolved, an upgrade's target)."""
+        return self.model_copy(update={"pins": Pins(**{**self.pins.model_dump(), **versions})})
 
 
 class ErrorSignature(_Strict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -72,10 +73,10 @@ def workflow_files() -> List[Path]:
 
 
 def test_both_workflows_exist():
-    assert {p.name for p in workflow_files()} >= {"ci.yml", "nightly-gpu.yml"}
+    assert {p.name for p in workflow_files()} >= {"ci.yml", "nightly-gpu.yml", "nightly-cpu.yml"}
 
 
-@pytest.mark.parametrize("name", ["ci.yml", "nightly-gpu.yml"])
+@pytest.mark.parametrize("name", ["ci.yml", "nightly-gpu.yml", "nightly-cpu.yml"])
 def test_workflow_passes_actionlint(name):
     proc = run_actionlint(WORKFLOWS / name)
     assert proc.returncode == 0, f"actionlint {name} (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
@@ -137,6 +138,38 @@ def test_nightly_runs_gpu_sessions_and_diffs_against_the_previous_report():
     report = steps_text(wf["jobs"]["report"])
     assert "gh run download" in report
     assert "python -m fsdp_matrix diff previous/report.json results/report.json" in report
+
+
+def test_cpu_nightly_runs_the_torch_axis_and_newest_then_diff_upgrade_summary():
+    wf = load_workflow("nightly-cpu.yml")
+    assert "schedule" in wf["on"] and "workflow_dispatch" in wf["on"]
+    jobs = wf["jobs"]
+    assert "nox --json -l -t torch newest" in steps_text(jobs["list"])
+    assert "needs.list.outputs.sessions" in str(jobs["run"]["strategy"]["matrix"]["include"])
+    assert "ubuntu" in str(jobs["run"]["runs-on"])
+    report = jobs["report"]
+    assert "!cancelled()" in report["if"]
+    text = steps_text(report)
+    assert "gh run download" in text and "python -m fsdp_matrix report results" in text
+    # one entry point does diff -> upgrade -> step summary (tests/test_nightly.py drives it with two fake nights)
+    assert "python -m fsdp_matrix nightly previous/report.json results/report.json" in text
+    assert '--summary "$GITHUB_STEP_SUMMARY"' in text
+    # the torch axis comes from a CPU index on CI: no CUDA torch download there
+    assert wf["env"]["UV_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+
+
+def test_nox_lists_the_torch_axis():
+    nox = shutil.which("nox", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if nox is None:
+        pytest.skip("nox not installed here (pip install 'nox[uv]')")
+    proc = subprocess.run([nox, "--json", "-l", "-t", "torch"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    sessions = json.loads(proc.stdout)
+    combos = {s["call_spec"]["combo"] for s in sessions}
+    by_id = {c.id: c for c in combo_sources()["matrix.yaml"]}
+    minors = {".".join(by_id[c].pins.torch.split(".")[:2]) for c in combos}
+    assert len(minors) >= 8, sorted(minors)
+    assert all(s["session"].startswith("torch(") for s in sessions)
 
 
 # ---------------------------------------------------------------------------------------------------- combos
@@ -211,3 +244,20 @@ def test_gpu_combos_span_torch_releases_up_to_the_newest_cpu_pin(combos):
     assert torches[-1] >= max(Version(c.pins.torch) for c in tagged(combos, "cpu")), torches
     # CUDA torch never runs on the CPU runners, where it would be a multi-GB download
     assert not [c.id for c in gpu if "cpu" in c.tags]
+
+
+def test_torch_axis_spans_torch_minors_on_cpu_with_the_cuda_build_opted_in(combos):
+    axis = tagged(combos, "torch")
+    minors = sorted({Version(c.pins.torch).release[:2] for c in axis})
+    assert len(minors) >= 8 and minors[0] <= (2, 4), minors
+    assert minors[-1] >= max(Version(c.pins.torch).release[:2] for c in tagged(combos, "gpu")), minors
+    # never run by `nox -s matrix` on CPU, and allowed a CUDA build only because they say so
+    assert not [c.id for c in axis if "cpu" in c.tags]
+    assert all(c.allow_cuda_build for c in axis)
+    assert not [c.id for c in tagged(combos, "cpu") if c.allow_cuda_build]
+
+
+def test_newest_floats_and_is_not_a_cpu_combo(combos):
+    floating = [c for c in combos if c.floating]
+    assert [c.id for c in floating] == ["newest"]
+    assert "newest" in floating[0].tags and "cpu" not in floating[0].tags

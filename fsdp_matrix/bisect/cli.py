@@ -17,6 +17,7 @@ from fsdp_matrix.cells import find_cell
 from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.progress import Heartbeat
 
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "fsdp-matrix-bisect"
 
@@ -109,7 +110,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "plus skips",
             flush=True,
         )
-        result = bisect(dated or base, runner, candidates, what, on_step=_progress)
+        with Heartbeat("bisect", "starting") as beat:
+            steps: List[Step] = []
+
+            def started(candidate: str, cells: Sequence[str]) -> None:
+                beat.update(f"step {len(steps) + 1}: {what} {candidate}: installing, then running the cell", say=True)
+
+            def ended(step: Step) -> None:
+                steps.append(step)
+                _progress(step)
+
+            result = bisect(dated or base, runner, candidates, what, on_step=ended, on_start=started)
     except MatrixError as exc:
         print(f"fsdp-matrix bisect: {exc}", file=sys.stderr)
         return 2

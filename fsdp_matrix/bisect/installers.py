@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
@@ -77,6 +79,20 @@ def _create_venv(venv: Path, python: str) -> None:
         raise EnvError(f"uv venv {venv} failed: {clip(proc.stderr.strip(), 500, tail=True)}")
 
 
+@dataclass
+class InstallLog:
+    """One env an installer was asked for."""
+
+    pins: Dict[str, str]
+    """The versions asked for."""
+    ok: bool
+    """Installed (or reused) and verified."""
+    reused: bool
+    """Its stamp was current: nothing was installed."""
+    seconds: float
+    """Wall time of creating, installing and verifying it."""
+
+
 class PinnedInstaller:
     """Installs the combo's pins, overridden by ``--pin`` and then by the candidate, into a venv per pin set."""
 
@@ -92,7 +108,11 @@ class PinnedInstaller:
         self.combo, self.package, self.cache, self.device = combo, canonicalize_name(package), cache, device
         self.overrides = dict(overrides or {})
         self.python = python or combo.python or sys.executable
+        # the env's name holds the Python version, not this interpreter's path: nox's venv and a plain one share envs
+        self.python_key = python or combo.python or f"{sys.version_info[0]}.{sys.version_info[1]}"
         self.harness = ["-e", str(harness_root())]
+        self.log: List[InstallLog] = []
+        """Every env asked for, in order: what an upgrade or bisect counts as its installs."""
 
     def pins_for(self, candidate: str) -> Dict[str, str]:
         pins = {**self.combo.pins.model_dump(), **self.overrides}
@@ -102,15 +122,30 @@ class PinnedInstaller:
     def prepare(self, candidate: str) -> Prepared[Path]:
         return self.install(self.pins_for(candidate), list(self.combo.extra))
 
+    def venv_for(self, pins: Mapping[str, str], extra: Sequence[str]) -> Path:
+        key = envs.requirements_hash([f"{k}=={v}" for k, v in pins.items()] + list(extra) + [self.python_key])
+        return self.cache / f"env-{key}"
+
     def install(self, pins: Mapping[str, str], extra: Sequence[str]) -> Prepared[Path]:
-        key = envs.requirements_hash([f"{k}=={v}" for k, v in pins.items()] + list(extra) + [self.python])
-        venv = self.cache / f"env-{key}"
+        venv = self.venv_for(pins, extra)
+        start = time.monotonic()
+        changed = ", ".join(f"{k} {v}" for k, v in pins.items() if self.combo.pins.model_dump().get(k) != v)
+        label = f"{self.combo.id}" + (f" + {changed}" if changed else "")
         try:
             _create_venv(venv, self.python)
             with bytecode_on_import():
-                report = envs.prepare(venv, pins, extra=extra, harness=self.harness, device=self.device)
+                report = envs.prepare(
+                    venv,
+                    pins,
+                    extra=extra,
+                    harness=self.harness,
+                    device=self.device,
+                    allow_cuda_build=self.combo.allow_cuda_build,
+                    label=label,
+                )
         except (EnvError, OSError, subprocess.SubprocessError) as exc:
-            return Prepared(None, str(exc))
+            report = envs.EnvReport(False, str(exc))
+        self.log.append(InstallLog(dict(pins), report.ok, report.reused, time.monotonic() - start))
         return Prepared(venv) if report.ok else Prepared(None, report.message)
 
 

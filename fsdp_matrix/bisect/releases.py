@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.tags import Tag, sys_tags
+from packaging.tags import Tag, compatible_tags, cpython_tags, sys_tags
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
@@ -270,3 +270,28 @@ def release_candidates(
     """The candidate releases between old and new on the configured indexes."""
     files = list_files(name, locations or configured_locations())
     return candidates_between(name, old, new, releases(name, files), pre)
+
+
+def _tags_for(python: Optional[str]) -> Optional[List[Tag]]:
+    """Wheel tags an installer for ``python`` (``3.11``) on this platform accepts; None means this interpreter's."""
+    if not python or tuple(int(p) for p in python.split(".")[:2]) == sys.version_info[:2]:
+        return None
+    version = tuple(int(p) for p in python.split(".")[:2])
+    return list(cpython_tags(version)) + list(compatible_tags(version))
+
+
+def newest_versions(
+    names: Sequence[str], pre: bool = False, python: Optional[str] = None, locations: Optional[Locations] = None
+) -> Dict[str, str]:
+    """The newest installable release of each package on the configured indexes (yanked left out; pre-releases
+    only with ``pre``), for ``python`` (default: this interpreter). What a floating combo such as ``newest`` pins."""
+    locations = locations or configured_locations()
+    tags = _tags_for(python)
+    out: Dict[str, str] = {}
+    for name in names:
+        available = releases(name, list_files(name, locations), python, tags)
+        picked = [v for v in available if pre or not v.is_prerelease]
+        if not picked:
+            raise EnvError(f"{name}: no installable release on the configured indexes for Python {python or 'here'}")
+        out[name] = str(max(picked))
+    return out

@@ -2,72 +2,25 @@
 
 The search knows nothing about packages or processes. It talks to two collaborators given as Protocols (the way
 pytest-xdist types its scheduler): an Installer prepares an env for a candidate or says why it cannot (the
-``git bisect skip`` / exit 125 case), and a Runner runs the cell in that env and returns the observed Outcome.
+``git bisect skip`` / exit 125 case), and a Runner runs cells in that env and returns the observed Outcomes.
 Both directions work: "first changed" is the first candidate whose outcome differs from OLD's, whether that is
 a bug appearing or a fix landing.
+
+One search serves several cells (``bisect_cells``): each cell keeps its own interval, and a step installs one
+candidate once and runs every unresolved cell whose interval holds it in one launch. Cells that changed at the same
+release share every step, so k such cells cost one bisection's installs, not k. ``bisect`` is the one-cell case.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Generic, List, Optional, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Dict, Generic, List, Mapping, Optional, Protocol, Sequence, Set, TypeVar, Union
 
-from fsdp_matrix.clip import clip
+from fsdp_matrix.bisect.outcome import MESSAGE_LIMIT, Outcome, normalise_message  # noqa: F401  (re-exported)
 
 Env = TypeVar("Env")
-
-_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]+\b")
-# absolute paths differ per step (every step has its own venv): keep what follows site-packages, else the name
-_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][\w.+@~-]+){2,}")
-# standalone numbers only (shapes, ports, pids, versions, ranks); digits inside names such as bfloat16 stay
-_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)*(?![\w])")
-_SPACE = re.compile(r"\s+")
-MESSAGE_LIMIT = 300
-
-
-def _short_path(match: re.Match[str]) -> str:
-    path = match.group(0).replace("\\", "/")
-    if "site-packages/" in path:
-        return path.split("site-packages/", 1)[1]
-    return "<path>/" + path.rsplit("/", 1)[-1]
-
-
-def normalise_message(message: Optional[str]) -> str:
-    """The parts of an error message that identify the failure, without what varies from run to run."""
-    if not message:
-        return ""
-    text = _ADDRESS.sub("0x?", message)
-    text = _PATH.sub(_short_path, text)
-    text = _NUMBER.sub("N", text)
-    text = _SPACE.sub(" ", text).strip()
-    return clip(text, MESSAGE_LIMIT)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a cell did in one env, reduced to a comparable signature."""
-
-    status: str
-    """``ok``, ``error``, ``hang`` or ``crash``."""
-    error_type: Optional[str] = None
-    """Exception class name when status is ``error``."""
-    message: str = ""
-    """The normalised error message (see normalise_message); compared, so it must not hold run-to-run noise."""
-
-    @classmethod
-    def observed(cls, status: str, error_type: Optional[str] = None, message: Optional[str] = None) -> Outcome:
-        if status != "error":
-            return cls(status)
-        return cls(status, error_type, normalise_message(message))
-
-    def describe(self) -> str:
-        if self.status != "error":
-            return self.status
-        text = f"{self.error_type}: {self.message}" if self.message else str(self.error_type)
-        return clip(text, 100)
 
 
 @dataclass
@@ -100,6 +53,17 @@ class Runner(Protocol[Env]):
     def run(self, env: Env, candidate: str) -> Outcome: ...
 
 
+CellOutcome = Union[Outcome, Untestable]
+"""What one cell did in one env, or why it could not run there."""
+
+
+class CellsRunner(Protocol[Env]):
+    """Runs several cells in a prepared env in one launch. A cell missing from the answer, or given as Untestable,
+    could not run there; raising Untestable means none could."""
+
+    def run_cells(self, env: Env, candidate: str, cells: Sequence[str]) -> Mapping[str, CellOutcome]: ...
+
+
 @dataclass
 class Step:
     """One tested candidate."""
@@ -109,11 +73,15 @@ class Step:
     installed: bool
     """False when it was skipped: it could not be installed or imported."""
     outcome: Optional[Outcome] = None
-    """What the cell did; None when skipped."""
+    """What the cell did (the first cell, in a search over several); None when skipped."""
     reason: str = ""
     """Why it was skipped."""
     seconds: float = 0.0
     """Wall time of install plus run."""
+    outcomes: Dict[str, Outcome] = field(default_factory=dict)
+    """Every cell run at this step, and what it did."""
+    cells_skipped: Dict[str, str] = field(default_factory=dict)
+    """Cells that could not run at this step, and why."""
 
 
 @dataclass
@@ -155,50 +123,222 @@ def install_bound(n: int) -> int:
     return math.ceil(math.log2(n)) + 2 if n > 1 else 1
 
 
+@dataclass
+class CellAnswer:
+    """The answer of a search for one cell."""
+
+    cell: str
+    """The cell."""
+    first_changed: Optional[str] = None
+    """The first candidate whose outcome differs from the reference's; None when nothing changed or unknown."""
+    last_unchanged: Optional[str] = None
+    """The candidate just before it that was tested and behaves like the reference."""
+    untestable: List[str] = field(default_factory=list)
+    """Skipped candidates between last_unchanged and first_changed: the change may be in any of them instead."""
+    reference: Optional[Outcome] = None
+    """What the cell did at the oldest testable candidate."""
+    changed_to: Optional[Outcome] = None
+    """What it did at first_changed."""
+    answer: str = ""
+    """One line for people."""
+
+
+@dataclass
+class SearchResult:
+    """The answer of one search over several cells, with the steps they shared."""
+
+    package: str
+    """What was bisected: a package name, or ``date``."""
+    candidates: List[str]
+    """Every candidate, oldest first."""
+    cells: Dict[str, CellAnswer] = field(default_factory=dict)
+    """Per cell, in the order given."""
+    steps: List[Step] = field(default_factory=list)
+    """Every candidate tested (installed or skipped) in the order tested; outcomes given as known are not steps."""
+
+    @property
+    def installs(self) -> int:
+        return len(self.steps)
+
+
 class _Search(Generic[Env]):
     def __init__(
         self,
         installer: Installer[Env],
-        runner: Runner[Env],
+        runner: CellsRunner[Env],
         candidates: Sequence[str],
         clock: Callable[[], float],
         on_step: Optional[Callable[[Step], None]],
+        on_start: Optional[Callable[[str, Sequence[str]], None]],
+        known: Mapping[int, Mapping[str, Outcome]],
     ) -> None:
         self.installer, self.runner, self.candidates, self.clock = installer, runner, list(candidates), clock
-        self.on_step = on_step
+        self.on_step, self.on_start = on_step, on_start
         self.steps: List[Step] = []
-        self.outcomes: Dict[int, Outcome] = {}
+        self.outcomes: Dict[int, Dict[str, Outcome]] = {i: dict(o) for i, o in known.items()}
         self.skipped: Dict[int, str] = {}
+        self.cell_skipped: Dict[str, Set[int]] = {}
+        self.envs: Dict[int, Prepared[Env]] = {}
 
-    def test(self, index: int) -> Optional[Outcome]:
-        outcome = self._test(index)
-        if self.on_step:
-            self.on_step(self.steps[-1])
-        return outcome
+    def outcome(self, index: int, cell: str) -> Optional[Outcome]:
+        return self.outcomes.get(index, {}).get(cell)
 
-    def _test(self, index: int) -> Optional[Outcome]:
+    def usable(self, index: int, cell: str) -> bool:
+        return index not in self.skipped and index not in self.cell_skipped.get(cell, set())
+
+    def test(self, index: int, cells: Sequence[str]) -> None:
+        """Run at candidate ``index`` the given cells that have no outcome there yet, all in one launch."""
+        need = [c for c in cells if self.outcome(index, c) is None and self.usable(index, c)]
+        if not need:
+            return
         candidate = self.candidates[index]
+        if self.on_start:
+            self.on_start(candidate, need)
         start = self.clock()
-        prepared = self.installer.prepare(candidate)
+        prepared = self.envs.get(index) or self.installer.prepare(candidate)
+        self.envs[index] = prepared
         if not prepared.ok:
             self.skipped[index] = prepared.reason
-            self.steps.append(Step(candidate, False, reason=prepared.reason, seconds=self.clock() - start))
-            return None
-        try:
-            outcome = self.runner.run(prepared.env, candidate)
-        except Untestable as exc:
-            self.skipped[index] = str(exc)
-            self.steps.append(Step(candidate, False, reason=str(exc), seconds=self.clock() - start))
-            return None
-        self.outcomes[index] = outcome
-        self.steps.append(Step(candidate, True, outcome, seconds=self.clock() - start))
-        return outcome
+            step = Step(candidate, False, reason=prepared.reason, seconds=self.clock() - start)
+        else:
+            try:
+                answers: Mapping[str, CellOutcome] = self.runner.run_cells(prepared.env, candidate, need)
+            except Untestable as exc:
+                answers = {c: exc for c in need}
+            got = {c: a for c, a in answers.items() if c in need and isinstance(a, Outcome)}
+            missed = {c: str(answers.get(c) or "no outcome") for c in need if c not in got}
+            for cell in missed:
+                self.cell_skipped.setdefault(cell, set()).add(index)
+            self.outcomes.setdefault(index, {}).update(got)
+            first = got.get(need[0])
+            reason = "" if got else "; ".join(dict.fromkeys(missed.values()))
+            step = Step(candidate, bool(got), first, reason, self.clock() - start, got, missed)
+        self.steps.append(step)
+        if self.on_step:
+            self.on_step(step)
 
-    def first_testable(self, indices: Sequence[int]) -> Optional[int]:
-        for index in indices:
-            if self.test(index) is not None:
-                return index
-        return None
+
+def _same_default(a: Outcome, b: Outcome) -> bool:
+    return a == b
+
+
+def bisect_cells(
+    installer: Installer[Env],
+    runner: CellsRunner[Env],
+    candidates: Sequence[str],
+    cells: Sequence[str],
+    package: str,
+    *,
+    known: Optional[Mapping[int, Mapping[str, Outcome]]] = None,
+    same: Callable[[Outcome, Outcome], bool] = _same_default,
+    clock: Callable[[], float] = time.monotonic,
+    on_step: Optional[Callable[[Step], None]] = None,
+    on_start: Optional[Callable[[str, Sequence[str]], None]] = None,
+) -> SearchResult:
+    """For each cell, binary search ``candidates`` (oldest first) for the first whose outcome differs (per ``same``)
+    from the oldest testable one's. ``known`` gives outcomes already observed, by candidate index (e.g. both ends
+    from an upgrade's base and target runs): they cost no step.
+
+    A step tests the median of the widest open interval, with every open cell whose interval holds it. A candidate
+    that cannot be installed is skipped for all cells, a cell that cannot run at a candidate for that cell only.
+    """
+    if not candidates:
+        raise ValueError("no candidates to bisect")
+    cands, cells = list(candidates), list(dict.fromkeys(cells))
+    search = _Search(installer, runner, cands, clock, on_step, on_start, known or {})
+    result = SearchResult(package, cands, steps=search.steps)
+    n = len(cands)
+    name = "" if package == "date" else f"{package} "
+    lo: Dict[str, int] = {}
+    hi: Dict[str, int] = {}
+
+    # the ends must be testable; an uninstallable end is replaced by its nearest installable neighbour
+    for index in range(n):
+        pending = [c for c in cells if c not in lo]
+        if not pending:
+            break
+        search.test(index, pending)
+        lo.update({c: index for c in pending if search.outcome(index, c) is not None})
+    for index in range(n - 1, 0, -1):
+        pending = [c for c in cells if c in lo and c not in hi and lo[c] < index]
+        if not pending:
+            break
+        search.test(index, pending)
+        hi.update({c: index for c in pending if search.outcome(index, c) is not None})
+
+    answers = {c: CellAnswer(c) for c in cells}
+    notes: Dict[str, List[str]] = {c: [] for c in cells}
+    for cell in lo:
+        if lo[cell] != 0:
+            notes[cell].append(f"{cands[0]} could not be tested; reference is {cands[lo[cell]]}")
+        if cell in hi and hi[cell] != n - 1:
+            notes[cell].append(f"{cands[-1]} could not be tested; newest tested is {cands[hi[cell]]}")
+    open_cells: List[str] = []
+    for cell in cells:
+        ans = answers[cell]
+        if cell not in lo:
+            ans.answer = f"no candidate between {name}{cands[0]} and {cands[-1]} could be tested"
+            continue
+        ans.reference = search.outcome(lo[cell], cell)
+        if cell not in hi:
+            ans.answer = f"only {name}{cands[lo[cell]]} could be tested; nothing to compare: {ans.reference.describe()}"
+        elif same(search.outcome(hi[cell], cell), ans.reference):
+            ans.answer = (
+                f"no change: {name}{cands[lo[cell]]} and {cands[hi[cell]]} both give {ans.reference.describe()} "
+                "(a change that reverts in between is not seen)"
+            )
+        else:
+            open_cells.append(cell)
+
+    # invariant per open cell: outcome(lo) is like the reference, outcome(hi) is not
+    def pool(cell: str) -> List[int]:
+        return [i for i in range(lo[cell] + 1, hi[cell]) if search.usable(i, cell)]
+
+    while True:
+        pools = {c: pool(c) for c in open_cells}
+        widest = max(open_cells, key=lambda c: len(pools[c]), default=None)
+        if widest is None or not pools[widest]:
+            break
+        mid = pools[widest][len(pools[widest]) // 2]
+        group = [c for c in open_cells if mid in pools[c]]
+        search.test(mid, group)
+        for cell in group:
+            seen = search.outcome(mid, cell)
+            if seen is None:
+                continue
+            if same(seen, answers[cell].reference):
+                lo[cell] = mid
+            else:
+                hi[cell] = mid
+
+    for cell in open_cells:
+        ans = answers[cell]
+        ans.first_changed, ans.last_unchanged = cands[hi[cell]], cands[lo[cell]]
+        ans.untestable = [cands[i] for i in range(lo[cell] + 1, hi[cell])]
+        ans.changed_to = search.outcome(hi[cell], cell)
+        changed = f"{ans.reference.describe()} -> {ans.changed_to.describe()}"
+        if ans.untestable:
+            ans.answer = (
+                f"first changed: {name}{ans.first_changed} or one of the untestable {', '.join(ans.untestable)} "
+                f"(last unchanged: {ans.last_unchanged}): {changed}"
+            )
+        else:
+            ans.answer = f"first changed: {name}{ans.first_changed} (last unchanged: {ans.last_unchanged}): {changed}"
+    for cell in cells:
+        if notes[cell] and not answers[cell].answer.startswith(("no candidate", "only ")):
+            answers[cell].answer += f" [{'; '.join(notes[cell])}]"
+    result.cells = answers
+    return result
+
+
+class _OneCell(Generic[Env]):
+    """A single-cell Runner seen as a CellsRunner."""
+
+    def __init__(self, runner: Runner[Env]) -> None:
+        self.runner = runner
+
+    def run_cells(self, env: Env, candidate: str, cells: Sequence[str]) -> Mapping[str, CellOutcome]:
+        return {cells[0]: self.runner.run(env, candidate)}
 
 
 def bisect(
@@ -208,6 +348,7 @@ def bisect(
     package: str,
     clock: Callable[[], float] = time.monotonic,
     on_step: Optional[Callable[[Step], None]] = None,
+    on_start: Optional[Callable[[str, Sequence[str]], None]] = None,
 ) -> BisectResult:
     """Binary search over ``candidates`` (oldest first) for the first whose outcome differs from the oldest one's.
 
@@ -217,61 +358,22 @@ def bisect(
     """
     if not candidates:
         raise ValueError("no candidates to bisect")
-    cands = list(candidates)
-    result = BisectResult(package, cands[0], cands[-1], cands)
-    search = _Search(installer, runner, cands, clock, on_step)
-    result.steps = search.steps
-    n = len(cands)
-    name = "" if package == "date" else f"{package} "
-
-    # the ends must be testable; an uninstallable end is replaced by its nearest installable neighbour
-    lo = search.first_testable(range(n))
-    if lo is None:
-        result.answer = f"no candidate between {name}{cands[0]} and {cands[-1]} could be installed"
-        return result
-    notes = []
-    if lo != 0:
-        notes.append(f"{cands[0]} could not be installed; reference is {cands[lo]}")
-    reference = search.outcomes[lo]
-    if lo == n - 1:
-        result.answer = f"only {name}{cands[lo]} could be installed; nothing to compare: {reference.describe()}"
-        return result
-    hi = search.first_testable(range(n - 1, lo, -1))
-    if hi is None:
-        result.answer = f"only {name}{cands[lo]} could be installed; nothing to compare: {reference.describe()}"
-        return result
-    if hi != n - 1:
-        notes.append(f"{cands[-1]} could not be installed; newest tested is {cands[hi]}")
-    suffix = f" [{'; '.join(notes)}]" if notes else ""
-
-    if search.outcomes[hi] == reference:
-        result.answer = (
-            f"no change: {name}{cands[lo]} and {cands[hi]} both give {reference.describe()} "
-            f"(a change that reverts in between is not seen){suffix}"
-        )
-        return result
-
-    # invariant: outcome(lo) == reference != outcome(hi)
-    while True:
-        pool = [i for i in range(lo + 1, hi) if i not in search.skipped]
-        if not pool:
-            break
-        mid = pool[len(pool) // 2]
-        outcome = search.test(mid)
-        if outcome is None:
-            continue
-        if outcome == reference:
-            lo = mid
-        else:
-            hi = mid
-    result.first_changed, result.last_unchanged = cands[hi], cands[lo]
-    result.untestable = [cands[i] for i in range(lo + 1, hi)]
-    changed = f"{reference.describe()} -> {search.outcomes[hi].describe()}"
-    if result.untestable:
-        result.answer = (
-            f"first changed: {name}{cands[hi]} or one of the untestable {', '.join(result.untestable)} "
-            f"(last unchanged: {cands[lo]}): {changed}{suffix}"
-        )
-    else:
-        result.answer = f"first changed: {name}{cands[hi]} (last unchanged: {cands[lo]}): {changed}{suffix}"
-    return result
+    found = bisect_cells(
+        installer, _OneCell(runner), candidates, ["cell"], package, clock=clock, on_step=on_step, on_start=on_start
+    )
+    cell = found.cells["cell"]
+    # one cell: a candidate it cannot run at is one that cannot be installed, as the answers have always said
+    answer = cell.answer.replace(" could be tested", " could be installed").replace(
+        "could not be tested", "could not be installed"
+    )
+    return BisectResult(
+        package,
+        found.candidates[0],
+        found.candidates[-1],
+        found.candidates,
+        cell.first_changed,
+        cell.last_unchanged,
+        cell.untestable,
+        found.steps,
+        answer,
+    )

@@ -19,12 +19,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from fsdp_matrix.cells import Cell, expand, unmet_requirement
 from fsdp_matrix.envs import local_versions
 from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
+from fsdp_matrix.progress import Heartbeat
 from fsdp_matrix.runner.launcher import Launcher
 from fsdp_matrix.runner.session import Session
 
@@ -60,12 +61,17 @@ def pick(n: int, matrix: Matrix) -> List[Cell]:
     return out
 
 
-def batched(cells: List[Cell], matrix: Matrix, matrix_path: Path, work: Path) -> tuple:
+def batched(
+    cells: List[Cell], matrix: Matrix, matrix_path: Path, work: Path, beat: Optional[Heartbeat] = None
+) -> tuple:
     launcher = Launcher(run_root=work / "launches", python=sys.executable)
     session = Session(matrix, launcher, work, local_versions(), repo_root=matrix_path.resolve().parent)
     start = time.monotonic()
     session.prefetch(cells)
-    records = [session.run(c) for c in cells]
+    records = []
+    for cell in cells:
+        records.append(session.run(cell))
+        _progress(beat, f"{work.name} batched: {len(records)}/{len(cells)} cells")
     session.close()
     wall = time.monotonic() - start
     compute = sum(max((r.duration_s or 0.0) for r in rec.observed.ranks) for rec in records)
@@ -73,7 +79,14 @@ def batched(cells: List[Cell], matrix: Matrix, matrix_path: Path, work: Path) ->
     return Timing("(b) batched", wall, ok), compute, launcher.launch_seconds
 
 
-def per_cell(cells: List[Cell], matrix: Matrix, matrix_path: Path, work: Path) -> Timing:
+def _progress(beat: Optional[Heartbeat], status: str) -> None:
+    if beat is not None:
+        beat.update(status, say=True)
+
+
+def per_cell(
+    cells: List[Cell], matrix: Matrix, matrix_path: Path, work: Path, beat: Optional[Heartbeat] = None
+) -> Timing:
     root = matrix_path.resolve().parent
     start = time.monotonic()
     ok = 0
@@ -96,8 +109,10 @@ def per_cell(cells: List[Cell], matrix: Matrix, matrix_path: Path, work: Path) -
             "cpu",
         ]
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // cell.world_size))}
+        _progress(beat, f"(a) one launch per cell: launching {cell.key}")
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
         ok += any(line.startswith(("reproduced", "fix-holds")) for line in proc.stdout.splitlines())
+        _progress(beat, f"(a) one launch per cell: {cells.index(cell) + 1}/{len(cells)} cells")
     return Timing("(a) one launch per cell", time.monotonic() - start, ok)
 
 
@@ -109,11 +124,14 @@ def main(argv: List[str] = None) -> int:
     args = p.parse_args(argv)
     matrix = load_matrix(args.matrix)
     cells = pick(args.cells, matrix)
-    with tempfile.TemporaryDirectory(prefix="fsdp-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fsdp-bench-") as tmp, Heartbeat("bench", "starting") as beat:
         work = Path(tmp)
-        b1, compute1, launches1 = batched(cells, matrix, args.matrix, work / "b1")
-        a = per_cell(cells, matrix, args.matrix, work / "a")
-        b2, compute2, launches2 = batched(cells, matrix, args.matrix, work / "b2")
+        _progress(beat, f"step 1/3: (b) batched, run 1, {len(cells)} cells")
+        b1, compute1, launches1 = batched(cells, matrix, args.matrix, work / "b1", beat)
+        _progress(beat, f"step 2/3: (a) one torchrun launch per cell, {len(cells)} launches")
+        a = per_cell(cells, matrix, args.matrix, work / "a", beat)
+        _progress(beat, f"step 3/3: (b) batched, run 2, {len(cells)} cells")
+        b2, compute2, launches2 = batched(cells, matrix, args.matrix, work / "b2", beat)
     b_wall = (b1.wall_s + b2.wall_s) / 2
     floor = (compute1 + compute2) / 2 + min(launches1 + launches2)
     rows = [

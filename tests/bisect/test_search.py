@@ -14,6 +14,7 @@ from fsdp_matrix.bisect.search import (
     Prepared,
     Untestable,
     bisect,
+    bisect_cells,
     install_bound,
     normalise_message,
 )
@@ -213,3 +214,77 @@ def test_outcome_equality_ignores_noise_but_not_type() -> None:
     assert a == Outcome.observed("error", "IndexError", "tuple index out of range at 0x2")
     assert a != Outcome.observed("error", "ValueError", "tuple index out of range at 0x1")
     assert Outcome.observed("hang", "X", "y") == Outcome("hang")
+
+
+# ------------------------------------------------------------------------------------- several cells, one search
+
+
+class FakeCellsRunner:
+    """Cell name -> flip index; every call is one launch of the given cells."""
+
+    def __init__(self, flips, candidates, cannot=()):
+        self.flips, self.index, self.cannot = flips, {c: i for i, c in enumerate(candidates)}, set(cannot)
+        self.launches: List[tuple] = []
+
+    def run_cells(self, env, candidate, cells):
+        self.launches.append((candidate, tuple(cells)))
+        i = self.index[candidate]
+        return {
+            c: (Untestable("cell cannot run here") if (c, candidate) in self.cannot else flip_at(self.flips[c])(i))
+            for c in cells
+        }
+
+
+def test_cells_with_the_same_flip_share_every_step() -> None:
+    cands = versions(33)
+    runner = FakeCellsRunner({"a": 20, "b": 20, "c": 20}, cands)
+    result = bisect_cells(FakeInstaller(), runner, cands, ["a", "b", "c"], "peft")
+    assert all((r.first_changed, r.last_unchanged) == ("0.20.0", "0.19.0") for r in result.cells.values())
+    assert all(cells == ("a", "b", "c") for _, cells in runner.launches)
+    single = bisect_cells(FakeInstaller(), FakeCellsRunner({"a": 20}, cands), cands, ["a"], "peft")
+    assert result.installs == single.installs <= install_bound(33)
+
+
+def test_cells_with_different_flips_each_find_theirs_and_each_candidate_installs_once() -> None:
+    cands = versions(40)
+    installer = FakeInstaller()
+    flips = {"a": 3, "b": 17, "c": 18, "d": 39}
+    result = bisect_cells(installer, FakeCellsRunner(flips, cands), cands, list(flips), "peft")
+    for cell, k in flips.items():
+        assert (result.cells[cell].first_changed, result.cells[cell].last_unchanged) == (f"0.{k}.0", f"0.{k - 1}.0")
+    assert len(installer.calls) == len(set(installer.calls)) == result.installs
+
+
+def test_known_ends_cost_no_step() -> None:
+    cands = versions(2)
+    known = {0: {"a": BUG, "b": BUG}, 1: {"a": OK, "b": BUG}}
+    installer = FakeInstaller()
+    result = bisect_cells(installer, FakeCellsRunner({}, cands), cands, ["a", "b"], "peft", known=known)
+    assert installer.calls == [] and result.installs == 0
+    assert result.cells["a"].first_changed == "0.1.0" and result.cells["b"].answer.startswith("no change")
+
+
+def test_a_cell_that_cannot_run_at_a_candidate_skips_it_alone() -> None:
+    cands = versions(9)
+    runner = FakeCellsRunner({"a": 6, "b": 6}, cands, cannot={("a", "0.4.0")})
+    result = bisect_cells(FakeInstaller(), runner, cands, ["a", "b"], "peft")
+    assert result.cells["a"].first_changed == "0.6.0" and result.cells["b"].first_changed == "0.6.0"
+    step = next(s for s in result.steps if s.candidate == "0.4.0")
+    assert step.cells_skipped == {"a": "cell cannot run here"} and set(step.outcomes) == {"b"}
+
+
+def test_comparison_can_be_by_verdict_only() -> None:
+    cands = versions(5)
+    x = Outcome.observed("error", "ValueError", "one", verdict="reproduced")
+    y = Outcome.observed("error", "ValueError", "two", verdict="reproduced")
+    z = Outcome.observed("ok", verdict="fix-holds")
+
+    class Runner:
+        def run_cells(self, env, candidate, cells):
+            i = int(candidate.split(".")[1])
+            return {"a": x if i < 2 else (y if i < 4 else z)}
+
+    by_verdict = bisect_cells(FakeInstaller(), Runner(), cands, ["a"], "peft", same=lambda p, q: p.verdict == q.verdict)
+    assert by_verdict.cells["a"].first_changed == "0.4.0"
+    by_outcome = bisect_cells(FakeInstaller(), Runner(), cands, ["a"], "peft")
+    assert by_outcome.cells["a"].first_changed == "0.2.0"  # the message changed there, the verdict did not

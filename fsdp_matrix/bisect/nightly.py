@@ -1,0 +1,143 @@
+"""``python -m fsdp_matrix nightly PREVIOUS NEW [--summary PATH]``: the nightly's logic in one entry point.
+
+1. diff the two reports (``report.diff``): which cells changed verdict, and which combos' versions moved;
+2. for every combo whose versions moved (a floating ``newest`` picking up a release) and that has a cell whose
+   verdict changed, run the upgrade check from last night's versions to tonight's on the changed cells' cases:
+   which package, and which release of it, changed each cell;
+3. write both to the step summary (``$GITHUB_STEP_SUMMARY``) and stdout.
+
+Exit 1 on a new REGRESSION (as ``diff``), 2 when a report cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from packaging.version import InvalidVersion, Version
+
+from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.matrix import PACKAGES, Combo, Matrix, Pins, load_matrix
+from fsdp_matrix.report.diff import ReportInputError, compare, load_report, render
+
+
+def _public(version: Optional[str]) -> Optional[str]:
+    try:
+        return Version(version).public if version else None
+    except InvalidVersion:
+        return version
+
+
+def _versions(report: Dict[str, Any]) -> Dict[str, Dict[str, Optional[str]]]:
+    return {c["id"]: {p: _public((c.get("versions") or {}).get(p)) for p in PACKAGES} for c in report["columns"]}
+
+
+def check_upgrade(base: Combo, bumps: Dict[str, str], cases: List[str], args: argparse.Namespace) -> Dict[str, Any]:
+    """The real upgrade check (installs envs, runs cells); the nightly test replaces it with a fake."""
+    from fsdp_matrix.bisect.installers import PinnedInstaller
+    from fsdp_matrix.bisect.launch import LaunchRunner
+    from fsdp_matrix.bisect.upgrade import run_upgrade
+    from fsdp_matrix.cells import expand
+    from fsdp_matrix.progress import Heartbeat
+
+    matrix = load_matrix(args.matrix)
+    cells = [c.key for c in expand(matrix, args.device, args.world_size, cases=cases)]
+    args.cache.mkdir(parents=True, exist_ok=True)
+    installer = PinnedInstaller(base, "peft", args.cache, device=args.device)
+    with Heartbeat(f"upgrade {base.id}", "starting") as beat:
+        runner = LaunchRunner(
+            args.cache, matrix=args.matrix, device=args.device, world_size=args.world_size, say=beat.say,
+            status=beat.update,
+        )  # fmt: skip
+        return run_upgrade(base, bumps, cells, installer, runner, beat=beat).to_json()
+
+
+def _base_combo(matrix: Matrix, column: str, versions: Dict[str, Optional[str]]) -> Optional[Combo]:
+    if any(versions.get(p) is None for p in PACKAGES):
+        return None
+    pins = {p: versions[p] for p in PACKAGES}
+    known = {c.id: c for c in matrix.combos}
+    if column in known:
+        return known[column].with_pins(**pins)
+    # a column matrix.yaml no longer has: its versions are all there is to go on
+    return Combo(id=column, pins=Pins(**pins), tags=["nightly"], allow_cuda_build=True)
+
+
+def upgrade_section(column: str, base: Combo, bumps: Dict[str, str], result: Dict[str, Any]) -> str:
+    moved = ", ".join(f"{p} {base.pins.model_dump()[p]} -> {v}" for p, v in bumps.items())
+    out = [f"### Upgrade check for `{column}`: {moved}", ""]
+    changed = result.get("changed") or []
+    if not changed:
+        out.append("No cell changed verdict between last night's and tonight's versions when run side by side.")
+    else:
+        out += ["| cell | last night | tonight | first changed | last unchanged |", "| --- | --- | --- | --- | --- |"]
+        for c in changed:
+            first = ", ".join(f"{k} {v}" for k, v in (c.get("first_changed") or {}).items()) or "-"
+            last = ", ".join(f"{k} {v}" for k, v in (c.get("last_unchanged") or {}).items()) or "-"
+            out.append(f"| `{c['cell']}` | {c['base_verdict']} | {c['target_verdict']} | **{first}** | {last} |")
+    out.append("")
+    out.append(
+        f"{result.get('installs', '?')} envs ({result.get('installed', '?')} installed), "
+        f"bound {result.get('install_bound', '?')}."
+    )
+    return "\n".join(out) + "\n"
+
+
+def nightly(args: argparse.Namespace) -> int:
+    try:
+        old, new = load_report(args.previous), load_report(args.new)
+    except ReportInputError as exc:
+        print(f"nightly: {exc}", file=sys.stderr)
+        return 2
+    diff = compare(old, new)
+    text = render(diff, "last night", "tonight")
+    summary = ["## Changes since the previous night", "", "```", text.rstrip(), "```", ""]
+    print(text, flush=True)
+    before, after = _versions(old), _versions(new)
+    changes = diff.regressions + diff.unexpected_fixes + diff.changed
+    matrix = load_matrix(args.matrix)
+    report: List[Dict[str, Any]] = []
+    for column in sorted(set(before) & set(after)):
+        bumps = {p: v for p, v in after[column].items() if v and before[column].get(p) not in (None, v)}
+        cases = sorted({c.cell.split("/", 1)[0] for c in changes if c.column == column})
+        if not bumps or not cases:
+            continue
+        base = _base_combo(matrix, column, before[column])
+        if base is None:
+            continue
+        print(f"nightly: {column} moved ({', '.join(f'{p} -> {v}' for p, v in bumps.items())}) and changed "
+              f"{len(cases)} cases: running the upgrade check", flush=True)  # fmt: skip
+        try:
+            result = check_upgrade(base, bumps, cases, args)
+        except MatrixError as exc:
+            result = {"changed": [], "error": str(exc)}
+            summary.append(f"### Upgrade check for `{column}` failed\n\n{exc}\n")
+        else:
+            summary.append(upgrade_section(column, base, bumps, result))
+        report.append({"column": column, "bumps": bumps, "cases": cases, "result": result})
+    out = "\n".join(summary)
+    print(out, flush=True)
+    if args.summary:
+        with open(args.summary, "a", encoding="utf-8") as fh:
+            fh.write(out + "\n")
+    if args.json:
+        args.json.write_text(json.dumps({"diff": text, "upgrades": report}, indent=1, default=str))
+    return 1 if diff.regressions else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from fsdp_matrix.bisect.cli import DEFAULT_CACHE
+
+    p = argparse.ArgumentParser(prog="python -m fsdp_matrix nightly", description=__doc__.split("\n\n")[0])
+    p.add_argument("previous", type=Path, help="last night's report.json (or results dir)")
+    p.add_argument("new", type=Path, help="tonight's")
+    p.add_argument("--summary", type=Path, help="append the Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
+    p.add_argument("--json", type=Path, help="write the diff and upgrade answers as JSON")
+    p.add_argument("--matrix", type=Path)
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--world-size", type=int, default=2)
+    return nightly(p.parse_args(argv))
