@@ -6,9 +6,11 @@ accelerate switches to ``DistributedType.FSDP`` only for accelerator device type
 On CPU it stays ``MULTI_CPU``, drops the FSDP plugin, and ``prepare`` wraps the model in DistributedDataParallel,
 silently. What the shim does, each part recorded in the cell's ``checks["shim"]``:
 
-(A) ``ACCELERATE_TORCH_DEVICE=cpu`` before the first ``PartialState`` (FSDP1 only): otherwise accelerate's device is
-    ``cpu:0``, FSDP1 gets it as ``device_id`` and refuses it (``Inconsistent compute device and `device_id` on rank
-    0: cpu vs cpu:0``), a CPU-only artifact. The variable is accelerate's own (PR #1009, v0.16.0).
+(A) ``ACCELERATE_TORCH_DEVICE=cpu`` before the first ``PartialState``, for FSDP1 and for every Trainer cell (a
+    transformers that ignores ``fsdp_config["version"]`` builds FSDP1 for an FSDP2 cell, which must then fail on the
+    wrapper it got): otherwise accelerate's device is ``cpu:0``, FSDP1 gets it as ``device_id`` and refuses it
+    (``Inconsistent compute device and `device_id` on rank 0: cpu vs cpu:0``), a CPU-only artifact. The variable is
+    accelerate's own (PR #1009, v0.16.0).
 (B) ``force_fsdp``: after ``Accelerator(fsdp_plugin=..., cpu=True)``, do what the skipped branch would have done:
     ``distributed_type = FSDP`` in AcceleratorState *and* in PartialState's shared dict (every later
     ``AcceleratorState()`` copies that dict back over its own; without it bf16 cells revert to DDP),
@@ -109,13 +111,14 @@ def cpu_fsdp_shim(
 ) -> Iterator[ShimRecord]:
     """Apply (A), (C) and (D) for one cell on CPU and undo them on exit; (B) is ``force_fsdp``.
 
-    ``fsdp_version`` 1 adds (A), and with ``saves`` (D); ``trainer`` adds (C). On a non-CPU device nothing applies.
+    ``fsdp_version`` 1 adds (A), and with ``saves`` (D); ``trainer`` adds (C) and (A). On a non-CPU device nothing
+    applies.
     """
     record = ShimRecord(device.type == "cpu", saves)
     saved_env = os.environ.get(DEVICE_ENV)
     undo = []
     if record.active:
-        if fsdp_version == 1:
+        if fsdp_version == 1 or trainer:
             os.environ[DEVICE_ENV] = "cpu"
             record.note(f"(A) {DEVICE_ENV}=cpu")
         if fsdp_version == 1 and saves:
