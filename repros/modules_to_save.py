@@ -1,0 +1,40 @@
+"""LoRA with ``modules_to_save=["lm_head"]`` under FSDP: a full trainable copy of the head next to the frozen one.
+
+PEFT wraps ``lm_head`` in a ``ModulesToSaveWrapper``: ``original_module`` stays frozen, ``modules_to_save.default``
+is a trainable copy without any ``lora_`` in its name. Training must update the copy (and the LoRA weights) and
+leave the original head bit-identical; the checks go by ``requires_grad``, so they judge the copy as trainable.
+PEFT's FSDP docs list ``modules_to_save`` as untested with FSDP.
+"""
+
+from __future__ import annotations
+
+import torch
+from peft import LoraConfig, get_peft_model
+
+from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.recipe import wrap_and_train
+
+CASE = "modules-to-save"
+
+
+def run(params: dict, ctx: RankContext) -> dict:
+    """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
+    base = build_model(params["model"], params.get("dtype", "fp32"), ctx)
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        target_modules=list(TARGET_MODULES),
+        modules_to_save=["lm_head"],
+        task_type="CAUSAL_LM",
+    )
+    torch.manual_seed(ctx.seed)  # the same adapter on every rank
+    return wrap_and_train(get_peft_model(base, config), params, ctx)
+
+
+if __name__ == "__main__":
+    from fsdp_matrix.standalone import main
+
+    main(run, CASE)
