@@ -13,11 +13,13 @@ TARGET_MODULES = ["q_proj", "v_proj"]
 """Adapted projections: PEFT's own default for Llama-like models, and few enough FSDP units to stay fast."""
 
 ADAPTER_MARKERS = ("lora_",)
-"""A parameter whose name holds one of these is an adapter weight (``lora_A``, ``lora_B``, DoRA's
-``lora_magnitude_vector``); every other parameter is frozen base weight."""
+"""Name markers of LoRA/DoRA weights (``lora_A``, ``lora_B``, DoRA's ``lora_magnitude_vector``). Kept for code
+written against earlier releases; the checks never use it (they go by ``requires_grad``): other PEFT methods
+(modules_to_save, trainable tokens, prompt tuning, IA3, VeRA ...) train tensors without this marker."""
 
 
 def is_adapter(name: str) -> bool:
+    """Whether a name looks like a LoRA/DoRA weight. Not what decides trainability: see ADAPTER_MARKERS."""
     return any(marker in name for marker in ADAPTER_MARKERS)
 
 
@@ -53,5 +55,5 @@ def add_adapter(model: nn.Module, adapter: str, seed: int, autocast: Optional[bo
 
 
 def adapter_dtypes(model: nn.Module) -> list:
-    """Sorted names of the dtypes the adapter weights ended up in, e.g. ``['torch.float32']``."""
-    return sorted({str(p.dtype) for n, p in model.named_parameters() if is_adapter(n)})
+    """Sorted names of the dtypes the trainable (adapter) weights ended up in, e.g. ``['torch.float32']``."""
+    return sorted({str(p.dtype) for p in model.parameters() if p.requires_grad})

@@ -8,8 +8,10 @@ from torch import nn
 
 from fsdp_matrix.workload.adapters import adapter_dtypes, add_adapter
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.entry import accelerate_train_and_check, entry_of
+from fsdp_matrix.workload.hf_trainer import trainer_entry
 from fsdp_matrix.workload.models import build_4bit_model, build_model, count_linear4bit, torch_dtype
-from fsdp_matrix.workload.training import train_and_check
+from fsdp_matrix.workload.training import train_and_check, trainable_names
 from fsdp_matrix.workload.wrapping import wrap
 
 
@@ -30,11 +32,23 @@ def peft_model(params: Mapping[str, Any], ctx: RankContext, autocast: Optional[b
 
 
 def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext) -> dict:
-    """Wrap per the ``wrap``/``orig`` axes, train, check; the checks also say what was built."""
+    """Wrap per the ``entry``/``wrap``/``orig`` axes, train, check; the checks also say what was built.
+
+    ``entry`` (absent: ``torch``) is how FSDP is reached: FSDP called directly, accelerate's ``prepare``, or a
+    transformers Trainer (entry.py, hf_trainer.py). The trainable set is taken here, from the PEFT model's
+    ``requires_grad`` before wrapping, so the checks judge every tensor against what PEFT made trainable, whatever
+    the wrapper does.
+    """
     built = {"adapter_dtypes": adapter_dtypes(model), "linear4bit": count_linear4bit(model)}
+    trainable = trainable_names(model)
+    entry = entry_of(params)
+    if entry == "accelerate":
+        return {**built, **accelerate_train_and_check(model, params, ctx, trainable)}
+    if entry == "trainer":
+        return {**built, **trainer_entry(model, params, ctx, trainable)}
     orig = params.get("orig")
     wrapped = wrap(model, params["wrap"], None if orig is None else bool(orig), ctx)
-    return {**built, **train_and_check(wrapped, ctx)}
+    return {**built, **train_and_check(wrapped, ctx, trainable=trainable)}
 
 
 def base_dtype_name(params: Mapping[str, Any]) -> str:

@@ -1,0 +1,178 @@
+"""The ``trainer`` entry: a transformers ``Trainer`` with ``fsdp=`` / ``fsdp_config`` as users write them.
+
+``trainer_setup`` builds the Trainer (a tiny in-memory dataset, ``max_steps=3``) and yields it; the Trainer wraps the
+model itself inside ``train()``. ``trainer_train_and_check`` trains it and judges the result with the same checks as
+every other cell: the per-tensor gradients are read from a pre-step hook on the Trainer's own optimizer, the
+losses from its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Mapping, Optional
+
+import torch
+from torch import nn
+
+from fsdp_matrix.workload.checks import TrainingChecks
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.cpu_shim import cpu_fsdp_shim
+from fsdp_matrix.workload.entry import (
+    fsdp_units,
+    fsdp_version,
+    isolated_accelerate_state,
+    plugin_summary,
+    require_wrapper,
+)
+from fsdp_matrix.workload.models import VOCAB, decoder_layer_class
+from fsdp_matrix.workload.training import SEQ
+
+
+class TokenRows(torch.utils.data.Dataset):
+    """``rows`` fixed random token sequences (the same on every rank), each its own label: a causal-LM dataset."""
+
+    def __init__(self, rows: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, VOCAB, (rows, SEQ), generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i], "attention_mask": torch.ones_like(self.ids[i])}
+
+
+def trainer_fsdp_config(model: nn.Module, params: Mapping[str, Any]) -> Dict[str, Any]:
+    """``fsdp_config`` for the cell's ``wrap``/``orig`` axes, as a user writes it.
+
+    The decoder-layer class to wrap, ``use_orig_params``, ``version`` (transformers 5.x defaults to 2; older releases
+    ignore the key and build FSDP1), and ``sync_module_states`` false (transformers' default true makes accelerate
+    refuse a CPU-only machine: "There are currently no available devices found"; every rank builds identical
+    weights, so nothing needs syncing). ``peft_policy`` cannot be asked for: for a PEFT model the Trainer puts PEFT's
+    own policy in place of the user's FSDP1 policy (transformers >= 4.38, observed).
+    """
+    if params["wrap"] == "peft_policy":
+        raise ValueError("the Trainer has no setting for PEFT's policy: use wrap decoder_layer (it swaps PEFT's in)")
+    config: Dict[str, Any] = {
+        "transformer_layer_cls_to_wrap": [decoder_layer_class(model).__name__],
+        "version": fsdp_version(params),
+        # also for FSDP2 cells: a transformers that ignores "version" builds FSDP1, and the cell must then fail on
+        # the wrapper it got, not on the CPU-only refusal
+        "sync_module_states": "false",
+    }
+    if fsdp_version(params) == 1:
+        config["use_orig_params"] = str(bool(params["orig"])).lower()
+    return config
+
+
+@contextlib.contextmanager
+def trainer_setup(
+    model: nn.Module,
+    params: Mapping[str, Any],
+    ctx: RankContext,
+    *,
+    output_dir: Optional[str] = None,
+    fsdp_config: Optional[Dict[str, Any]] = None,
+    rows: int = 8,
+    saves: bool = False,
+    **overrides: Any,
+) -> Iterator[Any]:
+    """A ``Trainer`` over ``model`` with ``fsdp="full_shard auto_wrap"`` and the cell's ``fsdp_config``; yields it.
+
+    ``fsdp_config`` extends the cell's (e.g. ``state_dict_type``); ``overrides`` go to ``TrainingArguments`` (e.g.
+    ``save_strategy``, ``save_steps``). On CPU the shim swaps in an Accelerator class that reaches FSDP (the Trainer
+    builds its own Accelerator); its record is ``trainer.fsdp_matrix_shim``. ``saves``: the Trainer will save
+    checkpoints (adds part (D) of the shim; give ``save_strategy`` etc. in ``overrides``).
+    """
+    from transformers import Trainer, TrainingArguments
+
+    version = fsdp_version(params)
+    with isolated_accelerate_state(), cpu_fsdp_shim(ctx.device, version, trainer=True, saves=saves) as shim:
+        kwargs: Dict[str, Any] = dict(
+            output_dir=output_dir or str(ctx.scratch / "trainer"),
+            per_device_train_batch_size=2,
+            max_steps=3,
+            learning_rate=1e-2,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            seed=ctx.seed,
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            remove_unused_columns=False,
+            fsdp="full_shard auto_wrap",
+            fsdp_config={**trainer_fsdp_config(model, params), **(fsdp_config or {})},
+        )
+        if ctx.device.type == "cpu":
+            kwargs["use_cpu"] = True
+        kwargs.update(overrides)
+        args = TrainingArguments(**kwargs)
+        trainer = Trainer(model=model, args=args, train_dataset=TokenRows(rows, ctx.seed))
+        trainer.fsdp_matrix_shim = shim
+        try:
+            yield trainer
+        finally:
+            trainer.accelerator.free_memory()
+            del trainer
+
+
+class _GradProbe:
+    """Reads per-tensor gradients from a pre-step hook on the Trainer's optimizer (after clipping, before the step)."""
+
+    def __init__(self, judge: TrainingChecks, trainer: Any) -> None:
+        self.judge, self.trainer, self.handle = judge, trainer, None
+
+    def attach(self, optimizer: Any) -> None:
+        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps torch's
+        self.handle = inner.register_step_pre_hook(lambda *_: self.judge.record_grads(self.trainer.model_wrapped))
+
+    def detach(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+
+
+def _callback(probe: _GradProbe) -> Any:
+    from transformers import TrainerCallback
+
+    class AttachGradProbe(TrainerCallback):
+        def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+            if optimizer is None:
+                raise RuntimeError("the Trainer gave its callbacks no optimizer at on_train_begin")
+            probe.attach(optimizer)
+
+    return AttachGradProbe()
+
+
+def trainer_train_and_check(trainer: Any, params: Mapping[str, Any], ctx: RankContext, trainable: List[str]) -> dict:
+    """``trainer.train()`` (the Trainer wraps the model), then the checks of every cell on ``trainer.model_wrapped``.
+
+    The snapshot is of the bare PEFT model before training; the model the Trainer trained must be the FSDP version
+    the cell asked for.
+    """
+    judge = TrainingChecks(trainable, ctx.device, ctx.world_size)
+    judge.snapshot(trainer.model)
+    probe = _GradProbe(judge, trainer)
+    trainer.add_callback(_callback(probe))
+    try:
+        trainer.train()
+    finally:
+        probe.detach()
+    judge.losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
+    wrapped = trainer.model_wrapped
+    state = trainer.accelerator.state
+    checks = {
+        "entry": "trainer",
+        "distributed_type": getattr(trainer.accelerator, "chosen_by_accelerate", str(state.distributed_type)),
+        "plugin": plugin_summary(getattr(state, "fsdp_plugin", None)),
+        "fsdp_units": fsdp_units(wrapped),
+        "shim": list(trainer.fsdp_matrix_shim.applied),
+        "global_step": trainer.state.global_step,
+    }
+    require_wrapper(wrapped, fsdp_version(params))
+    return judge.finish(wrapped, checks)
+
+
+def trainer_entry(model: nn.Module, params: Mapping[str, Any], ctx: RankContext, trainable: List[str]) -> dict:
+    """The ``trainer`` entry of a cell: build the Trainer, train, check."""
+    with trainer_setup(model, params, ctx) as trainer:
+        return trainer_train_and_check(trainer, params, ctx, trainable)
