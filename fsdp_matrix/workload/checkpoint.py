@@ -17,11 +17,12 @@ about 0.58, far outside every tolerance (recorded as ``logits_gap_untrained``).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import distributed as dist
@@ -99,16 +100,42 @@ def read_adapter_dir(path: Path) -> Saved:
     raise CheckFailed(f"no adapter file in {path.name}/: {sorted(p.name for p in path.iterdir())}")
 
 
-def dcp_shapes(path: Path, prefix: str = "") -> Dict[str, Tuple[int, ...]]:
-    """Adapter key -> global size recorded in a torch.distributed.checkpoint directory's metadata."""
+def read_dcp(path: Path, prefix: str = "model.") -> Saved:
+    """The adapter entries of a torch.distributed.checkpoint directory: the global size its metadata records, and
+    the values, read on this rank alone (``no_dist``) into tensors of that size. ``prefix``: the top-level key
+    the state dict was saved under (accelerate and the raw paths use ``{"model": state_dict}``)."""
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
     meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    return {
-        adapter_key(k[len(prefix) :]): tuple(m.size)
-        for k, m in meta.items()
-        if k.startswith(prefix) and is_adapter(k) and hasattr(m, "size")
-    }
+    entries = {k: m for k, m in meta.items() if k.startswith(prefix) and is_adapter(k) and hasattr(m, "size")}
+    wanted = {k[len(prefix) :]: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in entries.items()}
+    if wanted:
+        dcp.load({prefix.rstrip("."): wanted}, checkpoint_id=str(path), no_dist=True)
+    return Saved(
+        f"DCP checkpoint {path.name}/",
+        {adapter_key(k): tuple(v.shape) for k, v in wanted.items()},
+        {adapter_key(k): v for k, v in wanted.items()},
+    )
+
+
+MODEL_FILES = ("adapter_model", "pytorch_model", "model")
+"""Name stems of the model/adapter files in a checkpoint directory (optimizer, scheduler, RNG and argument files
+are not model state)."""
+
+
+def read_checkpoint_dir(path: Path) -> List[Saved]:
+    """Every model or adapter file of a checkpoint directory (``save_state``, a Trainer ``checkpoint-N``):
+    safetensors and ``.bin`` files and DCP subdirectories named like ``MODEL_FILES``, empty ones included."""
+    found = []
+    for item in sorted(path.iterdir()):
+        if not item.name.startswith(MODEL_FILES):
+            continue
+        if item.is_dir() and (item / ".metadata").exists():
+            found.append(read_dcp(item))
+        elif item.suffix in (".safetensors", ".bin"):
+            found.append(read_file(item))
+    return found
 
 
 def gathered_adapter(model: nn.Module) -> Dict[str, torch.Tensor]:
@@ -280,15 +307,61 @@ def check_resumed(
     return {"resume_max_diff": diff, "training_max_change": change}
 
 
-def cell_dir(ctx: RankContext, params: Mapping[str, Any]) -> Path:
-    """An empty directory for this cell's checkpoints, the same path on every rank. Collective."""
+def optimizer_digest(optimizer: Any) -> List[float]:
+    """Sums of |exp_avg|, |exp_avg_sq| and of ``step`` over every rank's optimizer state (Adam): equal before a
+    save and after the load exactly when the optimizer state came back. Collective."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps torch's
+    total = torch.zeros(3, dtype=torch.float64)
+    for state in inner.state.values():
+        for i, key in enumerate(("exp_avg", "exp_avg_sq", "step")):
+            value = state.get(key)
+            if value is None:
+                continue
+            value = value.to_local() if isinstance(value, DTensor) else value
+            total[i] += float(value.detach().double().abs().sum()) if torch.is_tensor(value) else float(value)
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    return [float(x) for x in total]
+
+
+def check_restored(
+    restored: Mapping[str, torch.Tensor], at_save: Mapping[str, torch.Tensor], digests: Tuple[List[float], List[float]]
+) -> dict:
+    """Right after a load: the adapter is the one that was saved (exactly), and so is the optimizer state (its
+    digests, ``(saved, loaded)``, agree to 1e-9 relative)."""
+    saved, loaded = digests
+    differ = [k for k in sorted(at_save) if k not in restored or not torch.equal(restored[k], at_save[k])]
+    failed = []
+    if differ:
+        failed.append(
+            f"the load did not restore the model: {len(differ)}/{len(at_save)} adapter tensors differ from "
+            f"the saved ones: {_listed(differ, 2)}"
+        )
+    if not all(abs(a - b) <= 1e-9 * max(abs(a), 1.0) for a, b in zip(saved, loaded)):
+        failed.append(
+            "the load did not restore the optimizer state: sum |exp_avg|, |exp_avg_sq|, step = "
+            f"{', '.join(f'{x:.4g}' for x in loaded)} after loading, {', '.join(f'{x:.4g}' for x in saved)} when saved"
+        )
+    if failed:
+        raise CheckFailed("; ".join(failed))
+    return {"optimizer_digest": saved}
+
+
+@contextlib.contextmanager
+def cell_dir(ctx: RankContext, params: Mapping[str, Any]) -> Iterator[Path]:
+    """An empty directory for this cell's checkpoints, the same path on every rank; rank 0 removes it after the
+    block. Collective on entry."""
     name = "checkpoint-" + "-".join(f"{k}_{v}" for k, v in sorted(params.items()))
     path = ctx.scratch / name
     if ctx.is_main:
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
     barrier()
-    return path
+    try:
+        yield path
+    finally:
+        if ctx.is_main:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def barrier() -> None:

@@ -3,7 +3,6 @@ with. The checks are in ``checkpoint``."""
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Mapping, Tuple
@@ -15,15 +14,12 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 
 from fsdp_matrix.workload.adapters import is_adapter
 from fsdp_matrix.workload.checkpoint import (
-    Saved,
-    adapter_key,
     barrier,
-    dcp_shapes,
-    full_shapes,
     gathered_adapter,
     logits,
     on_every_rank,
     read_adapter_dir,
+    read_dcp,
     reload_and_check,
 )
 from fsdp_matrix.workload.context import RankContext
@@ -97,23 +93,6 @@ def save_unwrapped(model: nn.Module, ctx: RankContext, out: Path) -> None:
     on_every_rank(lambda: inner.save_pretrained(str(out), is_main_process=ctx.is_main))
 
 
-def read_dcp(out: Path, like: nn.Module) -> Saved:
-    """The adapter entries of a DCP checkpoint: sizes from its metadata, values loaded (on this rank alone) for
-    the entries whose size is the full one; the others fail the shape check by name instead of in DCP."""
-    import torch.distributed.checkpoint as dcp
-
-    shapes = dcp_shapes(out, "model.")
-    full = full_shapes(like)
-    wanted = {
-        k: torch.empty_like(v)
-        for k, v in like.state_dict().items()
-        if is_adapter(k) and shapes.get(adapter_key(k)) == full.get(adapter_key(k))
-    }
-    if wanted:
-        dcp.load({"model": wanted}, checkpoint_id=str(out), no_dist=True)
-    return Saved(out.name, shapes, {adapter_key(k): v for k, v in wanted.items()})
-
-
 def load_dcp(build_peft: Callable[[], nn.Module], out: Path) -> nn.Module:
     """``dcp.load`` into a fresh PEFT model's own state dict tensors (in place), as users restore with DCP."""
     import torch.distributed.checkpoint as dcp
@@ -168,13 +147,9 @@ def raw_roundtrip(
 
     def check() -> dict:
         if path.dcp:
-            saved, reload = read_dcp(out, build_peft()), lambda: load_dcp(build_peft, out)
+            saved, reload = read_dcp(out), lambda: load_dcp(build_peft, out)
         else:
             saved, reload = read_adapter_dir(out), lambda: PeftModel.from_pretrained(build_base(), str(out))
         return reload_and_check(saved, reload, expected, trained, fsdp_logits, batch, dtype, untrained)
 
-    try:
-        return {"save": save, **on_every_rank(check)}
-    finally:
-        if ctx.is_main:  # every rank is past the barrier in on_every_rank: nobody reads the files any more
-            shutil.rmtree(out, ignore_errors=True)
+    return on_every_rank(check)
