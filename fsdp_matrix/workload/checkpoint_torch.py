@@ -82,7 +82,7 @@ def save_sharded_dcp(model: nn.Module, ctx: RankContext, out: Path) -> None:
             state = {"model": model.state_dict()}
     else:
         state = {"model": get_model_state_dict(model)}
-    dcp.save(state, checkpoint_id=str(out))
+    dcp.save(state, checkpoint_id=str(out / "dcp"))
     barrier()
 
 
@@ -99,7 +99,7 @@ def load_dcp(build_peft: Callable[[], nn.Module], out: Path) -> nn.Module:
 
     fresh = build_peft()
     state = {k: v for k, v in fresh.state_dict().items() if is_adapter(k)}
-    dcp.load({"model": state}, checkpoint_id=str(out), no_dist=True)
+    dcp.load({"model": state}, checkpoint_id=str(out / "dcp"), no_dist=True)
     return fresh
 
 
@@ -147,7 +147,7 @@ def raw_roundtrip(
 
     def check() -> dict:
         if path.dcp:
-            saved, reload = read_dcp(out), lambda: load_dcp(build_peft, out)
+            saved, reload = read_dcp(out / "dcp"), lambda: load_dcp(build_peft, out)
         else:
             saved, reload = read_adapter_dir(out), lambda: PeftModel.from_pretrained(build_base(), str(out))
         return reload_and_check(saved, reload, expected, trained, fsdp_logits, batch, dtype, untrained)
