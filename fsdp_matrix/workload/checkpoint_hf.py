@@ -79,6 +79,13 @@ def trusted_torch_load() -> Iterator[None]:
             os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = before
 
 
+def require_state_dict_type(plugin: Any, name: str) -> None:
+    """The plugin in force uses the state dict type the cell is about; else the cell would test another path."""
+    got = str(getattr(plugin, "state_dict_type", None))
+    if not got.endswith(name):
+        raise RuntimeError(f"the FSDP plugin in force has state_dict_type {got}, the cell is {name}")
+
+
 def _one_step(setup: Any, ctx: Any, trainable: list, steps: int = 1) -> dict:
     acc = setup.accelerator
     return train_and_check(
@@ -151,26 +158,31 @@ def accelerate_roundtrip(
 def accelerate_resume(
     params: Mapping[str, Any], ctx: Any, out: Path, builders: Builders, expected: Mapping, dtype: Any
 ) -> dict:
-    """``accelerator.save_state`` after step 2, then ``load_state`` into a freshly prepared model and optimizer."""
+    """``accelerator.save_state`` after step 2, then ``load_state`` into a freshly prepared model and optimizer.
+
+    The state dict type comes from ``FSDP_STATE_DICT_TYPE``, as an accelerate config file sets it (accelerate <= 0.29
+    takes no string for the plugin's ``state_dict_type`` argument: observed ``KeyError: 'FULL_STATE_DICT'``).
+    """
     _, build_peft = builders
-    sdt = STATE_DICT_TYPES[params["sdt"]]
     model = build_peft()
     trainable = trainable_names(model)
     start = gathered_adapter(model)
-    with accelerate_setup(model, params, ctx, state_dict_type=sdt, saves=True) as setup:
-        checks = {**setup.checks(), **_one_step(setup, ctx, trainable, steps=2)}
-        setup.accelerator.save_state(str(out))
-        at_save = gathered_adapter(setup.model)
-        saved_digest = optimizer_digest(setup.optimizer)
-        _one_step(setup, ctx, trainable)
-        uninterrupted = gathered_adapter(setup.model)
-    with accelerate_setup(build_peft(), params, ctx, state_dict_type=sdt, saves=True) as setup:
-        with trusted_torch_load():
-            setup.accelerator.load_state(str(out))
-        restored = gathered_adapter(setup.model)
-        loaded_digest = optimizer_digest(setup.optimizer)
-        _one_step(setup, ctx, trainable)
-        resumed = gathered_adapter(setup.model)
+    with state_dict_type_env(params["sdt"]) as sdt:
+        with accelerate_setup(model, params, ctx, saves=True) as setup:
+            require_state_dict_type(setup.plugin, sdt)
+            checks = {**setup.checks(), **_one_step(setup, ctx, trainable, steps=2)}
+            setup.accelerator.save_state(str(out))
+            at_save = gathered_adapter(setup.model)
+            saved_digest = optimizer_digest(setup.optimizer)
+            _one_step(setup, ctx, trainable)
+            uninterrupted = gathered_adapter(setup.model)
+        with accelerate_setup(build_peft(), params, ctx, saves=True) as setup:
+            with trusted_torch_load():
+                setup.accelerator.load_state(str(out))
+            restored = gathered_adapter(setup.model)
+            loaded_digest = optimizer_digest(setup.optimizer)
+            _one_step(setup, ctx, trainable)
+            resumed = gathered_adapter(setup.model)
     files = on_every_rank(lambda: [check_saved(s, expected, at_save) for s in read_checkpoint_dir(out)])
     checks.update(check_restored(restored, at_save, (saved_digest, loaded_digest)))
     return {
@@ -195,6 +207,7 @@ def trainer_roundtrip(
         with trainer_setup(
             model, params, ctx, output_dir=str(out / "run"), fsdp_config={"state_dict_type": sdt}, saves=True
         ) as trainer:
+            require_state_dict_type(getattr(trainer.accelerator.state, "fsdp_plugin", None), sdt)
             checks = trainer_train_and_check(trainer, params, ctx, trainable)
             trained = gathered_adapter(trainer.model_wrapped)
             fsdp_logits = logits(trainer.model_wrapped, batch)
@@ -226,6 +239,7 @@ def trainer_resume(
         with trainer_setup(
             model, params, ctx, output_dir=str(out / "run1"), fsdp_config=config, **save_args
         ) as trainer:
+            require_state_dict_type(getattr(trainer.accelerator.state, "fsdp_plugin", None), sdt)
             checks = trainer_train_and_check(trainer, params, ctx, trainable)
             uninterrupted = gathered_adapter(trainer.model_wrapped)
         with trainer_setup(
