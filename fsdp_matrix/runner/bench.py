@@ -42,19 +42,18 @@ class Timing:
 
 
 def pick(n: int, matrix: Matrix) -> List[Cell]:
-    """The first ``n`` runnable CPU cells, round-robin over cases so every kind of work is in the sample."""
+    """The first ``n`` runnable CPU cells, round-robin over (case, entry) so every kind of work is in the sample:
+    each case's cells reached directly, through accelerate and through the Trainer (these cost more per cell)."""
     versions = local_versions()
-    by_case = [
-        [
-            c
-            for c in expand(matrix, cases=[case.id])
-            if unmet_requirement(case.requires, c) is None and expected_for(case, c, versions).kind != "skip"
-        ]
-        for case in matrix.cases
-    ]
+    groups: dict = {}
+    for case in matrix.cases:
+        for c in expand(matrix, cases=[case.id]):
+            if unmet_requirement(case.requires, c) is None and expected_for(case, c, versions).kind != "skip":
+                groups.setdefault((case.id, c.params_dict.get("entry", "torch")), []).append(c)
+    by_group = list(groups.values())
     out: List[Cell] = []
-    while len(out) < n and any(by_case):
-        for cells in by_case:
+    while len(out) < n and any(by_group):
+        for cells in by_group:
             if cells and len(out) < n:
                 out.append(cells.pop(0))
     return out

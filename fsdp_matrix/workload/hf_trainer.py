@@ -45,8 +45,8 @@ class TokenRows(torch.utils.data.Dataset):
 def trainer_fsdp_config(model: nn.Module, params: Mapping[str, Any]) -> Dict[str, Any]:
     """``fsdp_config`` for the cell's ``wrap``/``orig`` axes, as a user writes it.
 
-    The decoder-layer class to wrap, ``use_orig_params``, ``version`` (transformers 5.x defaults to 2; 4.x ignores
-    the key and always uses FSDP1), and ``sync_module_states`` false (transformers' default true makes accelerate
+    The decoder-layer class to wrap, ``use_orig_params``, ``version`` (transformers 5.x defaults to 2; older releases
+    ignore the key and build FSDP1), and ``sync_module_states`` false (transformers' default true makes accelerate
     refuse a CPU-only machine: "There are currently no available devices found"; every rank builds identical
     weights, so nothing needs syncing). ``peft_policy`` cannot be asked for: for a PEFT model the Trainer puts PEFT's
     own policy in place of the user's FSDP1 policy (transformers >= 4.38, observed).
@@ -56,9 +56,12 @@ def trainer_fsdp_config(model: nn.Module, params: Mapping[str, Any]) -> Dict[str
     config: Dict[str, Any] = {
         "transformer_layer_cls_to_wrap": [decoder_layer_class(model).__name__],
         "version": fsdp_version(params),
+        # also for FSDP2 cells: a transformers that ignores "version" builds FSDP1, and the cell must then fail on
+        # the wrapper it got, not on the CPU-only refusal
+        "sync_module_states": "false",
     }
     if fsdp_version(params) == 1:
-        config.update(use_orig_params=str(bool(params["orig"])).lower(), sync_module_states="false")
+        config["use_orig_params"] = str(bool(params["orig"])).lower()
     return config
 
 

@@ -1,0 +1,84 @@
+"""The entry axis: what each entry asks accelerate and the Trainer for, and how a wrong wrapper is caught.
+
+The 2-process runs through accelerate's real FSDP code are the matrix cells themselves and
+test_accelerate_launch.py; these tests check the pieces that need no process group."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from accelerate.state import AcceleratorState, PartialState
+
+from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.adapters import add_adapter
+from fsdp_matrix.workload.entry import entry_of, isolated_accelerate_state, make_plugin, require_wrapper
+from fsdp_matrix.workload.hf_trainer import trainer_fsdp_config
+from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.wrapping import wrap
+from tests.workload.support import cpu_context, one_rank_group
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("entry")
+    one_rank_group(tmp)
+    return cpu_context(tmp)
+
+
+def _lora(ctx):
+    return add_adapter(build_model("llama", "fp32", ctx), "lora", seed=0)
+
+
+def test_entry_defaults_to_torch_and_refuses_unknown():
+    assert entry_of({}) == "torch" and entry_of({"entry": "trainer"}) == "trainer"
+    with pytest.raises(ValueError, match="unknown entry 'deepspeed'"):
+        entry_of({"entry": "deepspeed"})
+
+
+@pytest.mark.parametrize("orig", [0, 1])
+def test_plugin_carries_the_cell_axes(ctx, orig):
+    with isolated_accelerate_state():
+        plugin = make_plugin(_lora(ctx), {"wrap": "decoder_layer", "orig": orig})
+        assert plugin.use_orig_params is bool(orig) and plugin.sync_module_states is False
+        assert getattr(plugin, "fsdp_version", 1) == 1
+    assert "FSDP_USE_ORIG_PARAMS" not in os.environ  # exported for accelerate <= 0.29, then restored
+
+
+def test_plugin_takes_peft_policy(ctx):
+    model = _lora(ctx)
+    with isolated_accelerate_state():
+        plugin = make_plugin(model, {"wrap": "peft_policy", "orig": 0})
+    assert plugin.auto_wrap_policy.func.__name__ == "_or_policy"
+
+
+def test_isolated_state_starts_and_ends_empty(monkeypatch):
+    PartialState._shared_state["marker"] = 1
+    with isolated_accelerate_state():
+        assert "marker" not in PartialState._shared_state
+        AcceleratorState._shared_state["inside"] = 1
+        os.environ["FSDP_MATRIX_TEST_VAR"] = "x"
+    assert not AcceleratorState._shared_state and "FSDP_MATRIX_TEST_VAR" not in os.environ
+
+
+def test_trainer_config_as_users_write_it(ctx):
+    model = _lora(ctx)
+    config = trainer_fsdp_config(model, {"wrap": "decoder_layer", "orig": 0})
+    assert config == {
+        "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+        "version": 1,
+        "sync_module_states": "false",
+        "use_orig_params": "false",
+    }
+    assert trainer_fsdp_config(model, {"wrap": "fsdp2"})["version"] == 2
+    with pytest.raises(ValueError, match="no setting for PEFT's policy"):
+        trainer_fsdp_config(model, {"wrap": "peft_policy", "orig": 1})
+
+
+def test_a_wrapper_other_than_the_one_asked_for_fails(ctx):
+    fsdp1 = wrap(_lora(ctx), "decoder_layer", True, ctx)
+    assert require_wrapper(fsdp1, 1) == "fsdp1"
+    with pytest.raises(CheckFailed, match=r"model is FullyShardedDataParallel \(fsdp1\), not FSDP2"):
+        require_wrapper(fsdp1, 2)
+    with pytest.raises(CheckFailed, match=r"model is PeftModelForCausalLM \(none\), not FSDP1"):
+        require_wrapper(_lora(ctx), 1)
