@@ -1,0 +1,115 @@
+"""``set_peft_model_state_dict`` into a model that is already FSDP-wrapped (peft PR #3212's prefix check).
+
+This is how accelerate restores an adapter-only FSDP checkpoint (``load_fsdp_model(..., adapter_only=True)``, which
+the Trainer uses on resume): the adapter state dict goes into the FSDP1 root under ``FULL_STATE_DICT``, or, before
+accelerate 1.15 (PR #4206), straight into the FSDP2 model. peft 0.20.0's PR #3212 strips the ``base_model.model.``
+prefix unless some parameter name starts with it; the FSDP1 root's names start with ``_fsdp_wrapped_module.``, so
+every key comes back unexpected and nothing is loaded, without an error (observed).
+
+The cell builds a source PEFT model whose adapter tensors are set to seeded random values, takes its adapter state
+dict (``get_peft_model_state_dict``, full tensors), builds a fresh PEFT model, wraps it, loads the state dict into
+the wrapped model, and checks: every adapter tensor of the wrapped model, gathered, equals the source's, and the
+wrapped model's logits equal the source model's. CheckFailed names each tensor that did not load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
+
+from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.adapters import is_adapter
+from fsdp_matrix.workload.checkpoint import TOLERANCE, adapter_key, gathered_adapter, logits
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.recipe import peft_model
+from fsdp_matrix.workload.training import synthetic_batch
+from fsdp_matrix.workload.wrapping import wrap
+
+CASE = "adapter-load-wrapped"
+
+
+def source_adapter(params: dict, ctx: RankContext) -> nn.Module:
+    """The PEFT model of the cell with every adapter tensor set to seeded random values, the same on every rank
+    (a fresh model's ``lora_B`` is zero: loading must visibly change it)."""
+    model = peft_model(params, ctx)
+    gen = torch.Generator().manual_seed(ctx.seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if is_adapter(name):
+                param.copy_(0.1 * torch.randn(param.shape, generator=gen, dtype=torch.float32).to(param))
+    return model
+
+
+def load_into_wrapped(wrapped: nn.Module, state: dict):
+    """``set_peft_model_state_dict(wrapped, state)``; FSDP1 under ``FULL_STATE_DICT``, as accelerate does."""
+    if isinstance(wrapped, FullyShardedDataParallel):
+        scope = FullyShardedDataParallel.state_dict_type(wrapped, StateDictType.FULL_STATE_DICT)
+    else:
+        scope = contextlib.nullcontext()
+    with scope:
+        return set_peft_model_state_dict(wrapped, state)
+
+
+def _unexpected(result) -> list:
+    keys = getattr(result, "unexpected_keys", None)
+    if keys is None and isinstance(result, tuple) and len(result) == 2:
+        keys = result[1]
+    return [k for k in (keys or []) if is_adapter(k)]
+
+
+def run(params: dict, ctx: RankContext) -> dict:
+    """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
+    params = {"adapter": "lora", **params}
+    source = source_adapter(params, ctx)
+    state = {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(source).items()}
+    want = {adapter_key(k): v for k, v in state.items() if is_adapter(k)}
+    batch = synthetic_batch(ctx)
+    want_logits = logits(source, batch).float()
+    del source
+    fresh = peft_model(params, ctx)
+    orig = params.get("orig")
+    wrapped = wrap(fresh, params["wrap"], None if orig is None else bool(orig), ctx)
+    result = load_into_wrapped(wrapped, state)
+    unexpected = _unexpected(result)
+    loaded = gathered_adapter(wrapped)
+    got_logits = logits(wrapped, batch).float()
+    not_loaded = [
+        f"{k} differs from the state dict by max |diff| {float((loaded[k].float() - v.float()).abs().max()):.3g}"
+        if k in loaded and loaded[k].shape == v.shape
+        else f"{k} not in the wrapped model with shape {list(v.shape)}"
+        for k, v in sorted(want.items())
+        if not (k in loaded and loaded[k].shape == v.shape and torch.equal(loaded[k], v.to(loaded[k].dtype)))
+    ]
+    diff = float((got_logits - want_logits).abs().max())
+    rtol, atol = TOLERANCE[torch.float32]
+    checks = {
+        "adapter_tensors": len(want),
+        "unexpected_adapter_keys": len(unexpected),
+        "logits_max_diff": diff,
+    }
+    failed = []
+    if not want:
+        failed.append("the source adapter state dict holds no adapter tensor")
+    if not_loaded:
+        hint = (
+            f"; the load reported {len(unexpected)} unexpected adapter keys, e.g. {unexpected[0]}" if unexpected else ""
+        )
+        failed.append(
+            f"set_peft_model_state_dict into the {type(wrapped).__name__} loaded "
+            f"{len(want) - len(not_loaded)}/{len(want)} adapter tensors: {'; '.join(not_loaded[:2])}{hint}"
+        )
+    if not torch.allclose(got_logits, want_logits, rtol=rtol, atol=atol):
+        failed.append(f"the wrapped model's logits differ from the source model's by max |diff| {diff:.3g}")
+    if failed:
+        raise CheckFailed("; ".join(failed))
+    return checks
+
+
+if __name__ == "__main__":
+    from fsdp_matrix.standalone import main
+
+    main(run, CASE)
