@@ -1,0 +1,117 @@
+"""transformers#42417 (trl#4550): ``generate()`` on a ``fully_shard``-ed PEFT model while its root is resharded.
+
+``PeftModelForCausalLM.generate`` calls the inner transformers model's ``generate``, so the root FSDP2 module (the
+PeftModel) never runs its pre-forward hook: the root's own parameters (embeddings, norm, lm_head) stay sharded
+DTensors, and the embedding raises ``aten.embedding.default got mixed torch.Tensor and DTensor``. A plain forward
+right before generate leaves the root unsharded and hides it. transformers 5.0.0 (PR #42436) registers ``generate``
+with ``register_fsdp_forward_method`` in the Trainer; outside the Trainer that call is the workaround.
+
+Axes: ``adapter`` lora (``init_lora_weights=False``, so it changes the output) / none (the bare model: control);
+``workaround`` none / register; ``state`` fresh / trained (3 steps with the training checks) / after_forward (one
+forward first). A fix holds when greedy generation returns exactly the tokens of the same model unsharded.
+"""
+
+from __future__ import annotations
+
+import torch
+from peft import LoraConfig, get_peft_model
+from torch import nn
+
+from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.checks import trainable_names
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
+from fsdp_matrix.workload.wrapping import fsdp2
+
+try:
+    from torch.distributed.fsdp import register_fsdp_forward_method
+except ImportError:  # torch < 2.6 has FSDP2 only under _composable
+    from torch.distributed._composable.fsdp import register_fsdp_forward_method
+
+CASE = "generate-fsdp2"
+PROMPT, NEW_TOKENS, STEPS = 6, 8, 3
+
+
+def _build(params: dict, ctx: RankContext) -> nn.Module:
+    model = build_model(params["model"], params.get("dtype", "fp32"), ctx)
+    if params["adapter"] == "none":
+        return model
+    torch.manual_seed(ctx.seed)
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        target_modules=list(TARGET_MODULES),
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def _reference_steps(model: nn.Module, batch: torch.Tensor) -> None:
+    # the steps train_and_check takes: AdamW(lr=1e-2) on the same batch; both ranks' batches are identical, so the
+    # FSDP2-averaged gradient equals this one
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+
+
+def _generate(model: nn.Module, prompt: torch.Tensor) -> torch.Tensor:
+    return model.generate(
+        input_ids=prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        use_cache=True,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
+
+
+def run(params: dict, ctx: RankContext) -> dict:
+    """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
+    state = params["state"]
+    batch = synthetic_batch(ctx)
+    prompt = batch[:, :PROMPT]
+    reference = _build(params, ctx)
+    model = _build(params, ctx)
+    trainable = trainable_names(model) if params["adapter"] != "none" else None
+    fsdp2(model, ctx)
+    if params["workaround"] == "register":
+        register_fsdp_forward_method(model, "generate")
+    checks = {}
+    if state == "trained":
+        _reference_steps(reference, batch)
+        checks = train_and_check(model, ctx, steps=STEPS, trainable=trainable)
+    reference.eval()
+    model.eval()
+    with torch.no_grad():
+        if state == "after_forward":
+            model(input_ids=batch)
+        expected = _generate(reference, prompt)
+        root_types = sorted({type(p).__name__ for p in model.parameters()})
+        tokens = _generate(model, prompt)
+    same = tokens.shape == expected.shape and bool(torch.equal(tokens, expected))
+    checks.update(
+        {
+            "param_types_before_generate": root_types,
+            "new_tokens_row0": tokens[0, PROMPT:].tolist(),
+            "unsharded_new_tokens_row0": expected[0, PROMPT:].tolist(),
+            "tokens_equal_unsharded": same,
+        }
+    )
+    if not same:
+        raise CheckFailed(
+            f"generate under FSDP2 gave {tokens[:, PROMPT:].tolist()}, the unsharded model {expected[:, PROMPT:].tolist()}"
+        )
+    return checks
+
+
+if __name__ == "__main__":
+    from fsdp_matrix.standalone import main
+
+    main(run, CASE)

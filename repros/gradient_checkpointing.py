@@ -1,0 +1,108 @@
+"""peft#1910 (DoRA + SFTTrainer + FSDP; trained after switching to ``use_reentrant=True``): LoRA/DoRA under FSDP with
+activation checkpointing.
+
+The ``gc`` axis: ``none``; ``hf_reentrant`` / ``hf_nonreentrant``: transformers' ``gradient_checkpointing_enable``
+(with ``enable_input_require_grads``) before ``get_peft_model``, as the Trainer does; ``torch_ac``: torch's
+``apply_activation_checkpointing`` with ``checkpoint_wrapper(NO_REENTRANT)`` on the decoder layers, as accelerate's
+``fsdp_activation_checkpointing`` does (after FSDP1 wrapping, before FSDP2 ``fully_shard``). ``cache``: the model
+config's ``use_cache`` (True is every transformers config's default). With ``torch_ac`` and ``use_cache=True`` the
+recompute appends to the KV cache a second time on some transformers releases and torch's checkpoint raises
+``CheckpointError: ... Recomputed values for the following tensors have different metadata``
+(transformers#28499, #34928 report the same error under FSDP).
+
+A fix holds when training passes every check, the decoder layers' attention really ran again in backward
+(checkpointing was on), and the first loss equals the unwrapped, uncheckpointed model's.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
+
+from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.adapters import add_adapter
+from fsdp_matrix.workload.checks import trainable_names
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.models import build_model, decoder_layer_class, decoder_layers
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
+from fsdp_matrix.workload.wrapping import wrap
+
+CASE = "gradient-checkpointing"
+GC = ("none", "hf_reentrant", "hf_nonreentrant", "torch_ac")
+STEPS = 3
+TOLERANCE = 1e-5
+
+
+def _torch_ac(model: nn.Module) -> None:
+    cls = decoder_layer_class(model)
+    apply_activation_checkpointing(
+        model,
+        checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda module: isinstance(module, cls),
+    )
+
+
+def _count_attention(model: nn.Module) -> list:
+    # a hook on the attention module, not the decoder layer: transformers 5 checkpoints the layer's forward, not its
+    # __call__, so the layer's own hooks do not see the recompute
+    calls = [0]
+
+    def hook(*_):
+        calls[0] += 1
+
+    for layer in decoder_layers(model):
+        for name, module in layer.named_children():
+            if name == "self_attn":
+                module.register_forward_pre_hook(hook)
+    return calls
+
+
+def run(params: dict, ctx: RankContext) -> dict:
+    """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
+    gc = params["gc"]
+    if gc not in GC:
+        raise ValueError(f"unknown gc {gc!r} (expected one of {', '.join(GC)})")
+    batch = synthetic_batch(ctx)
+    base = build_model(params["model"], params.get("dtype", "fp32"), ctx)
+    with torch.no_grad():
+        # LoRA's lora_B and DoRA's magnitude start where the adapted model's output equals the base model's
+        reference_loss = float(base(input_ids=batch, labels=batch).loss)
+    base.config.use_cache = bool(params["cache"])
+    if gc.startswith("hf_"):
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": gc == "hf_reentrant"})
+        base.enable_input_require_grads()
+    model = add_adapter(base, params["adapter"], ctx.seed)
+    layers = len(decoder_layers(model))
+    calls = _count_attention(model)
+    trainable = trainable_names(model)
+    if gc == "torch_ac" and params["wrap"] == "fsdp2":
+        _torch_ac(model)
+    orig = params.get("orig")
+    wrapped = wrap(model, params["wrap"], None if orig is None else bool(orig), ctx)
+    if gc == "torch_ac" and params["wrap"] != "fsdp2":
+        _torch_ac(wrapped)
+    checks = train_and_check(wrapped, ctx, steps=STEPS, trainable=trainable)
+    runs = calls[0] / (STEPS * layers)
+    checks.update({"attention_runs_per_layer_step": runs, "reference_loss": reference_loss})
+    failed = []
+    want = 1 if gc == "none" else 2
+    if runs != want:
+        failed.append(f"attention ran {runs} times per layer and step, expected {want} (checkpointing {gc})")
+    if abs(checks["losses"][0] - reference_loss) > TOLERANCE:
+        failed.append(f"first loss {checks['losses'][0]} differs from the plain model's {reference_loss}")
+    if failed:
+        raise CheckFailed("; ".join(failed))
+    return checks
+
+
+if __name__ == "__main__":
+    from fsdp_matrix.standalone import main
+
+    main(run, CASE)

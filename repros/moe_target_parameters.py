@@ -1,0 +1,72 @@
+"""peft#3080: LoRA on MoE expert ``nn.Parameter``s (``target_parameters``, PEFT >= 0.17.0) under FSDP1.
+
+PEFT's ``ParamWrapper`` never calls its ``lora_A``/``lora_B`` as modules: it reads their ``.weight`` and reshapes it
+per expert. With PEFT's wrap policy each of them is its own FSDP1 unit, so outside that unit's forward the weight is
+FSDP1's flat 1-D shard and ``reshape(num_experts, -1, ...)`` raises ``shape '[4, -1, ...]' is invalid``. PR #3102
+(gather the weights first) was closed unmerged.
+
+The model is a tiny MoE whose experts are 3-D parameters: Mixtral on transformers >= 5 (fused ``gate_up_proj`` /
+``down_proj``), GPT-OSS on transformers 4.55-4.x (Mixtral's experts are ``nn.Linear`` modules there). Older
+transformers have no such model, older PEFT no ``target_parameters``: both raise, and matrix.yaml skips them.
+"""
+
+from __future__ import annotations
+
+import torch
+import transformers
+from peft import LoraConfig, get_peft_model
+from torch import nn
+
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.models import VOCAB
+from fsdp_matrix.workload.recipe import wrap_and_train
+
+CASE = "moe-target-parameters"
+EXPERTS = 4
+TARGET_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+
+_SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=64,
+    num_local_experts=EXPERTS,
+    num_experts_per_tok=2,
+    use_cache=False,
+)
+
+
+def build_moe(ctx: RankContext) -> nn.Module:
+    """A random-init MoE causal LM whose experts are 3-D ``nn.Parameter``s, identical on every rank."""
+    torch.manual_seed(ctx.seed)
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        from transformers import MixtralConfig, MixtralForCausalLM
+
+        model = MixtralForCausalLM(MixtralConfig(**_SHAPE))
+    else:
+        # ImportError before transformers 4.55, which has no GPT-OSS
+        from transformers import GptOssConfig, GptOssForCausalLM
+
+        model = GptOssForCausalLM(GptOssConfig(head_dim=16, sliding_window=16, **_SHAPE))
+    return model.to(ctx.device)
+
+
+def run(params: dict, ctx: RankContext) -> dict:
+    """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
+    if params["model"] != "moe" or params["adapter"] != "lora_params":
+        raise ValueError("this case has model moe and adapter lora_params only")
+    # TypeError before PEFT 0.17.0, whose LoraConfig has no target_parameters
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=[], target_parameters=TARGET_PARAMETERS)
+    base = build_moe(ctx)
+    torch.manual_seed(ctx.seed)
+    model = get_peft_model(base, config)
+    return wrap_and_train(model, params, ctx)
+
+
+if __name__ == "__main__":
+    from fsdp_matrix.standalone import main
+
+    main(run, CASE)

@@ -1,0 +1,104 @@
+"""pytorch#109077: prompt tuning under FSDP1, loading a SHARDED_STATE_DICT checkpoint that lacks the prompt embedding.
+
+Prompt tuning adds a parameter (the prompt embedding) that a pretrained checkpoint does not have. Loading such a
+checkpoint with ``load_state_dict(sd, strict=False)`` under ``SHARDED_STATE_DICT`` crashed in FSDP's pre-load hook
+(``state_dict.pop(fqn)``, a KeyError) until pytorch PR #109116 (cherry-picked as #111149) made it skip the missing
+key; ``strict=True`` then reports it through ``nn.Module.load_state_dict``, by design.
+
+Each cell saves model A's sharded state dict without the prompt key with torch.distributed.checkpoint, loads it into
+model B (other base weights, same wrapping), then trains B. A fix holds when the load reports exactly the prompt key
+missing, B's base weights equal A's (and differed before), B's prompt embedding is untouched by the load, and
+training passes every check.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import torch
+import torch.distributed.checkpoint as dcp
+from peft import PromptTuningConfig, get_peft_model
+from torch import distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
+
+from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.checks import clean_name, full_parameters, trainable_names
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.training import train_and_check
+from fsdp_matrix.workload.wrapping import wrap
+
+CASE = "prompt-tuning-sharded-load"
+PROMPT = "prompt_encoder"
+
+
+def _build(params: dict, ctx: RankContext, base_seed: int):
+    base = build_model(params["model"], params.get("dtype", "fp32"), replace(ctx, seed=base_seed))
+    torch.manual_seed(ctx.seed)
+    return get_peft_model(base, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+
+
+def _full(model) -> dict:
+    return {clean_name(n): t for n, t in full_parameters(model, "fsdp1").items()}
+
+
+def _sharded_state_dict(model) -> dict:
+    with FullyShardedDataParallel.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        return model.state_dict()
+
+
+def run(params: dict, ctx: RankContext) -> dict:
+    """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
+    if params["adapter"] != "prompt":
+        raise ValueError("this case has adapter prompt only")
+    orig, strict = bool(params["orig"]), bool(params["strict"])
+    path = ctx.scratch / f"{CASE}-{params['wrap']}-orig{int(orig)}-strict{int(strict)}-seed{ctx.seed}"
+    if ctx.is_main:
+        shutil.rmtree(path, ignore_errors=True)
+    dist.barrier()
+
+    source = wrap(_build(params, ctx, ctx.seed), params["wrap"], orig, ctx)
+    saved = {k: v for k, v in _sharded_state_dict(source).items() if PROMPT not in k}
+    dcp.save(saved, checkpoint_id=str(path))
+    source_full = _full(source)
+    del source, saved
+
+    peft_model = _build(params, ctx, ctx.seed + 1)
+    trainable = trainable_names(peft_model)
+    model = wrap(peft_model, params["wrap"], orig, ctx)
+    fresh = _full(model)
+    with FullyShardedDataParallel.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        state = {k: v for k, v in model.state_dict().items() if PROMPT not in k}
+        dcp.load(state, checkpoint_id=str(path))
+        result = model.load_state_dict(state, strict=strict)
+    loaded = _full(model)
+    base_names = [n for n in loaded if PROMPT not in n]
+    prompt_names = [n for n in loaded if PROMPT in n]
+    found = {
+        "missing_keys": sorted(clean_name(k) for k in result.missing_keys),
+        "unexpected_keys": sorted(clean_name(k) for k in result.unexpected_keys),
+        "base_differed_before_load": [n for n in base_names if not torch.equal(fresh[n], source_full[n])],
+        "base_not_loaded": [n for n in base_names if not torch.equal(loaded[n], source_full[n])],
+        "prompt_changed_by_load": [n for n in prompt_names if not torch.equal(loaded[n], fresh[n])],
+    }
+    failed = []
+    if found["missing_keys"] != prompt_names or found["unexpected_keys"]:
+        failed.append(f"load reported missing {found['missing_keys']}, unexpected {found['unexpected_keys']}")
+    if not found["base_differed_before_load"]:
+        failed.append("B's base weights equalled A's before the load: the load proves nothing")
+    if found["base_not_loaded"]:
+        failed.append(f"{len(found['base_not_loaded'])} base tensors not loaded: {found['base_not_loaded'][:5]}")
+    if found["prompt_changed_by_load"] or not prompt_names:
+        failed.append(f"prompt embedding {prompt_names} changed by the load: {found['prompt_changed_by_load']}")
+    checks = train_and_check(model, ctx, trainable=trainable)
+    checks.update({k: (len(v) if k.startswith("base_") else v) for k, v in found.items()})
+    if failed:
+        raise CheckFailed("; ".join(failed))
+    return checks
+
+
+if __name__ == "__main__":
+    from fsdp_matrix.standalone import main
+
+    main(run, CASE)
