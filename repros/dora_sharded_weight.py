@@ -1,4 +1,4 @@
-"""Report 2 (seed 001): DoRA under FSDP1 with PEFT's wrap policy and use_orig_params=True.
+"""peft#1984 (report 2): DoRA under FSDP1 with PEFT's wrap policy and use_orig_params=True.
 
 ``lora_A`` is its own FSDP unit, so outside that unit's forward its weight is a 1-D shard, and DoRA reads
 ``lora_A.weight.shape[1]``: ``IndexError: tuple index out of range``. Needs world size >= 2 (at 1 FSDP1 falls

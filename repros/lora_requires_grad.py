@@ -1,4 +1,4 @@
-"""Report 1 (seed 000): LoRA under FSDP1 with use_orig_params=False and frozen + trainable weights in one unit.
+"""peft#1702 (report 1): LoRA under FSDP1 with use_orig_params=False and frozen + trainable weights in one unit.
 
 Expected: ``ValueError: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False``` for
 orig0 + decoder_layer; use_orig_params=True, PEFT's wrap policy and FSDP2 train. bf16 cells keep the adapters in

@@ -1,4 +1,4 @@
-"""Report 3's second error (seed 002): an adapter loaded with ``low_cpu_mem_usage=True`` onto a CUDA model.
+"""peft#2129, its second error: an adapter loaded with ``low_cpu_mem_usage=True`` onto a CUDA model.
 
 PEFT 0.13.0 loads the adapter weights with ``load_state_dict(..., assign=True)``, so they keep the state dict's
 device: with the weights read onto the CPU they stay there while the base model is on the GPU, and forward (or

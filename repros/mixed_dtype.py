@@ -1,4 +1,4 @@
-"""Report 3 (seed 002): LoRA on a bf16/fp16 base, and QLoRA on a 4-bit base, under FSDP.
+"""peft#2129 (report 3): LoRA on a bf16/fp16 base, and QLoRA on a 4-bit base, under FSDP.
 
 ``autocast_adapter_dtype=True`` (PEFT's default) upcasts the adapters to fp32; an FSDP unit holding them with the
 half-precision base raises ``Must flatten tensors with uniform dtype``. A 4-bit base stored as uint8 (bitsandbytes'

@@ -1,4 +1,4 @@
-"""Report 4 (seed 003): ``fsdp_auto_wrap_policy`` on a model without ``_no_split_modules``.
+"""peft#2166 (report 4): ``fsdp_auto_wrap_policy`` on a model without ``_no_split_modules``.
 
 With FSDP_TRANSFORMER_CLS_TO_WRAP unset, ``"".split(",")`` gives ``[""]`` and the class lookup for ``""`` fails:
 ``Could not find the transformer layer class to wrap in the model.`` (``Exception``, later ``TypeError``); fixed in

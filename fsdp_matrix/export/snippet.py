@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import re
 import shlex
+from pathlib import Path
 from typing import Any, List, Optional
 
 from fsdp_matrix.export.script import Export, expected_text
@@ -25,6 +26,26 @@ def code_block(text: str, lang: str = "") -> str:
     """A fenced block longer than any backtick run inside, so a traceback holding ``` stays one block."""
     fence = "`" * max(3, max((len(m) for m in re.findall(r"`{3,}", text)), default=0) + 1)
     return f"{fence}{lang}\n{text.rstrip()}\n{fence}"
+
+
+_PACKAGES_DIR = re.compile(r"[^\s\"'()]*/(?:site|dist)-packages/")
+_STDLIB_DIR = re.compile(r"[^\s\"'()]*/lib/python3\.\d+/")
+# any other absolute path (a scratch folder, a home directory): keep its last component only; the lookbehind
+# leaves URLs (https://...) and relative paths alone
+_OTHER_ABS = re.compile(r"(?<![\w.:/~-])(?:/[^\s\"'/:()]+)+/(?=[^\s\"'/:()]+)")
+_CHECKOUT = str(Path(__file__).resolve().parents[2]) + "/"
+
+
+def scrub(text: str, host: str = "") -> str:
+    """``text`` as a reporter would paste it upstream: package-relative paths, no checkout, venv or home folder, no
+    host name. ``.../site-packages/torch/x.py`` becomes ``torch/x.py``, the checkout's files ``fsdp_matrix/...``."""
+    text = text.replace(_CHECKOUT, "")
+    text = _PACKAGES_DIR.sub("", text)
+    text = _STDLIB_DIR.sub("", text)
+    text = _OTHER_ABS.sub(".../", text)
+    if host:
+        text = re.sub(rf"\b{re.escape(host)}\b", "<host>", text)
+    return text
 
 
 def _cell(text: str) -> str:
@@ -85,9 +106,9 @@ def render_markdown(exp: Export) -> str:
         if obs.status == "error":
             what = code_span(f"{obs.error_type}: {obs.error_message}")
             where = f" in {code_span(obs.location)}" if obs.location else ""
-            lines.append(f"**Observed** ({when}, {rec.host}, verdict {rec.verdict}): {what}{where}")
+            lines.append(f"**Observed** ({when}, verdict {rec.verdict}): {what}{where}")
         else:
-            lines.append(f"**Observed** ({when}, {rec.host}, verdict {rec.verdict}): {obs.status}")
+            lines.append(f"**Observed** ({when}, verdict {rec.verdict}): {obs.status}")
         failed = _first_error(rec)
         if failed is not None:
             # recorded by the harness: its own frames lead, the library frames are the ones the script hits too
@@ -105,4 +126,5 @@ def render_markdown(exp: Export) -> str:
             f"{code_span(expected_text(expected))} (source: {expected.source or 'no rule'}). Run "
             f"`{script}` to obtain the traceback."
         )
-    return "\n".join(lines) + "\n"
+    # the record carries this machine's paths and host name; none of that belongs in an upstream issue
+    return scrub("\n".join(lines) + "\n", rec.host if rec is not None else "")

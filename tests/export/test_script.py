@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import importlib.util
 import os
 import re
@@ -260,3 +261,25 @@ def test_exported_script_reproduces_alone(tmp_path):
     assert "ChildFailedError" not in out, out
     assert not list((tmp_path / "tmp").glob("fsdp-repro-*")), "the ranks' scratch folder was left behind"
     print(f"exported script ran in {time.monotonic() - start:.1f} s")
+
+
+def test_markdown_holds_no_absolute_path_and_no_host(tmp_path):
+    venv = f"{ROOT}/.nox/matrix-current/lib/python3.11/site-packages"
+    traceback = (
+        "Traceback (most recent call last):\n"
+        f'  File "{ROOT}/fsdp_matrix/runner/worker.py", line 3, in run_cell\n'
+        f'  File "{venv}/torch/distributed/fsdp/_flat_param.py", line 9, in f\n'
+        '  File "/root/.pyenv/versions/3.11.7/lib/python3.11/contextlib.py", line 81, in inner\n'
+        '  File "/tmp/fsdp-matrix-1a2b/scratch/x.py", line 2, in g\n'
+        "ValueError: on build-host-7 reading /home/alice/ckpt/adapter.bin\n"
+    )
+    rec = _record("current", time.time(), "on build-host-7 reading /home/alice/ckpt/adapter.bin", traceback)
+    rec = dataclasses.replace(rec, host="build-host-7")
+    records.append(tmp_path, rec)
+    md = render_markdown(
+        prepare(MATRIX, "lora-requires-grad/lora-fp32-orig0-decoder_layer-llama-ws2", "current", tmp_path, ROOT)
+    )
+    assert 'File "fsdp_matrix/runner/worker.py"' in md and 'File "torch/distributed/fsdp/_flat_param.py"' in md
+    assert 'File "contextlib.py"' in md and ".../adapter.bin" in md
+    assert "build-host-7" not in md and str(ROOT) not in md and "/home/" not in md and "/tmp/" not in md
+    assert not re.search(r"(?<![\w.:/])/(root|work|home|tmp|usr)/", md)
