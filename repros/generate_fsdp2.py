@@ -106,7 +106,8 @@ def run(params: dict, ctx: RankContext) -> dict:
     )
     if not same:
         raise CheckFailed(
-            f"generate under FSDP2 gave {tokens[:, PROMPT:].tolist()}, the unsharded model {expected[:, PROMPT:].tolist()}"
+            f"generate under FSDP2 gave {tokens[:, PROMPT:].tolist()}, "
+            f"the unsharded model {expected[:, PROMPT:].tolist()}"
         )
     return checks
 
