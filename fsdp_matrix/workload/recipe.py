@@ -47,7 +47,14 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
     if entry == "trainer":
         return {**built, **trainer_entry(model, params, ctx, trainable)}
     orig = params.get("orig")
-    wrapped = wrap(model, params["wrap"], None if orig is None else bool(orig), ctx)
+    wrapped = wrap(
+        model,
+        params["wrap"],
+        None if orig is None else bool(orig),
+        ctx,
+        shard=params.get("shard", "full"),
+        mp=params.get("mp"),
+    )
     return {**built, **train_and_check(wrapped, ctx, trainable=trainable)}
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import functools
 from typing import Callable, Optional
 
+import torch
 from peft.utils.other import fsdp_auto_wrap_policy
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from fsdp_matrix.workload.context import RankContext
@@ -23,17 +24,45 @@ except ImportError:
 WRAPS = ("decoder_layer", "peft_policy", "fsdp2")
 """The wrap axis values of matrix.yaml."""
 
+SHARDING = {
+    "full": ShardingStrategy.FULL_SHARD,
+    "grad_op": ShardingStrategy.SHARD_GRAD_OP,
+    "none": ShardingStrategy.NO_SHARD,
+}
+"""The ``shard`` axis (FSDP1 only; absent: full): how much of a unit stays sharded between its forward and backward."""
 
-def fsdp1(model: nn.Module, policy: Optional[Callable], orig: bool, ctx: RankContext) -> FullyShardedDataParallel:
-    """FSDP1, FULL_SHARD, with ``use_orig_params=orig`` and the given auto-wrap policy.
+MIXED_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""The ``mp`` axis (FSDP1 only; absent: none): a ``MixedPrecision`` policy computing in this dtype."""
+
+
+def fsdp1(
+    model: nn.Module,
+    policy: Optional[Callable],
+    orig: bool,
+    ctx: RankContext,
+    *,
+    shard: str = "full",
+    mp: Optional[str] = None,
+) -> FullyShardedDataParallel:
+    """FSDP1 with ``use_orig_params=orig``, the given auto-wrap policy, a sharding strategy (``SHARDING``, default
+    FULL_SHARD) and optionally a ``MixedPrecision`` policy (``MIXED_PRECISION``).
 
     ``device_id`` is always given: on CPU FSDP1 otherwise refuses to run ("FSDP needs a non-CPU accelerator
     device") before auto-wrapping, which would mask every error under test.
     """
+    if shard not in SHARDING:
+        raise ValueError(f"unknown shard {shard!r} (expected one of {', '.join(SHARDING)})")
+    if mp is not None and mp not in MIXED_PRECISION:
+        raise ValueError(f"unknown mp {mp!r} (expected one of {', '.join(MIXED_PRECISION)})")
+    policy_mp = None
+    if mp is not None:
+        dtype = MIXED_PRECISION[mp]
+        policy_mp = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
     return FullyShardedDataParallel(
         model,
         auto_wrap_policy=policy,
-        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        sharding_strategy=SHARDING[shard],
+        mixed_precision=policy_mp,
         use_orig_params=bool(orig),
         device_id=ctx.device,
     )
@@ -53,14 +82,25 @@ def decoder_layer_policy(model: nn.Module) -> Callable:
     return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={decoder_layer_class(model)})
 
 
-def wrap(model: nn.Module, wrap: str, orig: Optional[bool], ctx: RankContext) -> nn.Module:
-    """Wrap for the ``wrap`` axis: ``decoder_layer`` / ``peft_policy`` (FSDP1, ``orig`` required) or ``fsdp2``."""
+def wrap(
+    model: nn.Module,
+    wrap: str,
+    orig: Optional[bool],
+    ctx: RankContext,
+    *,
+    shard: str = "full",
+    mp: Optional[str] = None,
+) -> nn.Module:
+    """Wrap for the ``wrap`` axis: ``decoder_layer`` / ``peft_policy`` (FSDP1, ``orig`` required; ``shard`` and ``mp``
+    as in ``fsdp1``) or ``fsdp2``."""
     if wrap == "fsdp2":
+        if shard != "full" or mp is not None:
+            raise ValueError("the shard and mp axes are FSDP1 settings; fsdp2 cells take neither")
         return fsdp2(model, ctx)
     if orig is None:
         raise ValueError(f"wrap {wrap!r} is FSDP1 and needs the orig (use_orig_params) axis")
     if wrap == "decoder_layer":
-        return fsdp1(model, decoder_layer_policy(model), orig, ctx)
+        return fsdp1(model, decoder_layer_policy(model), orig, ctx, shard=shard, mp=mp)
     if wrap == "peft_policy":
-        return fsdp1(model, fsdp_auto_wrap_policy(model), orig, ctx)
+        return fsdp1(model, fsdp_auto_wrap_policy(model), orig, ctx, shard=shard, mp=mp)
     raise ValueError(f"unknown wrap {wrap!r} (expected one of {', '.join(WRAPS)})")

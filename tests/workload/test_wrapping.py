@@ -46,3 +46,31 @@ def test_fsdp1_needs_orig_and_known_wrap(ctx):
         wrap(_lora(ctx), "decoder_layer", None, ctx)
     with pytest.raises(ValueError, match="unknown wrap"):
         wrap(_lora(ctx), "ddp", True, ctx)
+
+
+@pytest.mark.parametrize("shard,strategy", [("full", "FULL_SHARD"), ("grad_op", "SHARD_GRAD_OP")])
+def test_shard_axis_asks_fsdp1_for_the_strategy(ctx, shard, strategy):
+    # on one rank FSDP1 replaces any sharded strategy with NO_SHARD and says which one it was asked for
+    with pytest.warns(UserWarning, match=f"instead of ShardingStrategy.{strategy} since the world size is 1"):
+        wrap(_lora(ctx), "decoder_layer", True, ctx, shard=shard)
+
+
+def test_shard_none_is_no_shard(ctx):
+    wrapped = wrap(_lora(ctx), "decoder_layer", True, ctx, shard="none")
+    units = [m for m in wrapped.modules() if isinstance(m, FullyShardedDataParallel)]
+    assert units and {u.sharding_strategy.name for u in units} == {"NO_SHARD"}
+
+
+def test_mp_axis_sets_a_mixed_precision_policy(ctx):
+    wrapped = wrap(_lora(ctx), "decoder_layer", True, ctx, mp="bf16")
+    assert str(wrapped.mixed_precision.param_dtype) == "torch.bfloat16"
+    assert wrap(_lora(ctx), "decoder_layer", True, ctx).mixed_precision.param_dtype is None
+
+
+def test_shard_and_mp_are_fsdp1_only_and_checked(ctx):
+    with pytest.raises(ValueError, match="FSDP1 settings"):
+        wrap(_lora(ctx), "fsdp2", None, ctx, shard="none")
+    with pytest.raises(ValueError, match="unknown shard"):
+        wrap(_lora(ctx), "decoder_layer", True, ctx, shard="hybrid")
+    with pytest.raises(ValueError, match="unknown mp"):
+        wrap(_lora(ctx), "decoder_layer", True, ctx, mp="fp8")
