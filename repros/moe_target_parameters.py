@@ -25,7 +25,7 @@ CASE = "moe-target-parameters"
 EXPERTS = 4
 TARGET_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
-_SHAPE = dict(
+_MOE_SHAPE = dict(
     vocab_size=VOCAB,
     hidden_size=64,
     intermediate_size=128,
@@ -45,12 +45,12 @@ def build_moe(ctx: RankContext) -> nn.Module:
     if int(transformers.__version__.split(".")[0]) >= 5:
         from transformers import MixtralConfig, MixtralForCausalLM
 
-        model = MixtralForCausalLM(MixtralConfig(**_SHAPE))
+        model = MixtralForCausalLM(MixtralConfig(**_MOE_SHAPE))
     else:
         # ImportError before transformers 4.55, which has no GPT-OSS
         from transformers import GptOssConfig, GptOssForCausalLM
 
-        model = GptOssForCausalLM(GptOssConfig(head_dim=16, sliding_window=16, **_SHAPE))
+        model = GptOssForCausalLM(GptOssConfig(head_dim=16, sliding_window=16, **_MOE_SHAPE))
     return model.to(ctx.device)
 
 

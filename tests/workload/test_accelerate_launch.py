@@ -65,5 +65,8 @@ def test_without_accelerate_use_cpu_the_cell_is_not_fsdp(tmp_path):
     # an unwrapped model alone. The wrapper check must turn that into a failure, never a fix-holds.
     proc, rec = _launch(tmp_path, "fsdp1_cpu.yaml", "lora-fp32-orig1-decoder_layer-llama-entry_accelerate-ws2", False)
     assert rec["verdict"] == "REGRESSION", proc.stdout + proc.stderr
-    assert rec["observed"]["error_type"].endswith("CheckFailed")
-    assert "not FSDP1" in rec["observed"]["error_message"]
+    message = rec["observed"]["error_message"]
+    # accelerate 1.15.0 (observed): no FSDP state at all, the wrapper check fails the cell. accelerate 1.1.1
+    # (observed): the FSDP plugin is built from the launch env anyway, and the cell refuses a launch config that is
+    # not its own (use_orig_params=False for an orig1 cell). Either way the cell fails instead of passing.
+    assert "not FSDP1" in message or "the accelerate launch config gives use_orig_params=False" in message, message
