@@ -18,25 +18,14 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import VOCAB
+from fsdp_matrix.workload.models import TINY_SHAPE
 from fsdp_matrix.workload.recipe import wrap_and_train
 
 CASE = "moe-target-parameters"
 EXPERTS = 4
 TARGET_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
-_MOE_SHAPE = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    max_position_embeddings=64,
-    num_local_experts=EXPERTS,
-    num_experts_per_tok=2,
-    use_cache=False,
-)
+_MOE_SHAPE = dict(TINY_SHAPE, num_local_experts=EXPERTS, num_experts_per_tok=2)
 
 
 def build_moe(ctx: RankContext) -> nn.Module:

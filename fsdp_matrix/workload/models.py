@@ -19,7 +19,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 VOCAB = 128
 """Vocabulary size of every tiny model; the synthetic batch draws token ids below it."""
 
-_SHAPE = dict(
+TINY_SHAPE = dict(
     vocab_size=VOCAB,
     hidden_size=64,
     intermediate_size=128,
@@ -29,14 +29,15 @@ _SHAPE = dict(
     max_position_embeddings=64,
     use_cache=False,
 )
+"""Config keywords every tiny model shares (a repro building another architecture starts from these)."""
 
 
 def _config(name: str):
     if name == "llama":
-        return LlamaConfig(**_SHAPE), LlamaForCausalLM
+        return LlamaConfig(**TINY_SHAPE), LlamaForCausalLM
     if name == "gemma":
         # Gemma's head_dim is a free parameter (256 by default); keep it hidden / heads so the model stays tiny
-        return GemmaConfig(head_dim=16, **_SHAPE), GemmaForCausalLM
+        return GemmaConfig(head_dim=16, **TINY_SHAPE), GemmaForCausalLM
     raise ValueError(f"unknown model {name!r} (expected llama or gemma)")
 
 
