@@ -151,7 +151,7 @@ def test_cpu_nightly_runs_the_torch_axis_and_newest_then_diff_upgrade_summary():
     assert "!cancelled()" in report["if"]
     text = steps_text(report)
     assert "gh run download" in text and "python -m fsdp_matrix report results" in text
-    # one entry point does diff -> upgrade -> step summary (tests/test_nightly.py drives it with two fake nights)
+    # one entry point does diff -> upgrade -> step summary (tests/bisect/test_nightly.py drives it with two fake nights)
     assert "python -m fsdp_matrix nightly previous/report.json results/report.json" in text
     assert '--summary "$GITHUB_STEP_SUMMARY"' in text
     # the torch axis comes from a CPU index on CI: no CUDA torch download there
