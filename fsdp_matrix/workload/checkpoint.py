@@ -100,18 +100,33 @@ def read_adapter_dir(path: Path) -> Saved:
     raise CheckFailed(f"no adapter file in {path.name}/: {sorted(p.name for p in path.iterdir())}")
 
 
+def dcp_load_here(state: Dict[str, Any], path: Path) -> None:
+    """``dcp.load(state, checkpoint_id=path)`` on this rank alone, in place. torch 2.4's ``dcp.load`` has no
+    ``no_dist`` (observed: TypeError), so there the private loader that has it since torch 2.2 is used."""
+    import inspect
+
+    import torch.distributed.checkpoint as dcp
+
+    if "no_dist" in inspect.signature(dcp.load).parameters:
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    else:
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        _load_state_dict(state, storage_reader=FileSystemReader(str(path)), no_dist=True)
+
+
 def read_dcp(path: Path, prefix: str = "model.") -> Saved:
     """The adapter entries of a torch.distributed.checkpoint directory: the global size its metadata records, and
     the values, read on this rank alone (``no_dist``) into tensors of that size. ``prefix``: the top-level key
     the state dict was saved under (accelerate and the raw paths use ``{"model": state_dict}``)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
     meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
     entries = {k: m for k, m in meta.items() if k.startswith(prefix) and is_adapter(k) and hasattr(m, "size")}
     wanted = {k[len(prefix) :]: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in entries.items()}
     if wanted:
-        dcp.load({prefix.rstrip("."): wanted}, checkpoint_id=str(path), no_dist=True)
+        dcp_load_here({prefix.rstrip("."): wanted}, path)
     return Saved(
         f"DCP checkpoint {path.name}/",
         {adapter_key(k): tuple(v.shape) for k, v in wanted.items()},

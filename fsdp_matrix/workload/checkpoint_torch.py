@@ -15,6 +15,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from fsdp_matrix.workload.adapters import is_adapter
 from fsdp_matrix.workload.checkpoint import (
     barrier,
+    dcp_load_here,
     gathered_adapter,
     logits,
     on_every_rank,
@@ -95,11 +96,9 @@ def save_unwrapped(model: nn.Module, ctx: RankContext, out: Path) -> None:
 
 def load_dcp(build_peft: Callable[[], nn.Module], out: Path) -> nn.Module:
     """``dcp.load`` into a fresh PEFT model's own state dict tensors (in place), as users restore with DCP."""
-    import torch.distributed.checkpoint as dcp
-
     fresh = build_peft()
     state = {k: v for k, v in fresh.state_dict().items() if is_adapter(k)}
-    dcp.load({"model": state}, checkpoint_id=str(out / "dcp"), no_dist=True)
+    dcp_load_here({"model": state}, out / "dcp")
     return fresh
 
 
