@@ -209,8 +209,8 @@ def install(
                 return InstallResult(
                     False,
                     "refusing to download a CUDA build of torch for a CPU run (it would pull "
-                    f"{', '.join(cuda[:4])}...). Point pip or uv at a CPU build: pip's find-links/"
-                    "index-url, or UV_INDEX / UV_FIND_LINKS / UV_TORCH_BACKEND=cpu.",
+                    f"{', '.join(cuda[:4])}...). Point pip or uv at a CPU build: pip's find-links or "
+                    "index-url, or UV_INDEX, UV_FIND_LINKS or UV_TORCH_BACKEND=cpu.",
                     time.monotonic() - start,
                 )
             if cuda:
