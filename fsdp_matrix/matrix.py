@@ -8,31 +8,32 @@ version specifier, a duplicate YAML key, a repro file that does not exist.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Annotated, Any, Dict, Iterable, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Optional, Union
 
 import yaml
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from fsdp_matrix.axes import BUILTIN_AXES, Axis, allowed, same_value, shown  # noqa: F401 (same_value re-exported)
 from fsdp_matrix.errors import MatrixConfigError, UnknownCellError
+from fsdp_matrix.rules import (  # noqa: F401 (re-exported: the models' home before the split)
+    PACKAGES,
+    ErrorSignature,
+    Platform,
+    PlatformSignature,
+    PlatformSkip,
+    Requirement,
+    Rule,
+    Scalar,
+    Strict,
+    any_when,
+)
 
-PACKAGES = ("torch", "peft", "transformers", "accelerate", "bitsandbytes")
-"""The packages every combo pins and every record reports."""
-
-Scalar = Union[bool, int, float, str]
-BUILTIN_AXES = {"device": ("cpu", "cuda"), "world_size": None}
-"""Axes every cell has besides its grid's: ``when`` may match them (world size: any positive integer)."""
 DEFAULT_MATRIX = Path(__file__).resolve().parent.parent / "matrix.yaml"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Pins(_Strict):
+class Pins(Strict):
     """Exact versions of the five packages under test."""
 
     torch: str
@@ -51,7 +52,7 @@ class Pins(_Strict):
         return value
 
 
-class Combo(_Strict):
+class Combo(Strict):
     """One pinned version combination: one nox session, one env."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -79,71 +80,7 @@ class Combo(_Strict):
         return self.model_copy(update={"pins": Pins(**{**self.pins.model_dump(), **versions})})
 
 
-class ErrorSignature(_Strict):
-    """An expected error: exception type, a regex searched in the message, and optionally the raising module."""
-
-    type: str
-    match: str
-    module: Optional[str] = None
-    """Module (dotted, prefix match) of the innermost frame that raised, e.g. ``torch.distributed.fsdp._flat_param``."""
-
-    @field_validator("match")
-    @classmethod
-    def _regex(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"invalid regex: {exc}") from None
-        return value
-
-
-class Rule(_Strict):
-    """One known behaviour: when params and versions match, this is the expected outcome."""
-
-    when: Dict[str, Union[Scalar, List[Scalar]]] = {}
-    """Cell params (plus ``device`` and ``world_size``) to match; a list matches any of its values."""
-    versions: Dict[str, str] = {}
-    """Package name -> PEP 440 specifier, e.g. ``{peft: ">=0.14"}``."""
-    ok: Optional[Literal[True]] = None
-    error: Optional[ErrorSignature] = None
-    skip: Optional[str] = None
-    """Reason the cell cannot run in such an env (observed, e.g. no 4-bit on CPU); never a pass or a fail."""
-    source: str = Field(min_length=1)
-    """Where the behaviour comes from: seed report, issue or PR number, observation."""
-
-    @field_validator("versions")
-    @classmethod
-    def _specifiers(cls, value: Dict[str, str]) -> Dict[str, str]:
-        for name, spec in value.items():
-            if name not in PACKAGES:
-                raise ValueError(f"unknown package {name!r} (expected one of {', '.join(PACKAGES)})")
-            if not spec.strip():
-                # SpecifierSet("") matches every release: a rule meant for some versions would claim them all
-                raise ValueError(f"empty specifier for {name} (leave {name} out to match any version)")
-            try:
-                SpecifierSet(spec)
-            except InvalidSpecifier:
-                raise ValueError(f"invalid specifier for {name}: {spec!r}") from None
-        return value
-
-    @model_validator(mode="after")
-    def _one_outcome(self) -> Rule:
-        given = [k for k in ("ok", "error", "skip") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"needs exactly one of ok/error/skip, got {given or 'none'}")
-        return self
-
-
-class Requirement(_Strict):
-    """A condition a cell needs from the machine; unmet means skipped with ``reason``."""
-
-    when: Dict[str, Union[Scalar, List[Scalar]]] = {}
-    device: Optional[Literal["cuda"]] = None
-    min_world_size: Optional[int] = None
-    reason: str = Field(min_length=1)
-
-
-class Case(_Strict):
+class Case(Strict):
     """A reported failure: its grids of cells, what they need, and the expected outcome per version range."""
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -157,9 +94,18 @@ class Case(_Strict):
     would silently drop every cell of its grid."""
     requires: List[Requirement] = []
     expect: List[Rule] = Field(min_length=1)
-    """Rules in order; the first that matches a cell gives its expected outcome."""
+    """Rules in order; the first that matches a cell gives its expected outcome (after the platform's skips)."""
+    axes: Dict[str, Axis] = {}
+    """Axes of this case only (a user's case has its own knobs), declared like the top-level ``axes:``."""
+    _platform: Platform = PrivateAttr(default_factory=Platform)
 
-    def axes(self) -> Dict[str, List[Scalar]]:
+    @property
+    def platform(self) -> Platform:
+        """The matrix's platform rules: the Matrix that holds this case hands them over, so that every caller of
+        ``expected_for(case, ...)`` gets them without passing the matrix around."""
+        return self._platform
+
+    def grid_axes(self) -> Dict[str, List[Scalar]]:
         """Every axis of the case's grids with every value it takes."""
         out: Dict[str, List[Scalar]] = {}
         for grid in self.grids:
@@ -170,7 +116,7 @@ class Case(_Strict):
     @model_validator(mode="after")
     def _known_axes(self) -> Case:
         """A ``when`` naming an axis or a value that no cell has would never match: a dead rule, silently."""
-        axes = self.axes()
+        axes = self.grid_axes()
         named = [(f"expect[{i}].when", rule.when) for i, rule in enumerate(self.expect)]
         named += [(f"requires[{i}].when", req.when) for i, req in enumerate(self.requires)]
         for where, when in named:
@@ -178,19 +124,72 @@ class Case(_Strict):
                 if key not in axes and key not in BUILTIN_AXES:
                     have = ", ".join(sorted(axes) + list(BUILTIN_AXES))
                     raise ValueError(f"{where}.{key}: unknown axis {key!r} (this case has: {have})")
-                allowed = axes.get(key, BUILTIN_AXES.get(key))
+                values = axes.get(key, BUILTIN_AXES.get(key))
                 for value in want if isinstance(want, list) else [want]:
-                    if not _allowed(value, allowed):
-                        shown = "a positive integer" if allowed is None else ", ".join(map(repr, allowed))
-                        raise ValueError(f"{where}.{key}: unknown value {value!r} (the axis has: {shown})")
+                    if not allowed(value, values):
+                        raise ValueError(f"{where}.{key}: unknown value {value!r} (the axis has: {shown(values)})")
         return self
 
 
-class Matrix(_Strict):
+class Matrix(Strict):
     """The whole of matrix.yaml."""
 
+    axes: Optional[Dict[str, Axis]] = None
+    """The shared axes: name -> meaning and allowed values. When given, every grid axis must be declared here or
+    in its case's ``axes:``, and every grid and ``when`` value must be one of the declared values."""
+    platform: Platform = Platform()
+    """Rules every case shares (see fsdp_matrix.rules)."""
     combos: List[Combo] = Field(min_length=1)
     cases: List[Case] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _declared_axes(self) -> Matrix:
+        self._check_platform_axes()
+        if self.axes is None:
+            return self
+        for i, case in enumerate(self.cases):
+            declared = {**self.axes, **case.axes}
+            for j, grid in enumerate(case.grids):
+                for name, values in grid.items():
+                    where = f"cases[{i}]({case.id}).grids[{j}].{name}"
+                    if name not in declared:
+                        raise ValueError(
+                            f"{where}: axis {name!r} is not declared (add it to axes: or the case's axes:)"
+                        )
+                    for value in values:
+                        if not allowed(value, declared[name].values):
+                            have = shown(declared[name].values)
+                            raise ValueError(f"{where}: unknown value {value!r} (axes.{name} has: {have})")
+        return self
+
+    def _check_platform_axes(self) -> None:
+        """A platform ``when`` names declared axes and values (or, with no ``axes:``, those some grid has)."""
+        if self.axes is not None:
+            known: Dict[str, Any] = {name: axis.values for name, axis in self.axes.items()}
+        else:
+            known = {}
+            for case in self.cases:
+                for name, values in case.grid_axes().items():
+                    known.setdefault(name, []).extend(values)
+        known.update(BUILTIN_AXES)
+        for kind, rules in (("skips", self.platform.skips), ("signatures", self.platform.signatures)):
+            for k, rule in enumerate(rules):
+                for when in rule.alternatives():
+                    for key, want in when.items():
+                        where = f"platform.{kind}[{k}]({rule.id}).when.{key}"
+                        if key not in known:
+                            raise ValueError(f"{where}: unknown axis {key!r} (have: {', '.join(sorted(known))})")
+                        for value in want if isinstance(want, list) else [want]:
+                            if not allowed(value, known[key]):
+                                raise ValueError(
+                                    f"{where}: unknown value {value!r} (the axis has: {shown(known[key])})"
+                                )
+
+    @model_validator(mode="after")
+    def _hand_platform_to_cases(self) -> Matrix:
+        for case in self.cases:
+            case._platform = self.platform
+        return self
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Matrix:
@@ -224,19 +223,6 @@ class Matrix(_Strict):
         raise UnknownCellError(f"no case {case_id!r} in matrix.yaml (have: {', '.join(c.id for c in self.cases)})")
 
 
-def same_value(value: Any, want: Any) -> bool:
-    """Axis values compare as written, except that YAML writes orig as 0/1 or false/true: those are alike."""
-    if isinstance(value, bool) or isinstance(want, bool):
-        return isinstance(value, (bool, int)) and isinstance(want, (bool, int)) and bool(value) == bool(want)
-    return value == want
-
-
-def _allowed(value: Any, allowed: Optional[Iterable[Any]]) -> bool:
-    if allowed is None:  # world_size
-        return isinstance(value, int) and not isinstance(value, bool) and value > 0
-    return any(same_value(value, a) for a in allowed)
-
-
 def _loc(loc: tuple, data: Any) -> str:
     """Render a pydantic error location as ``cases[1].expect[0].error.match``, naming ids where known."""
     out = ""
@@ -250,7 +236,7 @@ def _loc(loc: tuple, data: Any) -> str:
         else:
             out += f".{part}" if out else str(part)
             node = node.get(part) if isinstance(node, dict) else None
-    return out or "<top level>"
+    return out
 
 
 def _one_line(text: str) -> str:
@@ -271,7 +257,8 @@ def parse_matrix(data: Any, origin: str = "matrix.yaml") -> Matrix:
         )
         msg = err["msg"].removeprefix("Value error, ")
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise MatrixConfigError(_one_line(f"{origin}: {_loc(loc, data)}: {msg}{more}")) from None
+        where = _loc(loc, data)
+        raise MatrixConfigError(_one_line(f"{origin}: {where + ': ' if where else ''}{msg}{more}")) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
