@@ -113,9 +113,9 @@ class Case(Strict):
                 out.setdefault(name, []).extend(v for v in values if not any(same_value(v, o) for o in out[name]))
         return out
 
-    @model_validator(mode="after")
-    def _known_axes(self) -> Case:
-        """A ``when`` naming an axis or a value that no cell has would never match: a dead rule, silently."""
+    def check_when(self) -> None:
+        """A ``when`` naming an axis or a value that no cell has would never match: a dead rule, silently. Checked by
+        the Matrix, after the grids are checked against the declared axes (a typo in a grid is named there)."""
         axes = self.grid_axes()
         named = [(f"expect[{i}].when", rule.when) for i, rule in enumerate(self.expect)]
         named += [(f"requires[{i}].when", req.when) for i, req in enumerate(self.requires)]
@@ -128,7 +128,6 @@ class Case(Strict):
                 for value in want if isinstance(want, list) else [want]:
                     if not allowed(value, values):
                         raise ValueError(f"{where}.{key}: unknown value {value!r} (the axis has: {shown(values)})")
-        return self
 
 
 class Matrix(Strict):
@@ -144,9 +143,18 @@ class Matrix(Strict):
 
     @model_validator(mode="after")
     def _declared_axes(self) -> Matrix:
+        self._check_grid_axes()
+        for i, case in enumerate(self.cases):
+            try:
+                case.check_when()
+            except ValueError as exc:
+                raise ValueError(f"cases[{i}]({case.id}).{exc}") from None
         self._check_platform_axes()
+        return self
+
+    def _check_grid_axes(self) -> None:
         if self.axes is None:
-            return self
+            return
         for i, case in enumerate(self.cases):
             declared = {**self.axes, **case.axes}
             for j, grid in enumerate(case.grids):
@@ -160,7 +168,6 @@ class Matrix(Strict):
                         if not allowed(value, declared[name].values):
                             have = shown(declared[name].values)
                             raise ValueError(f"{where}: unknown value {value!r} (axes.{name} has: {have})")
-        return self
 
     def _check_platform_axes(self) -> None:
         """A platform ``when`` names declared axes and values (or, with no ``axes:``, those some grid has)."""
