@@ -16,6 +16,7 @@ from fsdp_matrix.errors import MatrixError
 COMMANDS = {
     "run": "fsdp_matrix.runner.cli",
     "validate": "fsdp_matrix.cli",
+    "explain": "fsdp_matrix.explain",
     "report": "fsdp_matrix.report.cli",
     "diff": "fsdp_matrix.report.diff",
     "bisect": "fsdp_matrix.bisect.cli",
