@@ -8,7 +8,10 @@ changes: ``adapter``, ``dtype``, ``orig``, ``wrap`` and ``model`` come first and
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+import math
+import os
+import re
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from pydantic import Field, field_validator
 
@@ -71,3 +74,71 @@ def cell_id(params: Dict[str, Any], world_size: int) -> str:
 
 def shown(values: Optional[Iterable[Any]]) -> str:
     return "a positive integer" if values is None else ", ".join(map(repr, values))
+
+
+VALUE_CHARS = re.compile(r"[A-Za-z0-9_.+-]+")
+"""What an axis value may be made of: it is spelled into cell ids, which ``run CELL``, ``bisect`` and ``export`` take
+as ``CASE/CELL`` (a ``/`` would split it) and which name files and command lines (no whitespace)."""
+
+MAX_CELLS = 10_000
+"""Cells one matrix may expand to per device and world size; FSDP_MATRIX_MAX_CELLS raises it. The repo's has 202:
+a grid above the limit is almost surely a mistake, and counting it out would exhaust memory (issue 17, defect 14)."""
+
+
+def max_cells() -> int:
+    text = os.environ.get("FSDP_MATRIX_MAX_CELLS", "")
+    if not text:
+        return MAX_CELLS
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"FSDP_MATRIX_MAX_CELLS={text!r}: not a positive integer")
+    return int(text)
+
+
+def value_problem(value: Any) -> Optional[str]:
+    """Why ``value`` cannot be an axis value, or None."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return f"{value!r} is not a usable number"
+    if isinstance(value, str) and not VALUE_CHARS.fullmatch(value):
+        return f"{value!r}: an axis value is letters, digits and _ . + - (it is spelled into cell ids)"
+    return None
+
+
+def name_problem(name: str) -> Optional[str]:
+    """Why ``name`` cannot be an axis name, or None."""
+    if not name.isidentifier() or not name.isascii():
+        return f"axis name {name!r} is not an identifier (letters, digits, _)"
+    return None
+
+
+def check_grids(case_id: str, index: int, grids: List[Dict[str, List[Any]]]) -> int:
+    """Check one case's grids as cell ids need them; return how many cells they give (counted, not expanded).
+
+    Raises ValueError naming ``cases[index](case_id).grids[j].axis``: an empty grid, a bad axis name or value, the
+    same value twice in one list (``orig: [1, true]``), or two different values spelled alike in a cell id (``1``
+    and ``"1"`` both give ``orig1``), which would merge their cells silently.
+    """
+    spelled: Dict[Tuple[str, str], Any] = {}
+    cells = 0
+    for j, grid in enumerate(grids):
+        where = f"cases[{index}]({case_id}).grids[{j}]"
+        if not grid:
+            raise ValueError(f"{where}: an empty grid has no axes, so no cell; name at least one axis")
+        for name, values in grid.items():
+            problem = name_problem(name)
+            if problem:
+                raise ValueError(f"{where}: {problem}")
+            for k, value in enumerate(values):
+                problem = value_problem(value)
+                if problem:
+                    raise ValueError(f"{where}.{name}: {problem}")
+                text = format_value(name, value)
+                for other in values[:k]:
+                    if same_value(value, other) or format_value(name, other) == text:
+                        raise ValueError(
+                            f"{where}.{name}: {other!r} and {value!r} are one cell-id value ({text}); list it once"
+                        )
+                first = spelled.setdefault((name, text), value)
+                if not same_value(first, value):
+                    raise ValueError(f"{where}.{name}: {value!r} and {first!r} both give {text!r} in a cell id")
+        cells += math.prod(len(v) for v in grid.values())
+    return cells

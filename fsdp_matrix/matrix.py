@@ -8,14 +8,26 @@ version specifier, a duplicate YAML key, a repro file that does not exist.
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Dict, List, Optional, Union
 
-import yaml
+from packaging.requirements import InvalidRequirement
+from packaging.requirements import Requirement as Requirement508
 from packaging.version import InvalidVersion, Version
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from fsdp_matrix.axes import BUILTIN_AXES, Axis, allowed, same_value, shown  # noqa: F401 (same_value re-exported)
+from fsdp_matrix.axes import (
+    BUILTIN_AXES,
+    Axis,
+    allowed,
+    check_grids,
+    max_cells,
+    name_problem,
+    same_value,
+    shown,
+    value_problem,
+)  # noqa: F401 (same_value re-exported)
 from fsdp_matrix.errors import MatrixConfigError, UnknownCellError
 from fsdp_matrix.rules import (  # noqa: F401 (re-exported: the models' home before the split)
     PACKAGES,
@@ -29,7 +41,9 @@ from fsdp_matrix.rules import (  # noqa: F401 (re-exported: the models' home bef
     Strict,
     any_when,
 )
+from fsdp_matrix.yamlsafe import load_yaml, one_line
 
+RAISE = " (split the case, or set FSDP_MATRIX_MAX_CELLS to raise it)"
 DEFAULT_MATRIX = Path(__file__).resolve().parent.parent / "matrix.yaml"
 
 
@@ -52,17 +66,42 @@ class Pins(Strict):
         return value
 
 
+def _pep508(value: str) -> str:
+    if value.lstrip().startswith("-"):
+        raise ValueError(f"{value!r} starts with '-': the installer would read it as an option; give a requirement")
+    try:
+        Requirement508(value)
+    except InvalidRequirement:
+        raise ValueError(f"{value!r} is not a PEP 508 requirement (e.g. 'numpy<2')") from None
+    return value
+
+
+def _python_version(value: str) -> str:
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+){1,2}", value):
+        raise ValueError(f"{value!r} is not a Python version (e.g. '3.11')")
+    return value
+
+
+def _inside_repo(value: str) -> str:
+    path = PurePosixPath(value)
+    if not value or path.is_absolute() or ".." in path.parts or "\\" in value or value.startswith("~"):
+        raise ValueError(
+            f"{value!r}: a repro is a path inside the repo, relative to matrix.yaml (no '/' start, no '..')"
+        )
+    return value
+
+
 class Combo(Strict):
     """One pinned version combination: one nox session, one env."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     pins: Pins
-    extra: List[str] = []
-    """Extra requirement strings the era needs, e.g. ``numpy<2``."""
+    extra: List[Annotated[str, AfterValidator(_pep508)]] = []
+    """Extra requirement strings the era needs, e.g. ``numpy<2`` (PEP 508; never an option for the installer)."""
     tags: List[str] = []
     """Session tags: ``cpu``, ``gpu``, ``nightly``, ``tests``, ``mixed``..."""
-    python: Optional[str] = None
-    """Python version for the env; None means the interpreter running nox."""
+    python: Optional[Annotated[str, AfterValidator(_python_version)]] = None
+    """Python version for the env, e.g. ``3.11``; None means the interpreter running nox."""
     notes: str = ""
     allow_cuda_build: bool = False
     """A CPU run may install the CUDA build of torch when no CPU build of the pin is reachable through the user's
@@ -87,8 +126,8 @@ class Case(Strict):
     title: str
     report: str
     """Where the failure was reported (seed report, upstream issue)."""
-    repro: str
-    """Path of the standalone repro script, relative to the repo root."""
+    repro: Annotated[str, AfterValidator(_inside_repo)]
+    """Path of the standalone repro script, relative to the repo root (and inside it)."""
     grids: List[Dict[str, Annotated[List[Scalar], Field(min_length=1)]]] = Field(min_length=1)
     """Each grid is a product of axes; the case's cells are the union of its grids. An empty axis is refused: it
     would silently drop every cell of its grid."""
@@ -143,6 +182,22 @@ class Matrix(Strict):
 
     @model_validator(mode="after")
     def _declared_axes(self) -> Matrix:
+        # counted before anything expands a grid: a 10^9-cell grid must be one line, not a MemoryError
+        limit, total = max_cells(), 0
+        for i, case in enumerate(self.cases):
+            cells = check_grids(case.id, i, case.grids)
+            if cells > limit:
+                raise ValueError(
+                    f"cases[{i}]({case.id}).grids: {cells} cells per device and world size; limit {limit}{RAISE}"
+                )
+            total += cells
+        if total > limit:
+            raise ValueError(f"cases: {total} cells per device and world size in all; limit {limit}{RAISE}")
+        if self.axes is not None:
+            for name, axis in [*self.axes.items(), *((n, a) for c in self.cases for n, a in c.axes.items())]:
+                problem = name_problem(name) or next(filter(None, map(value_problem, axis.values)), None)
+                if problem:
+                    raise ValueError(f"axes.{name}: {problem}")
         self._check_grid_axes()
         for i, case in enumerate(self.cases):
             try:
@@ -246,11 +301,6 @@ def _loc(loc: tuple, data: Any) -> str:
     return out
 
 
-def _one_line(text: str) -> str:
-    # a message may quote the input (a NUL, a newline inside a value): what the user sees stays one line
-    return " ".join(str(text).replace("\x00", "\\x00").split())
-
-
 def parse_matrix(data: Any, origin: str = "matrix.yaml") -> Matrix:
     try:
         return Matrix.model_validate(data)
@@ -265,39 +315,7 @@ def parse_matrix(data: Any, origin: str = "matrix.yaml") -> Matrix:
         msg = err["msg"].removeprefix("Value error, ")
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         where = _loc(loc, data)
-        raise MatrixConfigError(_one_line(f"{origin}: {where + ': ' if where else ''}{msg}{more}")) from None
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error instead of "the last wins"."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
-        seen: Dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # "<<: *anchor" merges are YAML's own way of overriding keys
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = seen.setdefault(key, key_node.start_mark.line)
-            except TypeError:
-                continue  # an unhashable key: the base loader says so
-            if first != key_node.start_mark.line:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {first + 1})", key_node.start_mark
-                )
-        return super().construct_mapping(node, deep=deep)
-
-
-def _yaml_error(path: Path, text: str, exc: yaml.YAMLError) -> str:
-    if isinstance(exc, yaml.reader.ReaderError):
-        # a byte YAML cannot hold at all (NUL, other controls): its own message spans two lines
-        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
-        name = {"\x00": "NUL"}.get(char, f"control character #x{ord(char):02x}")
-        line = text.count("\n", 0, exc.position) + 1
-        return f"{path}: line {line}: not valid YAML: {name} at character {exc.position}"
-    mark = getattr(exc, "problem_mark", None)
-    where = f" line {mark.line + 1}:" if mark else ""
-    return f"{path}:{where} not valid YAML: {getattr(exc, 'problem', None) or exc}"
+        raise MatrixConfigError(one_line(f"{origin}: {where + ': ' if where else ''}{msg}{more}")) from None
 
 
 def load_matrix(path: Union[str, Path, None] = None, check_repros: bool = True) -> Matrix:
@@ -307,17 +325,22 @@ def load_matrix(path: Union[str, Path, None] = None, check_repros: bool = True) 
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise MatrixConfigError(_one_line(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")) from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        raise MatrixConfigError(_one_line(_yaml_error(path, text, exc))) from None
+        raise MatrixConfigError(one_line(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")) from None
+    data = load_yaml(path, text)
     matrix = parse_matrix(data, origin=path.name)
     if check_repros:
+        folder = path.parent.resolve()
         for i, case in enumerate(matrix.cases):
+            repro = (path.parent / case.repro).resolve()
+            if repro.is_file() and not repro.is_relative_to(folder):
+                raise MatrixConfigError(
+                    one_line(
+                        f"{path.name}: cases[{i}]({case.id}).repro: {case.repro} resolves outside {folder} (a link?)"
+                    )
+                )
             if not (path.parent / case.repro).is_file():
                 raise MatrixConfigError(
-                    _one_line(
+                    one_line(
                         f"{path.name}: cases[{i}]({case.id}).repro: {case.repro}: no such file "
                         f"(relative to {path.parent})"
                     )

@@ -94,7 +94,7 @@ class Requirement(Strict):
 
     when: When = {}
     device: Optional[Literal["cuda"]] = None
-    min_world_size: Optional[int] = None
+    min_world_size: Optional[int] = Field(default=None, ge=1)
     reason: str = Field(min_length=1)
 
 

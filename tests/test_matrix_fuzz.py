@@ -3,12 +3,13 @@
 Hypothesis mutates the valid test matrix (replaces a node anywhere with junk, drops or adds keys) and writes random
 YAML text. A document that is accepted must give cells that every command can address: unique keys that
 ``find_cell`` resolves, with no ``/`` or whitespace in a cell id. ``pytest.mark.timeout`` guards against a hang;
-nothing here asserts speed.
+nothing here asserts speed. FSDP_MATRIX_FUZZ_EXAMPLES sets how many examples each test tries (default 300).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +21,7 @@ from fsdp_matrix.matrix import Matrix, load_matrix, parse_matrix
 from tests.helpers import matrix_data, write_matrix
 
 FUZZ = settings(
-    max_examples=300,
+    max_examples=int(os.environ.get("FSDP_MATRIX_FUZZ_EXAMPLES", "300")),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -129,6 +130,10 @@ def test_mutated_documents_are_accepted_and_addressable_or_one_line(data):
                 "?",
                 "|",
                 ">",
+                "\x00",
+                "\x07",
+                "\ufeff",
+                "\u2028",
             ]
         ),
         max_size=40,
