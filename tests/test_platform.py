@@ -123,3 +123,67 @@ if __name__ == "__main__":
     print(f"{total} (combo, cell) pairs; {total - len(found)} identical; differences: {Counter(f[2] for f in found)}")
     for f in found:
         print(*f)
+
+
+def test_a_newcomers_case_without_platform_rules_gets_them_on_every_combo(tmp_path):
+    """The README's example case, with no platform fact copied into it: every combo gives it the platform's skips
+    and signatures, so it meets no DIFFERENT-ERROR on combos its author never ran."""
+    import yaml
+
+    from fsdp_matrix.cells import expand_case
+
+    data = yaml.safe_load((Path(__file__).resolve().parent.parent / "matrix.yaml").read_text())
+    data["cases"].append(
+        {
+            "id": "my-bug",
+            "title": "t",
+            "report": "r",
+            "repro": "repros/lora_requires_grad.py",
+            "grids": [
+                {
+                    "adapter": ["lora"],
+                    "dtype": ["fp32"],
+                    "orig": [0, 1],
+                    "wrap": ["decoder_layer", "peft_policy"],
+                    "model": ["llama"],
+                },
+                {"adapter": ["lora"], "dtype": ["fp32"], "wrap": ["fsdp2"], "model": ["llama"]},
+            ],
+            "expect": [
+                {
+                    "when": {"orig": 0, "wrap": "decoder_layer"},
+                    "error": {"type": "ValueError", "match": "uniform"},
+                    "source": "s",
+                },
+                {"ok": True, "source": "s"},
+            ],
+        }
+    )
+    from fsdp_matrix.matrix import parse_matrix
+
+    matrix = parse_matrix(data)
+    case = matrix.case("my-bug")
+    seen = Counter()
+    for combo in matrix.combos:
+        pins = combo.pins.model_dump()
+        for cell in expand_case(case, device_of(combo)):
+            tr = trace(case, cell, pins)
+            wrap, torch = cell.params_dict["wrap"], tuple(int(x) for x in pins["torch"].split(".")[:2])
+            on_cpu = cell.device == "cpu"
+            if wrap == "fsdp2" and on_cpu and torch < (2, 6):
+                assert tr.expected.platform == "fsdp2-no-cpu", (combo.id, cell.key)
+                seen["skipped before running"] += 1
+            elif wrap == "fsdp2" and on_cpu and torch < (2, 7):
+                # torch 2.6: it runs, and the record_event error is judged skipped
+                verdict = judge(tr.expected, "error", "AttributeError", RECORD_EVENT, "torch.cuda.streams").verdict
+                assert verdict is Verdict.SKIPPED, (combo.id, cell.key)
+                seen["record_event judged skipped"] += 1
+            if combo.id == "mixed-peft0.10-acc1.15" and wrap == "peft_policy":
+                verdict = judge(tr.expected, "error", "AttributeError", PEFT010, "peft.utils.other").verdict
+                assert verdict is Verdict.SKIPPED, cell.key
+                seen["PEFT 0.10 policy judged skipped"] += 1
+    assert seen == {
+        "skipped before running": 2,  # torch2.4, torch2.5 (the GPU combos run on cuda)
+        "record_event judged skipped": 1,
+        "PEFT 0.10 policy judged skipped": 2,
+    }
