@@ -10,6 +10,9 @@ A rule is dead when
   rule always wins there. (A rule whose versions no combo has is not reported: it may be written for a release the
   matrix does not pin, like merge-device's ``peft==0.13.0``.)
 
+A rule whose ``versions`` admit no release at all (``>=0.14,<0.13``) is reported too: the specifier is tried on
+every boundary version it names and its neighbours.
+
 A case rule duplicates a platform rule when it expects the error of a platform signature (the case's rule would win
 and call it reproduced), or when a platform skip already selects every cell it selects for the same versions.
 """
@@ -18,6 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Tuple
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.cells import Cell, expand_case, matches
 from fsdp_matrix.expectations import trace
@@ -47,9 +53,47 @@ def _asks_no_more(earlier: Mapping[str, str], later: Mapping[str, str]) -> bool:
     return all(later.get(pkg) == spec for pkg, spec in earlier.items())
 
 
+def _neighbours(version: Version) -> List[Version]:
+    """``version`` and the releases just above and below it at each level (1.2.3 -> 1.2.4, 1.3.0, 2.0.0, 1.2.2,
+    1.1.999, 0.999.999): enough to find a release inside any interval whose ends are written as versions."""
+    rel = list(version.release) + [0] * (3 - len(version.release))
+    out = [version]
+    for i in range(3):
+        out.append(Version(".".join(map(str, rel[:i] + [rel[i] + 1] + [0] * (2 - i)))))
+        if rel[i] > 0:
+            out.append(Version(".".join(map(str, rel[:i] + [rel[i] - 1] + [999] * (2 - i)))))
+    return out
+
+
+def empty_specifier(spec: str) -> bool:
+    """True when no release can satisfy ``spec``."""
+    specs = SpecifierSet(spec)
+    candidates = [Version("0"), Version("999")]
+    for one in specs:
+        try:
+            candidates += _neighbours(Version(one.version.rstrip(".*")))
+        except InvalidVersion:
+            return False  # an arbitrary-equality string: leave it alone
+    return not any(specs.contains(c, prereleases=True) for c in candidates)
+
+
+def _empty_versions(where: str, versions: Mapping[str, str]) -> List[Finding]:
+    return [
+        Finding(f"{where}.versions.{pkg}", f"{spec!r} admits no release: the rule can never match")
+        for pkg, spec in versions.items()
+        if empty_specifier(spec)
+    ]
+
+
 def lint(matrix: Matrix) -> List[Finding]:
     out: List[Finding] = []
     platform = matrix.platform
+    for kind, rules in (("skips", platform.skips), ("signatures", platform.signatures)):
+        for k, rule in enumerate(rules):
+            out += _empty_versions(f"platform.{kind}[{k}]({rule.id})", rule.versions)
+    for i, case in enumerate(matrix.cases):
+        for r, rule in enumerate(case.expect):
+            out += _empty_versions(f"cases[{i}]({case.id}).expect[{r}]", rule.versions)
     all_cells = {case.id: _cells(case) for case in matrix.cases}
     for kind, rules in (("skips", platform.skips), ("signatures", platform.signatures)):
         for k, rule in enumerate(rules):

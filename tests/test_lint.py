@@ -94,3 +94,13 @@ def test_validate_exits_non_zero_with_one_line_per_finding(tmp_path, capsys):
         "fsdp_matrix validate: cases[0](lora-requires-grad).expect[0]: when {'orig': 1, 'wrap': 'fsdp2'} selects no "
         "cell of the case"
     ]
+
+
+def test_versions_no_release_satisfies_are_reported():
+    from fsdp_matrix.lint import empty_specifier
+
+    assert empty_specifier(">=0.14,<0.13") and empty_specifier("<2.7,>2.7") and empty_specifier("==1.0,!=1.0")
+    assert not any(empty_specifier(s) for s in ("<2.7", ">=0.12,<0.14", "==0.13.0", ">=2.6,<2.8", "==2.*", "<0.1"))
+    data = matrix_data()
+    data["cases"][0]["expect"][2]["versions"] = {"peft": ">=0.14,<0.13"}
+    assert "cases[0](lora-requires-grad).expect[2].versions.peft: '>=0.14,<0.13' admits no release" in _lines(data)[0]
