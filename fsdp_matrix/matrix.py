@@ -9,7 +9,7 @@ version specifier, a duplicate YAML key, a repro file that does not exist.
 from __future__ import annotations
 
 import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Annotated, Any, Dict, List, Optional, Union
 
 from packaging.requirements import InvalidRequirement
@@ -83,11 +83,10 @@ def _python_version(value: str) -> str:
 
 
 def _inside_repo(value: str) -> str:
-    path = PurePosixPath(value)
-    if not value or path.is_absolute() or ".." in path.parts or "\\" in value or value.startswith("~"):
-        raise ValueError(
-            f"{value!r}: a repro is a path inside the repo, relative to matrix.yaml (no '/' start, no '..')"
-        )
+    # where it leads ('..', an absolute path, a link) is checked once the file is known (load_matrix): a test matrix
+    # in another folder may name the repo's repros by an absolute path or by '..'
+    if not value.strip() or "\\" in value or value.startswith("~") or "\x00" in value:
+        raise ValueError(f"{value!r}: a repro is a path relative to matrix.yaml, inside the repo")
     return value
 
 
@@ -329,14 +328,13 @@ def load_matrix(path: Union[str, Path, None] = None, check_repros: bool = True) 
     data = load_yaml(path, text)
     matrix = parse_matrix(data, origin=path.name)
     if check_repros:
-        folder = path.parent.resolve()
+        roots = {path.parent.resolve(), DEFAULT_MATRIX.parent.resolve()}
         for i, case in enumerate(matrix.cases):
             repro = (path.parent / case.repro).resolve()
-            if repro.is_file() and not repro.is_relative_to(folder):
+            if not any(repro.is_relative_to(root) for root in roots):
+                where = " or ".join(sorted(map(str, roots)))
                 raise MatrixConfigError(
-                    one_line(
-                        f"{path.name}: cases[{i}]({case.id}).repro: {case.repro} resolves outside {folder} (a link?)"
-                    )
+                    one_line(f"{path.name}: cases[{i}]({case.id}).repro: {case.repro} resolves outside {where}")
                 )
             if not (path.parent / case.repro).is_file():
                 raise MatrixConfigError(
