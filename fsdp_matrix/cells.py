@@ -6,11 +6,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from fsdp_matrix.axes import ID_ORDER, cell_id, same_value  # noqa: F401 (cell_id, ID_ORDER: re-exported)
 from fsdp_matrix.errors import UnknownCellError
-from fsdp_matrix.matrix import Case, Matrix, Requirement, same_value
-
-# Axes named in the id in this order, bare; any other axis follows as ``name_value`` (``name0/1`` for bools).
-ID_ORDER = ("adapter", "dtype", "orig", "wrap", "model")
+from fsdp_matrix.matrix import Case, Matrix, Requirement
 
 
 @dataclass(frozen=True)
@@ -42,23 +40,6 @@ class Cell:
     def context(self) -> Dict[str, Any]:
         """What expectation and requirement rules can match on: params plus device and world size."""
         return {**self.params_dict, "device": self.device, "world_size": self.world_size}
-
-
-def _fmt(name: str, value: Any) -> str:
-    if isinstance(value, bool):
-        value = int(value)
-    if name == "orig":
-        return f"orig{value}"
-    if name in ID_ORDER:
-        return str(value)
-    if isinstance(value, int):
-        return f"{name}{value}"
-    return f"{name}_{value}"
-
-
-def cell_id(params: Dict[str, Any], world_size: int) -> str:
-    names = [n for n in ID_ORDER if n in params] + sorted(n for n in params if n not in ID_ORDER)
-    return "-".join([_fmt(n, params[n]) for n in names] + [f"ws{world_size}"])
 
 
 def expand_case(case: Case, device: str = "cpu", world_size: int = 2) -> List[Cell]:
@@ -113,6 +94,21 @@ def matches(when: Dict[str, Any], context: Dict[str, Any]) -> bool:
         if not any(same_value(context[key], o) for o in options):
             return False
     return True
+
+
+def which_mismatch(when: Dict[str, Any], context: Dict[str, Any]) -> Optional[str]:
+    """Why ``when`` does not match ``context`` (``wrap: fsdp2 != decoder_layer``), or None when it matches."""
+    for key, want in when.items():
+        if key not in context:
+            return f"{key}: this cell has no {key} axis"
+        options = want if isinstance(want, list) else [want]
+        if not any(same_value(context[key], o) for o in options):
+            return (
+                f"{key}: {context[key]!r} not in {options!r}"
+                if isinstance(want, list)
+                else f"{key}: {context[key]!r} != {want!r}"
+            )
+    return None
 
 
 def unmet_requirement(requires: Iterable[Requirement], cell: Cell) -> Optional[str]:

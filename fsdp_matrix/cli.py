@@ -16,6 +16,7 @@ from fsdp_matrix.errors import MatrixError
 COMMANDS = {
     "run": "fsdp_matrix.runner.cli",
     "validate": "fsdp_matrix.cli",
+    "explain": "fsdp_matrix.explain",
     "report": "fsdp_matrix.report.cli",
     "diff": "fsdp_matrix.report.diff",
     "bisect": "fsdp_matrix.bisect.cli",
@@ -27,13 +28,19 @@ COMMANDS = {
 
 
 def validate_main(argv: List[str]) -> int:
-    """Check matrix.yaml; print one line naming the bad key, or a summary."""
+    """Check matrix.yaml; print one line naming the bad key, or one line per dead or duplicated rule, or a summary."""
     from fsdp_matrix.cells import expand
+    from fsdp_matrix.lint import lint
     from fsdp_matrix.matrix import load_matrix
 
     p = argparse.ArgumentParser(prog="fsdp_matrix validate", description=validate_main.__doc__)
     p.add_argument("matrix", nargs="?", type=Path)
     matrix = load_matrix(p.parse_args(argv).matrix)
+    findings = lint(matrix)
+    for finding in findings:
+        print(f"fsdp_matrix validate: {finding.line()}", file=sys.stderr)
+    if findings:
+        return 1
     print(f"ok: {len(matrix.combos)} combos, {len(matrix.cases)} cases, {len(expand(matrix))} cells per CPU combo")
     return 0
 

@@ -1,16 +1,29 @@
-"""Expectations: which matrix.yaml rule applies to a cell in an env, and whether an observed error fits it."""
+"""Expectations: which matrix.yaml rule applies to a cell in an env, and whether an observed error fits it.
+
+``trace`` is the one place that decides: it tries every rule in order and keeps each trial (matched or not, and
+why); ``expected_for`` is its verdict and ``explain`` prints its trials, so the two cannot disagree. The order:
+
+1. the case's ``requires`` (the machine: device, world size; the session checks them first and skips the cell),
+2. the platform's skips (shared facts about an env; before the case's rules, so a broad ``ok: true`` never hides
+   them),
+3. the case's ``expect`` rules, first match wins,
+4. the platform's signatures: carried in the Expected, used by ``verdicts.judge`` only on an observed error that
+   the case's rule did not expect.
+"""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix.cells import Cell, matches
+from fsdp_matrix.cells import Cell, matches, unmet_requirement, which_mismatch
 from fsdp_matrix.matrix import Case, Rule
+from fsdp_matrix.rules import ErrorSignature, PlatformRule
 
 
 @dataclass(frozen=True)
@@ -31,6 +44,11 @@ class Expected:
     """Index of the matching rule in the case's ``expect`` list."""
     source: Optional[str] = None
     """The rule's citation."""
+    platform: Optional[str] = None
+    """Id of the platform skip that gave this outcome (then ``rule`` is None)."""
+    signatures: Tuple[Dict[str, Any], ...] = ()
+    """The platform signatures that apply to this cell and env: ``{id, reason, source, errors: [{type, match,
+    module}]}``. An observed error the rule did not expect that fits one is judged skipped."""
 
     def describe(self) -> str:
         if self.kind == "ok":
@@ -43,13 +61,49 @@ class Expected:
         return "no rule matches"
 
     def to_json(self) -> Dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        out = {k: v for k, v in asdict(self).items() if v is not None and k != "signatures"}
+        if self.signatures:
+            out["signatures"] = [dict(s) for s in self.signatures]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Expected:
-        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__})
+        fields = {k: data.get(k) for k in cls.__dataclass_fields__ if k != "signatures"}
+        return cls(**fields, signatures=tuple(data.get("signatures") or ()))
 
 
+@dataclass(frozen=True)
+class Trial:
+    """One rule tried for a cell: where it is, whether it matched, and why."""
+
+    stage: str
+    """``requires``, ``platform skip``, ``case rule`` or ``platform signature``."""
+    name: str
+    """Where the rule is in matrix.yaml: ``requires[0]``, ``platform.skips[0](fsdp2-no-cpu)``, ``expect[3]``."""
+    matched: bool
+    """Its ``when`` and ``versions`` (or requirement) hold for this cell and env."""
+    why: str
+    """The ``when`` key or version specifier that failed, or what matched."""
+    outcome: str
+    """What the rule says: ``skip (...)``, ``ok``, ``ValueError: /.../``."""
+    decides: bool = False
+    """The first unmet requirement (the session skips the cell), or the first matching rule (its outcome is the
+    cell's Expected, recorded even when a requirement skips the cell)."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Every rule tried for one cell in one env, and what they decide."""
+
+    trials: Tuple[Trial, ...]
+    """In the order they are tried."""
+    requirement: Optional[str]
+    """The unmet requirement that skips the cell before any rule, or None."""
+    expected: Expected
+    """The outcome of the platform skips and the case's rules (requirements aside, as the session records it)."""
+
+
+@functools.lru_cache(maxsize=4096)
 def version_matches(spec: str, installed: Optional[str]) -> bool:
     if installed is None:
         return False
@@ -60,41 +114,150 @@ def version_matches(spec: str, installed: Optional[str]) -> bool:
         return False
 
 
+def version_mismatch(specs: Mapping[str, str], versions: Mapping[str, Optional[str]]) -> Optional[str]:
+    """The first ``versions`` specifier the env fails (``torch 2.13.0 not <2.7``), or None."""
+    for pkg, spec in specs.items():
+        if not version_matches(spec, versions.get(pkg)):
+            return f"{pkg} {versions.get(pkg) or '(not installed)'} not {spec}"
+    return None
+
+
 def rule_matches(rule: Rule, cell: Cell, versions: Mapping[str, Optional[str]]) -> bool:
-    return matches(rule.when, cell.context()) and all(
-        version_matches(spec, versions.get(pkg)) for pkg, spec in rule.versions.items()
-    )
+    return matches(rule.when, cell.context()) and version_mismatch(rule.versions, versions) is None
+
+
+def _why(whens: List[Dict[str, Any]], specs: Mapping[str, str], cell: Cell, versions) -> Tuple[bool, str]:
+    ctx = cell.context()
+    misses = [which_mismatch(w, ctx) for w in whens]
+    if all(misses):
+        return False, "when " + (
+            misses[0] if len(misses) == 1 else "; ".join(f"[{i}] {m}" for i, m in enumerate(misses))
+        )
+    off = version_mismatch(specs, versions)
+    if off:
+        return False, f"versions: {off}"
+    said = [f"{k} {versions.get(k)} {v}" for k, v in specs.items()]
+    return True, "matches" + (f" ({', '.join(said)})" if said else "")
+
+
+def _rule_expected(rule: Rule, index: int) -> Expected:
+    if rule.ok:
+        return Expected("ok", rule=index, source=rule.source)
+    if rule.skip is not None:
+        return Expected("skip", reason=rule.skip, rule=index, source=rule.source)
+    err = rule.error
+    return Expected("error", err.type, err.match, err.module, rule=index, source=rule.source)
+
+
+def _signature_json(rule: PlatformRule) -> Dict[str, Any]:
+    errors = [e.model_dump(exclude_none=True) for e in getattr(rule, "errors", [])]
+    return {"id": rule.id, "reason": rule.reason, "source": rule.source, "errors": errors}
+
+
+def trace(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> Trace:
+    """Try every rule for ``cell`` under the installed ``versions``, in order (see the module docstring)."""
+    trials: List[Trial] = []
+    requirement = unmet_requirement(case.requires, cell)
+    for i, req in enumerate(case.requires):
+        miss = which_mismatch(req.when, cell.context())
+        need = f"device {req.device}" if req.device else f"world size >= {req.min_world_size}"
+        unmet = miss is None and unmet_requirement([req], cell) is not None
+        why = f"when {miss}" if miss else (f"unmet: needs {need}" if unmet else f"met: needs {need}")
+        decides = unmet and not any(t.decides for t in trials)
+        trials.append(Trial("requires", f"requires[{i}]", unmet, why, f"skip ({req.reason})", decides))
+    expected: Optional[Expected] = None
+    for i, skip in enumerate(case.platform.skips):
+        hit, why = _why(skip.alternatives(), skip.versions, cell, versions)
+        decides = hit and expected is None
+        if decides:
+            expected = Expected("skip", reason=skip.reason, source=skip.source, platform=skip.id)
+        trials.append(
+            Trial(
+                "platform skip",
+                f"platform.skips[{i}]({skip.id})",
+                hit,
+                why,
+                f"skip ({skip.reason})",
+                decides,
+            )
+        )
+    for i, rule in enumerate(case.expect):
+        hit, why = _why([rule.when], rule.versions, cell, versions)
+        decides = hit and expected is None
+        if decides:
+            expected = _rule_expected(rule, i)
+        trials.append(
+            Trial(
+                "case rule",
+                f"expect[{i}]",
+                hit,
+                why,
+                _rule_expected(rule, i).describe(),
+                decides,
+            )
+        )
+    signatures = []
+    for i, sig in enumerate(case.platform.signatures):
+        hit, why = _why(sig.alternatives(), sig.versions, cell, versions)
+        if hit:
+            signatures.append(_signature_json(sig))
+        fits = " or ".join(f"{e.type}: /{e.match}/" for e in sig.errors)
+        trials.append(
+            Trial(
+                "platform signature",
+                f"platform.signatures[{i}]({sig.id})",
+                hit,
+                why,
+                f"skipped ({sig.reason}) if an error the case did not expect fits {fits}",
+            )
+        )
+    expected = expected or Expected("none")
+    if signatures:
+        expected = Expected(**{**expected.__dict__, "signatures": tuple(signatures)})
+    return Trace(tuple(trials), requirement, expected)
 
 
 def expected_for(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> Expected:
-    """The outcome the case's first matching rule gives this cell under these installed versions.
+    """The outcome the platform's skips, then the case's first matching rule, give this cell under these installed
+    versions, with the platform signatures that apply (see ``trace``). No match is kind ``none``."""
+    return trace(case, cell, versions).expected
 
-    Rules are tried in matrix.yaml order; a rule matches when every ``when`` key equals the cell's value (device and
-    world size included) and every ``versions`` specifier contains the installed release. No match is kind ``none``.
-    """
-    for index, rule in enumerate(case.expect):
-        if not rule_matches(rule, cell, versions):
-            continue
-        if rule.ok:
-            return Expected("ok", rule=index, source=rule.source)
-        if rule.skip is not None:
-            return Expected("skip", reason=rule.skip, rule=index, source=rule.source)
-        err = rule.error
-        return Expected("error", err.type, err.match, err.module, rule=index, source=rule.source)
-    return Expected("none")
+
+def error_fits(
+    sig: ErrorSignature | Mapping[str, Any],
+    error_type: Optional[str],
+    message: Optional[str],
+    location: Optional[str],
+) -> bool:
+    """Does an observed error fit a signature? Type by class name, regex searched, module by prefix."""
+    want = sig if isinstance(sig, Mapping) else sig.model_dump()
+    if not error_type:
+        return False
+    if error_type != want["type"] and error_type.rsplit(".", 1)[-1] != want["type"]:
+        return False
+    if not re.search(want.get("match") or "", message or ""):
+        return False
+    if want.get("module"):
+        mod = location or ""
+        return mod == want["module"] or mod.startswith(want["module"] + ".")
+    return True
 
 
 def signature_matches(
     expected: Expected, error_type: Optional[str], message: Optional[str], location: Optional[str]
 ) -> bool:
     """Does an observed error fit the expected signature? Type by class name, regex searched, module by prefix."""
-    if expected.kind != "error" or not error_type:
+    if expected.kind != "error":
         return False
-    if error_type != expected.error_type and error_type.rsplit(".", 1)[-1] != expected.error_type:
-        return False
-    if not re.search(expected.match or "", message or ""):
-        return False
-    if expected.module:
-        mod = location or ""
-        return mod == expected.module or mod.startswith(expected.module + ".")
-    return True
+    want = {"type": expected.error_type, "match": expected.match, "module": expected.module}
+    return error_fits(want, error_type, message, location)
+
+
+def platform_signature(
+    expected: Expected, error_type: Optional[str], message: Optional[str], location: Optional[str]
+) -> Optional[Dict[str, Any]]:
+    """The first platform signature carried by ``expected`` that the observed error fits, or None."""
+    for sig in expected.signatures:
+        if any(error_fits(e, error_type, message, location) for e in sig.get("errors", ())):
+            return sig
+    return None

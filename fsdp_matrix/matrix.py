@@ -10,29 +10,44 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Dict, Iterable, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Optional, Union
 
-import yaml
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.requirements import InvalidRequirement
+from packaging.requirements import Requirement as Requirement508
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from fsdp_matrix.axes import (
+    BUILTIN_AXES,
+    Axis,
+    allowed,
+    check_grids,
+    max_cells,
+    name_problem,
+    same_value,
+    shown,
+    value_problem,
+)  # noqa: F401 (same_value re-exported)
 from fsdp_matrix.errors import MatrixConfigError, UnknownCellError
+from fsdp_matrix.rules import (  # noqa: F401 (re-exported: the models' home before the split)
+    PACKAGES,
+    ErrorSignature,
+    Platform,
+    PlatformSignature,
+    PlatformSkip,
+    Requirement,
+    Rule,
+    Scalar,
+    Strict,
+    any_when,
+)
+from fsdp_matrix.yamlsafe import load_yaml, one_line
 
-PACKAGES = ("torch", "peft", "transformers", "accelerate", "bitsandbytes")
-"""The packages every combo pins and every record reports."""
-
-Scalar = Union[bool, int, float, str]
-BUILTIN_AXES = {"device": ("cpu", "cuda"), "world_size": None}
-"""Axes every cell has besides its grid's: ``when`` may match them (world size: any positive integer)."""
+RAISE = " (split the case, or set FSDP_MATRIX_MAX_CELLS to raise it)"
 DEFAULT_MATRIX = Path(__file__).resolve().parent.parent / "matrix.yaml"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Pins(_Strict):
+class Pins(Strict):
     """Exact versions of the five packages under test."""
 
     torch: str
@@ -51,17 +66,41 @@ class Pins(_Strict):
         return value
 
 
-class Combo(_Strict):
+def _pep508(value: str) -> str:
+    if value.lstrip().startswith("-"):
+        raise ValueError(f"{value!r} starts with '-': the installer would read it as an option; give a requirement")
+    try:
+        Requirement508(value)
+    except InvalidRequirement:
+        raise ValueError(f"{value!r} is not a PEP 508 requirement (e.g. 'numpy<2')") from None
+    return value
+
+
+def _python_version(value: str) -> str:
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+){1,2}", value):
+        raise ValueError(f"{value!r} is not a Python version (e.g. '3.11')")
+    return value
+
+
+def _inside_repo(value: str) -> str:
+    # where it leads ('..', an absolute path, a link) is checked once the file is known (load_matrix): a test matrix
+    # in another folder may name the repo's repros by an absolute path or by '..'
+    if not value.strip() or "\\" in value or value.startswith("~") or "\x00" in value:
+        raise ValueError(f"{value!r}: a repro is a path relative to matrix.yaml, inside the repo")
+    return value
+
+
+class Combo(Strict):
     """One pinned version combination: one nox session, one env."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     pins: Pins
-    extra: List[str] = []
-    """Extra requirement strings the era needs, e.g. ``numpy<2``."""
+    extra: List[Annotated[str, AfterValidator(_pep508)]] = []
+    """Extra requirement strings the era needs, e.g. ``numpy<2`` (PEP 508; never an option for the installer)."""
     tags: List[str] = []
     """Session tags: ``cpu``, ``gpu``, ``nightly``, ``tests``, ``mixed``..."""
-    python: Optional[str] = None
-    """Python version for the env; None means the interpreter running nox."""
+    python: Optional[Annotated[str, AfterValidator(_python_version)]] = None
+    """Python version for the env, e.g. ``3.11``; None means the interpreter running nox."""
     notes: str = ""
     allow_cuda_build: bool = False
     """A CPU run may install the CUDA build of torch when no CPU build of the pin is reachable through the user's
@@ -79,87 +118,32 @@ class Combo(_Strict):
         return self.model_copy(update={"pins": Pins(**{**self.pins.model_dump(), **versions})})
 
 
-class ErrorSignature(_Strict):
-    """An expected error: exception type, a regex searched in the message, and optionally the raising module."""
-
-    type: str
-    match: str
-    module: Optional[str] = None
-    """Module (dotted, prefix match) of the innermost frame that raised, e.g. ``torch.distributed.fsdp._flat_param``."""
-
-    @field_validator("match")
-    @classmethod
-    def _regex(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"invalid regex: {exc}") from None
-        return value
-
-
-class Rule(_Strict):
-    """One known behaviour: when params and versions match, this is the expected outcome."""
-
-    when: Dict[str, Union[Scalar, List[Scalar]]] = {}
-    """Cell params (plus ``device`` and ``world_size``) to match; a list matches any of its values."""
-    versions: Dict[str, str] = {}
-    """Package name -> PEP 440 specifier, e.g. ``{peft: ">=0.14"}``."""
-    ok: Optional[Literal[True]] = None
-    error: Optional[ErrorSignature] = None
-    skip: Optional[str] = None
-    """Reason the cell cannot run in such an env (observed, e.g. no 4-bit on CPU); never a pass or a fail."""
-    source: str = Field(min_length=1)
-    """Where the behaviour comes from: seed report, issue or PR number, observation."""
-
-    @field_validator("versions")
-    @classmethod
-    def _specifiers(cls, value: Dict[str, str]) -> Dict[str, str]:
-        for name, spec in value.items():
-            if name not in PACKAGES:
-                raise ValueError(f"unknown package {name!r} (expected one of {', '.join(PACKAGES)})")
-            if not spec.strip():
-                # SpecifierSet("") matches every release: a rule meant for some versions would claim them all
-                raise ValueError(f"empty specifier for {name} (leave {name} out to match any version)")
-            try:
-                SpecifierSet(spec)
-            except InvalidSpecifier:
-                raise ValueError(f"invalid specifier for {name}: {spec!r}") from None
-        return value
-
-    @model_validator(mode="after")
-    def _one_outcome(self) -> Rule:
-        given = [k for k in ("ok", "error", "skip") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"needs exactly one of ok/error/skip, got {given or 'none'}")
-        return self
-
-
-class Requirement(_Strict):
-    """A condition a cell needs from the machine; unmet means skipped with ``reason``."""
-
-    when: Dict[str, Union[Scalar, List[Scalar]]] = {}
-    device: Optional[Literal["cuda"]] = None
-    min_world_size: Optional[int] = None
-    reason: str = Field(min_length=1)
-
-
-class Case(_Strict):
+class Case(Strict):
     """A reported failure: its grids of cells, what they need, and the expected outcome per version range."""
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     title: str
     report: str
     """Where the failure was reported (seed report, upstream issue)."""
-    repro: str
-    """Path of the standalone repro script, relative to the repo root."""
+    repro: Annotated[str, AfterValidator(_inside_repo)]
+    """Path of the standalone repro script, relative to the repo root (and inside it)."""
     grids: List[Dict[str, Annotated[List[Scalar], Field(min_length=1)]]] = Field(min_length=1)
     """Each grid is a product of axes; the case's cells are the union of its grids. An empty axis is refused: it
     would silently drop every cell of its grid."""
     requires: List[Requirement] = []
     expect: List[Rule] = Field(min_length=1)
-    """Rules in order; the first that matches a cell gives its expected outcome."""
+    """Rules in order; the first that matches a cell gives its expected outcome (after the platform's skips)."""
+    axes: Dict[str, Axis] = {}
+    """Axes of this case only (a user's case has its own knobs), declared like the top-level ``axes:``."""
+    _platform: Platform = PrivateAttr(default_factory=Platform)
 
-    def axes(self) -> Dict[str, List[Scalar]]:
+    @property
+    def platform(self) -> Platform:
+        """The matrix's platform rules: the Matrix that holds this case hands them over, so that every caller of
+        ``expected_for(case, ...)`` gets them without passing the matrix around."""
+        return self._platform
+
+    def grid_axes(self) -> Dict[str, List[Scalar]]:
         """Every axis of the case's grids with every value it takes."""
         out: Dict[str, List[Scalar]] = {}
         for grid in self.grids:
@@ -167,10 +151,10 @@ class Case(_Strict):
                 out.setdefault(name, []).extend(v for v in values if not any(same_value(v, o) for o in out[name]))
         return out
 
-    @model_validator(mode="after")
-    def _known_axes(self) -> Case:
-        """A ``when`` naming an axis or a value that no cell has would never match: a dead rule, silently."""
-        axes = self.axes()
+    def check_when(self) -> None:
+        """A ``when`` naming an axis or a value that no cell has would never match: a dead rule, silently. Checked by
+        the Matrix, after the grids are checked against the declared axes (a typo in a grid is named there)."""
+        axes = self.grid_axes()
         named = [(f"expect[{i}].when", rule.when) for i, rule in enumerate(self.expect)]
         named += [(f"requires[{i}].when", req.when) for i, req in enumerate(self.requires)]
         for where, when in named:
@@ -178,19 +162,95 @@ class Case(_Strict):
                 if key not in axes and key not in BUILTIN_AXES:
                     have = ", ".join(sorted(axes) + list(BUILTIN_AXES))
                     raise ValueError(f"{where}.{key}: unknown axis {key!r} (this case has: {have})")
-                allowed = axes.get(key, BUILTIN_AXES.get(key))
+                values = axes.get(key, BUILTIN_AXES.get(key))
                 for value in want if isinstance(want, list) else [want]:
-                    if not _allowed(value, allowed):
-                        shown = "a positive integer" if allowed is None else ", ".join(map(repr, allowed))
-                        raise ValueError(f"{where}.{key}: unknown value {value!r} (the axis has: {shown})")
-        return self
+                    if not allowed(value, values):
+                        raise ValueError(f"{where}.{key}: unknown value {value!r} (the axis has: {shown(values)})")
 
 
-class Matrix(_Strict):
+class Matrix(Strict):
     """The whole of matrix.yaml."""
 
+    axes: Optional[Dict[str, Axis]] = None
+    """The shared axes: name -> meaning and allowed values. When given, every grid axis must be declared here or
+    in its case's ``axes:``, and every grid and ``when`` value must be one of the declared values."""
+    platform: Platform = Platform()
+    """Rules every case shares (see fsdp_matrix.rules)."""
     combos: List[Combo] = Field(min_length=1)
     cases: List[Case] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _declared_axes(self) -> Matrix:
+        # counted before anything expands a grid: a 10^9-cell grid must be one line, not a MemoryError
+        limit, total = max_cells(), 0
+        for i, case in enumerate(self.cases):
+            cells = check_grids(case.id, i, case.grids)
+            if cells > limit:
+                raise ValueError(
+                    f"cases[{i}]({case.id}).grids: {cells} cells per device and world size; limit {limit}{RAISE}"
+                )
+            total += cells
+        if total > limit:
+            raise ValueError(f"cases: {total} cells per device and world size in all; limit {limit}{RAISE}")
+        if self.axes is not None:
+            for name, axis in [*self.axes.items(), *((n, a) for c in self.cases for n, a in c.axes.items())]:
+                problem = name_problem(name) or next(filter(None, map(value_problem, axis.values)), None)
+                if problem:
+                    raise ValueError(f"axes.{name}: {problem}")
+        self._check_grid_axes()
+        for i, case in enumerate(self.cases):
+            try:
+                case.check_when()
+            except ValueError as exc:
+                raise ValueError(f"cases[{i}]({case.id}).{exc}") from None
+        self._check_platform_axes()
+        return self
+
+    def _check_grid_axes(self) -> None:
+        if self.axes is None:
+            return
+        for i, case in enumerate(self.cases):
+            declared = {**self.axes, **case.axes}
+            for j, grid in enumerate(case.grids):
+                for name, values in grid.items():
+                    where = f"cases[{i}]({case.id}).grids[{j}].{name}"
+                    if name not in declared:
+                        raise ValueError(
+                            f"{where}: axis {name!r} is not declared (add it to axes: or the case's axes:)"
+                        )
+                    for value in values:
+                        if not allowed(value, declared[name].values):
+                            have = shown(declared[name].values)
+                            raise ValueError(f"{where}: unknown value {value!r} (axes.{name} has: {have})")
+
+    def _check_platform_axes(self) -> None:
+        """A platform ``when`` names declared axes and values (or, with no ``axes:``, those some grid has)."""
+        if self.axes is not None:
+            known: Dict[str, Any] = {name: axis.values for name, axis in self.axes.items()}
+        else:
+            known = {}
+            for case in self.cases:
+                for name, values in case.grid_axes().items():
+                    known.setdefault(name, []).extend(values)
+        known.update(BUILTIN_AXES)
+        for kind, rules in (("skips", self.platform.skips), ("signatures", self.platform.signatures)):
+            for k, rule in enumerate(rules):
+                for when in rule.alternatives():
+                    for key, want in when.items():
+                        where = f"platform.{kind}[{k}]({rule.id}).when.{key}"
+                        if key not in known:
+                            raise ValueError(f"{where}: unknown axis {key!r} (have: {', '.join(sorted(known))})")
+                        for value in want if isinstance(want, list) else [want]:
+                            if not allowed(value, known[key]):
+                                raise ValueError(
+                                    f"{where}: unknown value {value!r} (the axis has: {shown(known[key])})"
+                                )
+
+    @model_validator(mode="after")
+    def _hand_platform_to_cases(self) -> Matrix:
+        for case in self.cases:
+            case._platform = self.platform
+        return self
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Matrix:
@@ -224,19 +284,6 @@ class Matrix(_Strict):
         raise UnknownCellError(f"no case {case_id!r} in matrix.yaml (have: {', '.join(c.id for c in self.cases)})")
 
 
-def same_value(value: Any, want: Any) -> bool:
-    """Axis values compare as written, except that YAML writes orig as 0/1 or false/true: those are alike."""
-    if isinstance(value, bool) or isinstance(want, bool):
-        return isinstance(value, (bool, int)) and isinstance(want, (bool, int)) and bool(value) == bool(want)
-    return value == want
-
-
-def _allowed(value: Any, allowed: Optional[Iterable[Any]]) -> bool:
-    if allowed is None:  # world_size
-        return isinstance(value, int) and not isinstance(value, bool) and value > 0
-    return any(same_value(value, a) for a in allowed)
-
-
 def _loc(loc: tuple, data: Any) -> str:
     """Render a pydantic error location as ``cases[1].expect[0].error.match``, naming ids where known."""
     out = ""
@@ -250,12 +297,7 @@ def _loc(loc: tuple, data: Any) -> str:
         else:
             out += f".{part}" if out else str(part)
             node = node.get(part) if isinstance(node, dict) else None
-    return out or "<top level>"
-
-
-def _one_line(text: str) -> str:
-    # a message may quote the input (a NUL, a newline inside a value): what the user sees stays one line
-    return " ".join(str(text).replace("\x00", "\\x00").split())
+    return out
 
 
 def parse_matrix(data: Any, origin: str = "matrix.yaml") -> Matrix:
@@ -271,39 +313,8 @@ def parse_matrix(data: Any, origin: str = "matrix.yaml") -> Matrix:
         )
         msg = err["msg"].removeprefix("Value error, ")
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise MatrixConfigError(_one_line(f"{origin}: {_loc(loc, data)}: {msg}{more}")) from None
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error instead of "the last wins"."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
-        seen: Dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # "<<: *anchor" merges are YAML's own way of overriding keys
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = seen.setdefault(key, key_node.start_mark.line)
-            except TypeError:
-                continue  # an unhashable key: the base loader says so
-            if first != key_node.start_mark.line:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {first + 1})", key_node.start_mark
-                )
-        return super().construct_mapping(node, deep=deep)
-
-
-def _yaml_error(path: Path, text: str, exc: yaml.YAMLError) -> str:
-    if isinstance(exc, yaml.reader.ReaderError):
-        # a byte YAML cannot hold at all (NUL, other controls): its own message spans two lines
-        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
-        name = {"\x00": "NUL"}.get(char, f"control character #x{ord(char):02x}")
-        line = text.count("\n", 0, exc.position) + 1
-        return f"{path}: line {line}: not valid YAML: {name} at character {exc.position}"
-    mark = getattr(exc, "problem_mark", None)
-    where = f" line {mark.line + 1}:" if mark else ""
-    return f"{path}:{where} not valid YAML: {getattr(exc, 'problem', None) or exc}"
+        where = _loc(loc, data)
+        raise MatrixConfigError(one_line(f"{origin}: {where + ': ' if where else ''}{msg}{more}")) from None
 
 
 def load_matrix(path: Union[str, Path, None] = None, check_repros: bool = True) -> Matrix:
@@ -313,17 +324,21 @@ def load_matrix(path: Union[str, Path, None] = None, check_repros: bool = True) 
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise MatrixConfigError(_one_line(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")) from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        raise MatrixConfigError(_one_line(_yaml_error(path, text, exc))) from None
+        raise MatrixConfigError(one_line(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")) from None
+    data = load_yaml(path, text)
     matrix = parse_matrix(data, origin=path.name)
     if check_repros:
+        roots = {path.parent.resolve(), DEFAULT_MATRIX.parent.resolve()}
         for i, case in enumerate(matrix.cases):
+            repro = (path.parent / case.repro).resolve()
+            if not any(repro.is_relative_to(root) for root in roots):
+                where = " or ".join(sorted(map(str, roots)))
+                raise MatrixConfigError(
+                    one_line(f"{path.name}: cases[{i}]({case.id}).repro: {case.repro} resolves outside {where}")
+                )
             if not (path.parent / case.repro).is_file():
                 raise MatrixConfigError(
-                    _one_line(
+                    one_line(
                         f"{path.name}: cases[{i}]({case.id}).repro: {case.repro}: no such file "
                         f"(relative to {path.parent})"
                     )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from fsdp_matrix.clip import first_line
-from fsdp_matrix.expectations import Expected, signature_matches
+from fsdp_matrix.expectations import Expected, platform_signature, signature_matches
 
 
 class Verdict(str, enum.Enum):
@@ -66,6 +66,10 @@ def judge(
     hang, crash, env-error and skipped are verdicts of their own whatever was expected: none of them says anything
     about the bug. Otherwise ok meets ok (fix-holds) or an error (UNEXPECTED-FIX); an error meets ok (REGRESSION), or
     is matched against the expected signature (reproduced, else DIFFERENT-ERROR). A cell no rule covers never passes.
+
+    An error that would be REGRESSION or DIFFERENT-ERROR but fits one of the platform signatures the Expected carries
+    is skipped instead: the env cannot run the cell (e.g. FSDP2 on a torch without a CPU path). The line keeps the
+    observed error and names the signature, and the record keeps the observed error as it was.
     """
     observed = _describe(status, error_type, message, location)
     line = f"expected {expected.describe()} / observed {observed}"
@@ -82,10 +86,13 @@ def judge(
         if expected.kind == "error":
             return Judgement(Verdict.UNEXPECTED_FIX, line)
         return Judgement(Verdict.DIFFERENT_ERROR, line + " (no rule in matrix.yaml matches this cell)")
-    if expected.kind == "ok":
-        return Judgement(Verdict.REGRESSION, line)
     if signature_matches(expected, error_type, message, location):
         return Judgement(Verdict.REPRODUCED, line)
+    platform = platform_signature(expected, error_type, message, location)
+    if platform is not None:
+        return Judgement(Verdict.SKIPPED, line + f" (platform signature {platform['id']}: {platform['reason']})")
+    if expected.kind == "ok":
+        return Judgement(Verdict.REGRESSION, line)
     if expected.kind == "none":
         line += " (no rule in matrix.yaml matches this cell)"
     return Judgement(Verdict.DIFFERENT_ERROR, line)

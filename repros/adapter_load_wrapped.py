@@ -25,9 +25,10 @@ from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import is_adapter
 from fsdp_matrix.workload.checkpoint import TOLERANCE, adapter_key, gathered_adapter, logits
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.recipe import peft_model
 from fsdp_matrix.workload.training import synthetic_batch
-from fsdp_matrix.workload.wrapping import wrap
+from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "adapter-load-wrapped"
 
@@ -71,8 +72,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     want_logits = logits(source, batch).float()
     del source
     fresh = peft_model(params, ctx)
-    orig = params.get("orig")
-    wrapped = wrap(fresh, params["wrap"], None if orig is None else bool(orig), ctx)
+    wrapped = wrap(fresh, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
     result = load_into_wrapped(wrapped, state)
     unexpected = _unexpected(result)
     loaded = gathered_adapter(wrapped)

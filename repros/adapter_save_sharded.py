@@ -38,9 +38,10 @@ from fsdp_matrix.workload.checkpoint import (
     read_adapter_dir,
 )
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.recipe import peft_model
 from fsdp_matrix.workload.training import train_and_check, trainable_names
-from fsdp_matrix.workload.wrapping import fsdp1, wrap
+from fsdp_matrix.workload.wrapping import WRAPS, fsdp1, wrap
 
 CASE = "adapter-save-sharded"
 
@@ -50,10 +51,10 @@ WARNING_MARKERS = ("invalid shape", "shard")
 
 def wrap_for(model: nn.Module, params: dict, ctx: RankContext) -> nn.Module:
     """``root_only`` (FSDP1 with no auto-wrap policy: one unit) or a wrap of wrapping.py."""
-    orig = params.get("orig")
-    if params["wrap"] == "root_only":
+    orig, kind = flag(params, "orig", default=None), axis(params, "wrap", ("root_only", *WRAPS))
+    if kind == "root_only":
         return fsdp1(model, None, bool(orig), ctx)
-    return wrap(model, params["wrap"], None if orig is None else bool(orig), ctx)
+    return wrap(model, kind, orig, ctx)
 
 
 def _shared(value, ctx: RankContext):

@@ -19,17 +19,18 @@ from fsdp_matrix.workload.checkpoint import cell_dir, full_shapes
 from fsdp_matrix.workload.checkpoint_hf import HF_SAVES, hf_roundtrip
 from fsdp_matrix.workload.checkpoint_torch import RAW_PATHS, raw_roundtrip
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model, torch_dtype
-from fsdp_matrix.workload.recipe import base_dtype_name, peft_model
+from fsdp_matrix.workload.models import DTYPES, build_model, torch_dtype
+from fsdp_matrix.workload.params import axis, flag
+from fsdp_matrix.workload.recipe import MODELS, base_dtype_name, peft_model
 from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import wrap
+from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "checkpoint-roundtrip"
 
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    save, dtype = params["save"], params.get("dtype", "fp32")
+    save, dtype = axis(params, "save", (*HF_SAVES, *RAW_PATHS)), axis(params, "dtype", tuple(DTYPES), default="fp32")
     if save not in RAW_PATHS and save not in HF_SAVES:
         raise ValueError(f"unknown save path {save!r}")
     # half-precision cells keep the adapter in the base dtype, so FSDP1 units stay uniform (report 3 is elsewhere)
@@ -39,7 +40,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         return peft_model(params, ctx, autocast=autocast)
 
     def build_base():
-        return build_model(params["model"], dtype, ctx)
+        return build_model(axis(params, "model", MODELS), dtype, ctx)
 
     model = build_peft()
     if adapter_dtypes(model) != [base_dtype_name(params)]:
@@ -50,8 +51,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         if save in HF_SAVES:
             del model  # accelerate and the Trainer wrap and train a model of their own
             return {"save": save, **hf_roundtrip(save, params, ctx, out, builders, expected, torch_dtype(dtype))}
-        orig = params.get("orig")
-        wrapped = wrap(model, params["wrap"], None if orig is None else bool(orig), ctx)
+        wrapped = wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
         checks = train_and_check(wrapped, ctx)
         return {
             "save": save,

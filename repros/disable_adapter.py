@@ -25,9 +25,11 @@ from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import add_adapter
 from fsdp_matrix.workload.checks import TrainingChecks, trainable_names
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.models import DTYPES, build_model
+from fsdp_matrix.workload.params import axis, flag
+from fsdp_matrix.workload.recipe import MODELS
 from fsdp_matrix.workload.training import synthetic_batch
-from fsdp_matrix.workload.wrapping import decoder_layer_policy, fsdp1, fsdp2
+from fsdp_matrix.workload.wrapping import WRAPS, decoder_layer_policy, fsdp1, fsdp2
 
 CASE = "disable-adapter"
 STEPS = 3
@@ -71,7 +73,7 @@ class TwoPass(nn.Module):
 
 
 def _wrap(module: nn.Module, peft_model: nn.Module, params: dict, ctx: RankContext) -> nn.Module:
-    wrap, orig = params["wrap"], bool(params.get("orig", 1))
+    wrap, orig = axis(params, "wrap", ("root", *WRAPS)), flag(params, "orig", default=True)
     if wrap == "fsdp2":
         return fsdp2(module, ctx)
     if wrap == "root":
@@ -92,12 +94,12 @@ def _maxdiff(logits: torch.Tensor, base: torch.Tensor) -> float:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    call, api = params["call"], params["api"]
+    call, api = axis(params, "call", ("in_forward", "after_forward", "idle")), axis(params, "api", ("ctx", "layers"))
     batch = synthetic_batch(ctx)
-    base = build_model(params["model"], params.get("dtype", "fp32"), ctx)
+    base = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
     with torch.no_grad():
         base_logits = base(input_ids=batch).logits.float()
-    peft_model = add_adapter(base, params["adapter"], ctx.seed)
+    peft_model = add_adapter(base, axis(params, "adapter", ("lora", "dora")), ctx.seed)
     outer = TwoPass(peft_model, api) if call == "in_forward" else peft_model
     trainable = trainable_names(outer)
     model = _wrap(outer, peft_model, params, ctx)

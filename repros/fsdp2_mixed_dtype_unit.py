@@ -23,7 +23,9 @@ from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import TARGET_MODULES, has_autocast_option
 from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model, torch_dtype
+from fsdp_matrix.workload.models import DTYPES, build_model, torch_dtype
+from fsdp_matrix.workload.params import axis, flag
+from fsdp_matrix.workload.recipe import MODELS
 from fsdp_matrix.workload.training import train_and_check
 from fsdp_matrix.workload.wrapping import fsdp2, fully_shard
 
@@ -36,31 +38,31 @@ def _dtypes(model: torch.nn.Module, trainable: bool) -> list:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    base = build_model(params["model"], params["dtype"], ctx)
+    dtype = axis(params, "dtype", tuple(DTYPES))
+    base = build_model(axis(params, "model", MODELS), dtype, ctx)
     config = LoraConfig(
         r=4,
         lora_alpha=8,
         lora_dropout=0.0,
         target_modules=list(TARGET_MODULES),
-        modules_to_save=["lm_head"] if params["mts"] == "lm_head" else None,
+        modules_to_save=["lm_head"] if axis(params, "mts", ("none", "lm_head")) == "lm_head" else None,
         task_type="CAUSAL_LM",
     )
-    autocast = bool(params["autocast"])
+    autocast = flag(params, "autocast")
     # asking for the upcast on a PEFT without the option raises TypeError, as PEFT does; no upcast is what it did
     kwargs = {"autocast_adapter_dtype": autocast} if autocast or has_autocast_option() else {}
     torch.manual_seed(ctx.seed)
     model = get_peft_model(base, config, **kwargs)
     built = {"trainable_dtypes": _dtypes(model, True), "frozen_dtypes": _dtypes(model, False)}
     trainable = trainable_names(model)
-    if params["wrap"] == "fsdp2":
+    kind = axis(params, "wrap", ("fsdp2", "fsdp2_root"))
+    if kind == "fsdp2":
         fsdp2(model, ctx)
-    elif params["wrap"] == "fsdp2_root":
-        fully_shard(model, mesh=init_device_mesh(ctx.device.type, (ctx.world_size,)))
     else:
-        raise ValueError(f"unknown wrap {params['wrap']!r} (expected fsdp2 or fsdp2_root)")
+        fully_shard(model, mesh=init_device_mesh(ctx.device.type, (ctx.world_size,)))
     checks = {**built, **train_and_check(model, ctx, trainable=trainable)}
     checks["frozen_dtypes_after"] = _dtypes(model, False)
-    want = [str(torch_dtype(params["dtype"]))]
+    want = [str(torch_dtype(dtype))]
     if checks["frozen_dtypes_after"] != want:
         raise CheckFailed(f"frozen parameters ended up {checks['frozen_dtypes_after']}, not {want}")
     return checks

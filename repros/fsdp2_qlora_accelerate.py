@@ -23,6 +23,7 @@ import torch
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.entry import accelerate_setup
+from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.recipe import peft_model
 from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names
 
@@ -78,7 +79,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     )
     checks["unwrapped_loss"] = unwrapped_loss
     first = checks["losses"][0]
-    rtol = LOSS_RTOL[params.get("dtype", "fp32")]
+    rtol = LOSS_RTOL[axis(params, "dtype", tuple(LOSS_RTOL), default="fp32")]
     if not (math.isfinite(first) and abs(first - unwrapped_loss) <= rtol * abs(unwrapped_loss)):
         raise CheckFailed(
             f"first FSDP2 step's loss {first:.6g} differs from the unwrapped model's {unwrapped_loss:.6g} on the "

@@ -21,7 +21,9 @@ from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import TARGET_MODULES
 from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.models import DTYPES, build_model
+from fsdp_matrix.workload.params import axis
+from fsdp_matrix.workload.recipe import MODELS
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import fsdp2
 
@@ -35,8 +37,8 @@ PROMPT, NEW_TOKENS, STEPS = 6, 8, 3
 
 
 def _build(params: dict, ctx: RankContext) -> nn.Module:
-    model = build_model(params["model"], params.get("dtype", "fp32"), ctx)
-    if params["adapter"] == "none":
+    model = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
+    if axis(params, "adapter", ("lora", "none")) == "none":
         return model
     torch.manual_seed(ctx.seed)
     config = LoraConfig(
@@ -74,14 +76,14 @@ def _generate(model: nn.Module, prompt: torch.Tensor) -> torch.Tensor:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    state = params["state"]
+    state = axis(params, "state", ("fresh", "trained", "after_forward"))
     batch = synthetic_batch(ctx)
     prompt = batch[:, :PROMPT]
     reference = _build(params, ctx)
     model = _build(params, ctx)
-    trainable = trainable_names(model) if params["adapter"] != "none" else None
+    trainable = trainable_names(model) if axis(params, "adapter", ("lora", "none")) != "none" else None
     fsdp2(model, ctx)
-    if params["workaround"] == "register":
+    if axis(params, "workaround", ("none", "register")) == "register":
         register_fsdp_forward_method(model, "generate")
     checks = {}
     if state == "trained":

@@ -30,9 +30,11 @@ from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import add_adapter
 from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model, decoder_layer_class, decoder_layers
+from fsdp_matrix.workload.models import DTYPES, build_model, decoder_layer_class, decoder_layers
+from fsdp_matrix.workload.params import axis, flag
+from fsdp_matrix.workload.recipe import MODELS
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
-from fsdp_matrix.workload.wrapping import wrap
+from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "gradient-checkpointing"
 GC = ("none", "hf_reentrant", "hf_nonreentrant", "torch_ac")
@@ -66,27 +68,24 @@ def _count_attention(model: nn.Module) -> list:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    gc = params["gc"]
-    if gc not in GC:
-        raise ValueError(f"unknown gc {gc!r} (expected one of {', '.join(GC)})")
+    gc, kind = axis(params, "gc", GC), axis(params, "wrap", WRAPS)
     batch = synthetic_batch(ctx)
-    base = build_model(params["model"], params.get("dtype", "fp32"), ctx)
+    base = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
     with torch.no_grad():
         # LoRA's lora_B and DoRA's magnitude start where the adapted model's output equals the base model's
         reference_loss = float(base(input_ids=batch, labels=batch).loss)
-    base.config.use_cache = bool(params["cache"])
+    base.config.use_cache = flag(params, "cache")
     if gc.startswith("hf_"):
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": gc == "hf_reentrant"})
         base.enable_input_require_grads()
-    model = add_adapter(base, params["adapter"], ctx.seed)
+    model = add_adapter(base, axis(params, "adapter", ("lora", "dora")), ctx.seed)
     layers = len(decoder_layers(model))
     calls = _count_attention(model)
     trainable = trainable_names(model)
-    if gc == "torch_ac" and params["wrap"] == "fsdp2":
+    if gc == "torch_ac" and kind == "fsdp2":
         _torch_ac(model)
-    orig = params.get("orig")
-    wrapped = wrap(model, params["wrap"], None if orig is None else bool(orig), ctx)
-    if gc == "torch_ac" and params["wrap"] != "fsdp2":
+    wrapped = wrap(model, kind, flag(params, "orig", default=None), ctx)
+    if gc == "torch_ac" and kind != "fsdp2":
         _torch_ac(wrapped)
     checks = train_and_check(wrapped, ctx, steps=STEPS, trainable=trainable)
     runs = calls[0] / (STEPS * layers)

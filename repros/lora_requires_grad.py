@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from fsdp_matrix.workload.adapters import adapter_dtypes, has_autocast_option
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.models import DTYPES
+from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.recipe import base_dtype_name, peft_model, wrap_and_train
 
 CASE = "lora-requires-grad"
@@ -16,7 +18,7 @@ CASE = "lora-requires-grad"
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    keep = params.get("dtype", "fp32") != "fp32"
+    keep = axis(params, "dtype", tuple(DTYPES), default="fp32") != "fp32"
     # PEFT releases without autocast_adapter_dtype leave adapters in the base dtype on their own
     model = peft_model(params, ctx, autocast=False if keep and has_autocast_option() else None)
     if keep and adapter_dtypes(model) != [base_dtype_name(params)]:

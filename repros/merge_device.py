@@ -18,18 +18,21 @@ from torch import distributed as dist
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import TARGET_MODULES
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.models import DTYPES, build_model
+from fsdp_matrix.workload.params import axis
+from fsdp_matrix.workload.recipe import MODELS
 from fsdp_matrix.workload.training import synthetic_batch
 
 CASE = "merge-device"
 
 
 def _save_adapter(params: dict, ctx: RankContext):
-    path = ctx.scratch / f"adapter-{params['model']}-{params.get('dtype', 'fp32')}-seed{ctx.seed}"
+    model, dtype = axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32")
+    path = ctx.scratch / f"adapter-{model}-{dtype}-seed{ctx.seed}"
     failed = None
     if ctx.is_main and not (path / "adapter_config.json").exists():
         try:
-            base = build_model(params["model"], params.get("dtype", "fp32"), ctx)
+            base = build_model(model, dtype, ctx)
             torch.manual_seed(ctx.seed)
             # init_lora_weights=False: random lora_B, so the adapter (and merging it) changes the output
             config = LoraConfig(r=4, lora_alpha=8, target_modules=list(TARGET_MODULES), init_lora_weights=False)
@@ -51,7 +54,8 @@ def run(params: dict, ctx: RankContext) -> dict:
         raise TypeError("this PEFT's PeftModel.from_pretrained has no low_cpu_mem_usage (added in 0.13.0)")
     path = _save_adapter(params, ctx)
     batch = synthetic_batch(ctx)
-    base = build_model(params["model"], params.get("dtype", "fp32"), ctx).eval()
+    dtype = axis(params, "dtype", tuple(DTYPES), default="fp32")
+    base = build_model(axis(params, "model", MODELS), dtype, ctx).eval()
     with torch.no_grad():
         base_logits = base(input_ids=batch).logits.float()
     # the state dict is read onto the CPU, as in the report; the model is on ctx.device
@@ -70,7 +74,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     failed = []
     if checks["adapter_effect"] == 0.0:
         failed.append("the loaded adapter does not change the output (adapter_effect 0)")
-    tolerance = 1e-3 if params.get("dtype", "fp32") == "fp32" else 5e-2
+    tolerance = 1e-3 if dtype == "fp32" else 5e-2
     if not checks["merge_max_diff"] <= tolerance * max(1.0, float(adapted.abs().max())):
         failed.append(f"merged output differs from the adapted one by {checks['merge_max_diff']}")
     if checks["merged_devices"] != [str(ctx.device)]:

@@ -22,9 +22,10 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.recipe import peft_model
 from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names
-from fsdp_matrix.workload.wrapping import wrap
+from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "merge-under-fsdp"
 
@@ -50,13 +51,12 @@ def run(params: dict, ctx: RankContext) -> dict:
     model = peft_model(params, ctx)
     full = list(model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj").weight.shape)
     trainable = trainable_names(model)
-    orig = params.get("orig")
-    wrapped = wrap(model, params["wrap"], None if orig is None else bool(orig), ctx)
+    wrapped = wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
     checks = train_and_check(wrapped, ctx, trainable=trainable)
     batch = synthetic_batch(ctx)
     before = _logits(wrapped, batch)
     inner = wrapped.module if isinstance(wrapped, FullyShardedDataParallel) else wrapped
-    if params["gather"] == "summon":
+    if axis(params, "gather", ("none", "summon")) == "summon":
         scope = FullyShardedDataParallel.summon_full_params(wrapped, writeback=True)
     else:
         scope = contextlib.nullcontext()

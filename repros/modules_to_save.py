@@ -13,15 +13,16 @@ from peft import LoraConfig, get_peft_model
 
 from fsdp_matrix.workload.adapters import TARGET_MODULES
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model
-from fsdp_matrix.workload.recipe import wrap_and_train
+from fsdp_matrix.workload.models import DTYPES, build_model
+from fsdp_matrix.workload.params import axis
+from fsdp_matrix.workload.recipe import MODELS, wrap_and_train
 
 CASE = "modules-to-save"
 
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    base = build_model(params["model"], params.get("dtype", "fp32"), ctx)
+    base = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
     config = LoraConfig(
         r=4,
         lora_alpha=8,

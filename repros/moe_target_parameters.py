@@ -19,6 +19,7 @@ from torch import nn
 
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import TINY_SHAPE
+from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.recipe import wrap_and_train
 
 CASE = "moe-target-parameters"
@@ -45,8 +46,7 @@ def build_moe(ctx: RankContext) -> nn.Module:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    if params["model"] != "moe" or params["adapter"] != "lora_params":
-        raise ValueError("this case has model moe and adapter lora_params only")
+    axis(params, "model", ("moe",)), axis(params, "adapter", ("lora_params",))
     # TypeError before PEFT 0.17.0, whose LoraConfig has no target_parameters
     config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=[], target_parameters=TARGET_PARAMETERS)
     base = build_moe(ctx)

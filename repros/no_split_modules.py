@@ -16,6 +16,7 @@ from peft.utils.other import fsdp_auto_wrap_policy
 
 from fsdp_matrix.workload.adapters import TARGET_MODULES
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.tinynets import build_tinynet
 from fsdp_matrix.workload.training import train_and_check
 from fsdp_matrix.workload.wrapping import fsdp1
@@ -27,10 +28,10 @@ CLS_ENV = {"unset": None, "bogus": "NoSuchDecoderLayer"}
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    model = build_tinynet(params["shape"], ctx)
+    model = build_tinynet(axis(params, "shape", ("plain", "hf_none")), ctx)
     torch.manual_seed(ctx.seed)
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(TARGET_MODULES)))
-    value = CLS_ENV[params.get("cls_env", "unset")]
+    value = CLS_ENV[axis(params, "cls_env", tuple(CLS_ENV), default="unset")]
     saved = os.environ.pop(ENV_VAR, None)
     try:
         if value is not None:
@@ -41,7 +42,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         os.environ.pop(ENV_VAR, None)
         if saved is not None:
             os.environ[ENV_VAR] = saved
-    return train_and_check(fsdp1(model, policy, bool(params.get("orig", 0)), ctx), ctx)
+    return train_and_check(fsdp1(model, policy, flag(params, "orig", default=False), ctx), ctx)
 
 
 if __name__ == "__main__":

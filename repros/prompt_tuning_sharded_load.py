@@ -25,16 +25,22 @@ from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.checks import clean_name, full_parameters, trainable_names
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.models import DTYPES, build_model
+from fsdp_matrix.workload.params import axis, flag
+from fsdp_matrix.workload.recipe import MODELS
 from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import wrap
+from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "prompt-tuning-sharded-load"
 PROMPT = "prompt_encoder"
 
 
 def _build(params: dict, ctx: RankContext, base_seed: int):
-    base = build_model(params["model"], params.get("dtype", "fp32"), replace(ctx, seed=base_seed))
+    base = build_model(
+        axis(params, "model", MODELS),
+        axis(params, "dtype", tuple(DTYPES), default="fp32"),
+        replace(ctx, seed=base_seed),
+    )
     torch.manual_seed(ctx.seed)
     return get_peft_model(base, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
 
@@ -50,15 +56,14 @@ def _sharded_state_dict(model) -> dict:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    if params["adapter"] != "prompt":
-        raise ValueError("this case has adapter prompt only")
-    orig, strict = bool(params["orig"]), bool(params["strict"])
-    path = ctx.scratch / f"{CASE}-{params['wrap']}-orig{int(orig)}-strict{int(strict)}-seed{ctx.seed}"
+    axis(params, "adapter", ("prompt",))
+    orig, strict, kind = flag(params, "orig"), flag(params, "strict"), axis(params, "wrap", WRAPS)
+    path = ctx.scratch / f"{CASE}-{kind}-orig{int(orig)}-strict{int(strict)}-seed{ctx.seed}"
     if ctx.is_main:
         shutil.rmtree(path, ignore_errors=True)
     dist.barrier()
 
-    source = wrap(_build(params, ctx, ctx.seed), params["wrap"], orig, ctx)
+    source = wrap(_build(params, ctx, ctx.seed), kind, orig, ctx)
     saved = {k: v for k, v in _sharded_state_dict(source).items() if PROMPT not in k}
     dcp.save(saved, checkpoint_id=str(path))
     source_full = _full(source)
@@ -66,7 +71,7 @@ def run(params: dict, ctx: RankContext) -> dict:
 
     peft_model = _build(params, ctx, ctx.seed + 1)
     trainable = trainable_names(peft_model)
-    model = wrap(peft_model, params["wrap"], orig, ctx)
+    model = wrap(peft_model, kind, orig, ctx)
     fresh = _full(model)
     with FullyShardedDataParallel.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
         state = {k: v for k, v in model.state_dict().items() if PROMPT not in k}

@@ -28,8 +28,10 @@ from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import add_adapter
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.params import axis, flag
+from fsdp_matrix.workload.recipe import MODELS
 from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import wrap
+from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "qdora-cpu-init"
 
@@ -106,13 +108,12 @@ def check_magnitudes(model: nn.Module) -> dict:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    if params.get("adapter", "qdora") != "qdora":
-        raise ValueError(f"{CASE} has one adapter, qdora, not {params['adapter']!r}")
-    where = params.get("quantized_on", "cpu")
+    axis(params, "adapter", ("qdora",), default="qdora")
+    where = axis(params, "quantized_on", ("cpu", "cuda"), default="cpu")
     if where == "cuda" and ctx.device.type != "cuda":
         raise RuntimeError("quantized_on=cuda needs a CUDA device")
-    model = build_model(params.get("model", "llama"), "fp32", ctx).to("cpu")
-    swapped = quantize_linears(model, params.get("storage", "uint8"), torch.device(where))
+    model = build_model(axis(params, "model", MODELS, default="llama"), "fp32", ctx).to("cpu")
+    swapped = quantize_linears(model, axis(params, "storage", tuple(STORAGE), default="uint8"), torch.device(where))
     if where != "cpu":
         model = model.to("cpu")  # quantized on the GPU, then parked on the CPU as the report's loading leaves it
     first = model.get_submodule("model.layers.0.self_attn.q_proj").weight
@@ -125,7 +126,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     peft_model = add_adapter(model, "dora", ctx.seed)
     built.update(check_magnitudes(peft_model))
     peft_model = peft_model.to(ctx.device)
-    wrapped = wrap(peft_model, params.get("wrap", "fsdp2"), params.get("orig"), ctx)
+    wrapped = wrap(peft_model, axis(params, "wrap", WRAPS, default="fsdp2"), flag(params, "orig", default=None), ctx)
     return {**built, **train_and_check(wrapped, ctx)}
 
 

@@ -16,7 +16,9 @@ from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import TARGET_MODULES
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.models import DTYPES, build_model
+from fsdp_matrix.workload.params import axis, flag
+from fsdp_matrix.workload.recipe import MODELS
 from fsdp_matrix.workload.training import (
     clean_name,
     full_parameters,
@@ -25,7 +27,7 @@ from fsdp_matrix.workload.training import (
     trainable_names,
     wrapper_kind,
 )
-from fsdp_matrix.workload.wrapping import wrap
+from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "trainable-tokens"
 
@@ -54,10 +56,11 @@ def run(params: dict, ctx: RankContext) -> dict:
         task_type="CAUSAL_LM",
     )
     torch.manual_seed(ctx.seed)  # the same adapter on every rank
-    model = get_peft_model(build_model(params["model"], params.get("dtype", "fp32"), ctx), config)
+    model = get_peft_model(
+        build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx), config
+    )
     trainable = trainable_names(model)
-    orig = params.get("orig")
-    wrapped = wrap(model, params["wrap"], None if orig is None else bool(orig), ctx)
+    wrapped = wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
     checks = train_and_check(wrapped, ctx, trainable=trainable)
     saved = adapter_state_dict(wrapped)
     trained = {clean_name(n): t for n, t in full_parameters(wrapped, wrapper_kind(wrapped)).items()}

@@ -1,8 +1,10 @@
+from pathlib import Path
+
 import pytest
 
 from fsdp_matrix.cells import Cell, cell_id, expand, find_cell, matches, unmet_requirement
 from fsdp_matrix.errors import UnknownCellError
-from fsdp_matrix.matrix import parse_matrix
+from fsdp_matrix.matrix import load_matrix, parse_matrix
 from tests.helpers import matrix_data
 
 
@@ -51,3 +53,16 @@ def test_requirements_give_reasons():
     ws1 = Cell(case.id, (("wrap", "fsdp2"),), "cpu", 1)
     assert "needs world size >= 2" in unmet_requirement(case.requires, ws1)
     assert unmet_requirement(case.requires, Cell(case.id, (("wrap", "fsdp2"),), "cpu", 2)) is None
+
+
+FIXTURE_IDS = Path(__file__).parent / "fixtures" / "cell_ids.txt"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_cell_ids_of_main_never_change(device):
+    """Cell ids are public: every key main expanded stays, spelled the same (a new cell may only be added)."""
+    pinned = [line for line in FIXTURE_IDS.read_text().splitlines() if line and not line.startswith("#")]
+    now = [c.key for c in expand(load_matrix(), device, 2)]
+    assert len(now) == len(set(now))
+    assert [k for k in pinned if k not in set(now)] == []
+    assert now == pinned

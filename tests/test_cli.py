@@ -62,3 +62,84 @@ def test_export_of_a_repro_removed_after_loading_is_one_line(tmp_path, capsys, m
     rc = main(["export", "lora-requires-grad/lora-fp32-fsdp2-llama-ws2", "--matrix", str(path), "--combo", "current"])
     err = capsys.readouterr().err
     assert rc != 0 and "lora_requires_grad.py" in err and err.count("\n") == 1, err
+
+
+CELL = "mixed-dtype/lora-bf16-fsdp2-llama-autocast1-ws2"
+
+
+def test_explain_prints_every_rule_tried_and_the_one_that_applies(capsys):
+    assert main(["explain", CELL, "--combo", "torch2.6"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"cell {CELL} (device cpu, world size 2)"
+    assert out[1].startswith("versions (combo torch2.6): torch 2.6.0, peft 0.14.0")
+    # the platform skip does not match, and says which specifier; the case's torch rule applies
+    assert any(line.startswith("  -  platform.skips[0](fsdp2-no-cpu): versions: torch 2.6.0 not <2.6") for line in out)
+    assert any(line.startswith("  => expect[1]: matches (torch 2.6.0 >=2.6,<2.8) -> AssertionError") for line in out)
+    assert any(line.startswith("  -  expect[0]: when adapter: 'lora' != 'qlora'") for line in out)
+    assert any(line.startswith("  +  platform.signatures[0](fsdp2-no-cpu): matches") for line in out)
+    assert "applies: expect[1]: AssertionError: /FSDP expects uniform original parameter dtype but got/" in "\n".join(
+        out
+    )
+
+
+def test_explain_names_the_platform_skip_and_the_requirement(capsys):
+    assert main(["explain", "dora-sharded-weight/dora-fp32-fsdp2-llama-ws1", "--combo", "torch2.5"]) == 0
+    out = capsys.readouterr().out
+    assert "  => requires[0]: unmet: needs world size >= 2" in out
+    assert "  => platform.skips[0](fsdp2-no-cpu): matches (torch 2.5.1 <2.6)" in out
+    assert "requirement: needs world size >= 2, this run has 1: at world size 1 FSDP1 falls back" in out
+    assert "applies: platform.skips(fsdp2-no-cpu): skip (FSDP2 has no CPU path" in out
+
+
+def test_explain_versions_override_the_combo(capsys):
+    assert main(["explain", CELL, "--combo", "torch2.6", "--versions", "torch=2.8.0"]) == 0
+    out = capsys.readouterr().out
+    assert "versions (combo torch2.6, with torch=2.8.0): torch 2.8.0, peft 0.14.0" in out
+    assert "applies: expect[9]: ok" in out
+
+
+def test_explain_shows_the_newest_record(tmp_path, capsys):
+    from fsdp_matrix import records
+    from fsdp_matrix.cells import find_cell
+    from fsdp_matrix.expectations import expected_for
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.runner.session import make_record
+
+    matrix = load_matrix()
+    cell = find_cell(matrix, CELL)
+    versions = matrix.combo("torch2.6").pins.model_dump()
+    expected = expected_for(matrix.case(cell.case), cell, versions)
+    for message in (
+        "'Stream' object has no attribute 'record_event'",
+        "FSDP expects uniform original parameter dtype but got",
+    ):
+        etype = "AttributeError" if "Stream" in message else "AssertionError"
+        where = "torch.cuda.streams" if "Stream" in message else "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+        observed = records.Observed(status="error", error_type=etype, error_message=message, location=where)
+        rec = make_record(cell, expected, observed, versions, 1.0, "torch2.6", "r")
+        # torch 2.6's record_event error is the platform's signature: skipped, the observed error kept
+        assert rec.verdict == ("skipped" if "Stream" in message else "reproduced")
+        assert rec.observed.error_message == message
+        records.append(tmp_path, rec)
+    assert main(["explain", CELL, "--combo", "torch2.6", "--results", str(tmp_path)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("newest record: reproduced (combo torch2.6, run r): expected AssertionError")
+    assert main(["explain", CELL, "--combo", "old", "--results", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"newest record: none for this cell in {tmp_path}"
+
+
+@pytest.mark.parametrize(
+    "argv,names",
+    [
+        (["explain", "mixed-dtype/no-such-cell-ws2"], "no cell 'mixed-dtype/no-such-cell-ws2'"),
+        (["explain", CELL, "--combo", "nope"], "no combo 'nope'"),
+        (["explain", CELL, "--versions", "torch"], "--versions: 'torch': expected NAME=VERSION"),
+        (["explain", CELL, "--versions", "torch=two"], "--versions: 'torch=two': 'two' is not a version"),
+        (["explain", CELL, "--versions", "numpy=2.0"], "--versions: 'numpy=2.0'"),
+        (["explain", CELL, "--results", "/nonexistent/dir"], "--results: /nonexistent/dir"),
+    ],
+)
+def test_explain_bad_input_is_one_line(capsys, argv, names):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert names in err and err.count("\n") == 1, err

@@ -1,5 +1,5 @@
 from fsdp_matrix.cells import Cell
-from fsdp_matrix.expectations import Expected, expected_for, signature_matches, version_matches
+from fsdp_matrix.expectations import Expected, expected_for, signature_matches, trace, version_matches
 from fsdp_matrix.matrix import parse_matrix
 from tests.helpers import matrix_data
 
@@ -48,3 +48,70 @@ def test_signature_type_regex_and_module_prefix():
     qualified = Expected("error", "IndexError", "tuple index")
     assert signature_matches(qualified, "IndexError", "tuple index out of range", None)
     assert signature_matches(Expected("error", "CheckFailed", "x"), "fsdp_matrix.errors.CheckFailed", "x", None)
+
+
+PLATFORM = {
+    "skips": [
+        {
+            "id": "fsdp2-no-cpu",
+            "when": {"wrap": "fsdp2", "device": "cpu"},
+            "versions": {"torch": "<2.6"},
+            "reason": "FSDP2 has no CPU path",
+            "source": "observed",
+        }
+    ],
+    "signatures": [
+        {
+            "id": "fsdp2-no-cpu",
+            "when": {"device": "cpu"},
+            "versions": {"torch": "<2.7"},
+            "errors": [{"type": "AttributeError", "match": "record_event"}],
+            "reason": "FSDP2 has no CPU path",
+            "source": "observed",
+        }
+    ],
+}
+
+
+def _platform_case():
+    return parse_matrix(matrix_data(platform=PLATFORM)).case("lora-requires-grad")
+
+
+def test_platform_skip_comes_before_a_broad_ok_of_the_case():
+    case = _platform_case()
+    e = expected_for(case, _cell(wrap="fsdp2"), {**CURRENT, "torch": "2.5.1"})
+    assert (e.kind, e.platform, e.rule, e.reason) == ("skip", "fsdp2-no-cpu", None, "FSDP2 has no CPU path")
+    assert expected_for(case, _cell(wrap="fsdp2"), CURRENT).kind == "ok"  # torch 2.13: the case's ok
+    on_cuda = Cell("lora-requires-grad", (("wrap", "fsdp2"),), "cuda")
+    assert expected_for(case, on_cuda, {**CURRENT, "torch": "2.5.1"}).kind == "ok"
+
+
+def test_signatures_ride_along_where_they_apply_and_survive_json():
+    case = _platform_case()
+    e = expected_for(case, _cell(wrap="fsdp2"), {**CURRENT, "torch": "2.6.0"})
+    assert e.kind == "ok" and [s["id"] for s in e.signatures] == ["fsdp2-no-cpu"]
+    assert Expected.from_json(e.to_json()) == e
+    assert expected_for(case, _cell(wrap="fsdp2"), CURRENT).signatures == ()
+    assert "signatures" not in expected_for(case, _cell(wrap="fsdp2"), CURRENT).to_json()
+
+
+def test_trace_gives_every_trial_and_expected_for_is_its_outcome():
+    case = _platform_case()
+    cell = Cell("lora-requires-grad", (("wrap", "fsdp2"),), "cpu", 1)
+    tr = trace(case, cell, {**CURRENT, "torch": "2.6.0"})
+    assert [t.stage for t in tr.trials] == ["requires", "platform skip"] + ["case rule"] * 4 + ["platform signature"]
+    req, skip, r0, r1, r2, r3, sig = tr.trials
+    assert req.matched and req.decides and "world size >= 2" in req.why and tr.requirement
+    assert not skip.matched and skip.why == "versions: torch 2.6.0 not <2.6"
+    assert not r0.matched and r0.why == "when orig: this cell has no orig axis"
+    assert not r2.matched and r2.why == "versions: peft 0.21.2 not <0.11"
+    assert r3.matched and r3.decides and r3.outcome == "ok"
+    assert sig.matched and not sig.decides and "AttributeError: /record_event/" in sig.outcome
+    assert tr.expected == expected_for(case, cell, {**CURRENT, "torch": "2.6.0"})
+
+
+def test_trace_names_the_failing_when_value_and_list():
+    case = _platform_case()
+    tr = trace(case, _cell(orig=1, wrap="decoder_layer"), CURRENT)
+    assert tr.trials[1].why == "when wrap: 'decoder_layer' != 'fsdp2'"
+    assert tr.trials[2].why == "when orig: 1 != 0"

@@ -116,3 +116,72 @@ def test_known_axes_include_device_and_world_size_and_bools_match_ints(tmp_path)
     data = matrix_data()
     data["cases"][0]["expect"][0]["when"].update(device="cpu", world_size=2, orig=False)
     load_matrix(write_matrix(tmp_path, data))
+
+
+AXES = {
+    "adapter": {"meaning": "what PEFT adds", "values": ["lora"]},
+    "dtype": {"meaning": "base dtype", "values": ["fp32", "bf16"]},
+    "orig": {"meaning": "use_orig_params", "values": [0, 1]},
+    "wrap": {"meaning": "how it is sharded", "values": ["decoder_layer", "fsdp2"]},
+    "model": {"meaning": "tiny model", "values": ["llama"]},
+}
+
+
+def _with_axes(**changes):
+    return matrix_data(axes=copy.deepcopy(AXES), **changes)
+
+
+def test_declared_axes_accept_the_grids():
+    assert parse_matrix(_with_axes()).axes["orig"].meaning == "use_orig_params"
+
+
+@pytest.mark.parametrize(
+    "change,line",
+    [
+        (
+            lambda d: d["cases"][0]["grids"][0].update(wrap=["decoder_layr"]),
+            "matrix.yaml: cases[0](lora-requires-grad).grids[0].wrap: unknown value 'decoder_layr' (axes.wrap has: "
+            "'decoder_layer', 'fsdp2')",
+        ),
+        (
+            lambda d: d["cases"][0]["grids"][0].update(knob=["a"]),
+            "matrix.yaml: cases[0](lora-requires-grad).grids[0].knob: axis 'knob' is not declared (add it to axes: or "
+            "the case's axes:)",
+        ),
+        (
+            lambda d: d.update(
+                platform={"skips": [{"id": "x", "when": {"wrap": "fsdp3"}, "reason": "r", "source": "s"}]}
+            ),
+            "matrix.yaml: platform.skips[0](x).when.wrap: unknown value 'fsdp3' (the axis has: 'decoder_layer', "
+            "'fsdp2')",
+        ),
+        (
+            lambda d: d["axes"].update(gc={"meaning": "two\nlines", "values": ["none"]}),
+            "matrix.yaml: axes.gc.meaning: meaning must be one line",
+        ),
+    ],
+)
+def test_undeclared_axes_and_values_are_one_line_naming_the_key(change, line):
+    data = _with_axes()
+    change(data)
+    with pytest.raises(MatrixConfigError) as err:
+        parse_matrix(data)
+    assert str(err.value) == line
+
+
+def test_a_case_declares_its_own_axes():
+    data = _with_axes()
+    case = data["cases"][0]
+    case["grids"][0]["knob"] = ["a", "b"]
+    case["axes"] = {"knob": {"meaning": "a knob of this case only", "values": ["a", "b"]}}
+    m = parse_matrix(data)
+    assert m.case("lora-requires-grad").axes["knob"].values == ["a", "b"]
+    case["grids"][0]["knob"] = ["c"]
+    with pytest.raises(MatrixConfigError, match=r"grids\[0\].knob: unknown value 'c' \(axes.knob has: 'a', 'b'\)"):
+        parse_matrix(data)
+
+
+def test_the_repo_matrix_declares_every_axis_with_a_meaning():
+    m = load_matrix()
+    used = {name for case in m.cases for grid in case.grids for name in grid}
+    assert used <= set(m.axes) and all(axis.meaning for axis in m.axes.values())

@@ -42,3 +42,46 @@ def test_line_says_expected_and_observed():
 def test_unknown_status_is_a_bug():
     with pytest.raises(ValueError):
         judge(OK, "fine")
+
+
+SIG = {
+    "id": "fsdp2-no-cpu",
+    "reason": "FSDP2 has no CPU path",
+    "source": "o",
+    "errors": [{"type": "AttributeError", "match": "record_event"}],
+}
+
+
+@pytest.mark.parametrize(
+    "expected,status,etype,msg,verdict",
+    [
+        # an error no rule expected that fits the signature: skipped, whether ok, another error or nothing was expected
+        (Expected("ok", signatures=(SIG,)), "error", "AttributeError", "no attribute 'record_event'", Verdict.SKIPPED),
+        (
+            Expected("error", "ValueError", "x", signatures=(SIG,)),
+            "error",
+            "AttributeError",
+            "record_event",
+            Verdict.SKIPPED,
+        ),
+        (Expected("none", signatures=(SIG,)), "error", "AttributeError", "record_event", Verdict.SKIPPED),
+        # never an ok run, a matched expectation, or an error that does not fit
+        (Expected("ok", signatures=(SIG,)), "ok", None, None, Verdict.FIX_HOLDS),
+        (
+            Expected("error", "AttributeError", "record_event", signatures=(SIG,)),
+            "error",
+            "AttributeError",
+            "record_event",
+            Verdict.REPRODUCED,
+        ),
+        (Expected("error", "AttributeError", "x", signatures=(SIG,)), "ok", None, None, Verdict.UNEXPECTED_FIX),
+        (Expected("ok", signatures=(SIG,)), "error", "RuntimeError", "record_event", Verdict.REGRESSION),
+        (Expected("ok", signatures=(SIG,)), "crash", None, "SIGSEGV", Verdict.CRASH),
+    ],
+)
+def test_platform_signature_relabels_only_unexpected_errors(expected, status, etype, msg, verdict):
+    judgement = judge(expected, status, etype, msg, None)
+    assert judgement.verdict is verdict
+    if verdict is Verdict.SKIPPED:
+        # the line still shows what was observed, then which signature judged it
+        assert f"observed {etype}: {msg}" in judgement.line and "platform signature fsdp2-no-cpu" in judgement.line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 from typing import List
 
@@ -62,6 +63,7 @@ def main(argv: List[str]) -> int:
         repo_root=(args.matrix or DEFAULT_MATRIX).resolve().parent,
     )
     failed = 0
+    print(f"{len(cells)} cell(s) to run ({args.device}, world size {args.world_size})", file=sys.stderr, flush=True)
     try:
         session.prefetch(cells)
         for cell in cells:

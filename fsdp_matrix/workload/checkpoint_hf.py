@@ -34,6 +34,7 @@ from fsdp_matrix.workload.checkpoint import (
 from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.entry import accelerate_setup, fsdp_version, require_wrapper
 from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
+from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 
 STATE_DICT_TYPES = {"full": "FULL_STATE_DICT", "sharded": "SHARDED_STATE_DICT"}
@@ -167,7 +168,7 @@ def accelerate_resume(
     model = build_peft()
     trainable = trainable_names(model)
     start = gathered_adapter(model)
-    with state_dict_type_env(params["sdt"]) as sdt:
+    with state_dict_type_env(axis(params, "sdt", tuple(STATE_DICT_TYPES))) as sdt:
         with accelerate_setup(model, params, ctx, saves=True) as setup:
             require_state_dict_type(setup.plugin, sdt)
             checks = {**setup.checks(), **_one_step(setup, ctx, trainable, steps=2)}
@@ -234,7 +235,7 @@ def trainer_resume(
     trainable = trainable_names(model)
     start = gathered_adapter(model)
     save_args: Dict[str, Any] = dict(save_strategy="steps", save_steps=2, saves=True)
-    with state_dict_type_env(params["sdt"]) as sdt:
+    with state_dict_type_env(axis(params, "sdt", tuple(STATE_DICT_TYPES))) as sdt:
         config = {"state_dict_type": sdt}
         with trainer_setup(
             model, params, ctx, output_dir=str(out / "run1"), fsdp_config=config, **save_args

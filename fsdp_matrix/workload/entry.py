@@ -33,7 +33,9 @@ from fsdp_matrix.workload.checks import wrapper_kind
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.cpu_shim import CpuFsdpAccelerator, ShimRecord, cpu_fsdp_shim, force_fsdp
 from fsdp_matrix.workload.models import decoder_layer_class
+from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.training import train_and_check
+from fsdp_matrix.workload.wrapping import WRAPS
 
 ENTRIES = ("torch", "accelerate", "trainer")
 """The entry axis values of matrix.yaml; a cell without the axis is ``torch``."""
@@ -43,7 +45,7 @@ LAUNCHED = "ACCELERATE_USE_FSDP"
 
 def fsdp_version(params: Mapping[str, Any]) -> int:
     """2 for the ``fsdp2`` wrap axis value, else 1."""
-    return 2 if params["wrap"] == "fsdp2" else 1
+    return 2 if axis(params, "wrap", WRAPS) == "fsdp2" else 1
 
 
 def require_wrapper(model: nn.Module, version: int) -> str:
@@ -106,14 +108,14 @@ def make_plugin(
     if version == 2 or "fsdp_version" in fields:
         kwargs["fsdp_version"] = version
     if version == 1:
-        orig = bool(params["orig"])
+        orig = flag(params, "orig")
         # sync_module_states=True refuses a CPU-only machine; every rank builds identical weights anyway
         kwargs.update(use_orig_params=orig, sync_module_states=False)
         os.environ["FSDP_USE_ORIG_PARAMS"] = str(orig).lower()
         os.environ["FSDP_SYNC_MODULE_STATES"] = "false"
     if state_dict_type is not None:
         kwargs["state_dict_type"] = state_dict_type
-    if params["wrap"] == "peft_policy":
+    if axis(params, "wrap", WRAPS) == "peft_policy":
         kwargs["auto_wrap_policy"] = fsdp_auto_wrap_policy(model)
     elif "transformer_cls_names_to_wrap" in fields:
         layer = decoder_layer_class(model).__name__
@@ -122,7 +124,7 @@ def make_plugin(
         os.environ["FSDP_AUTO_WRAP_POLICY"] = "TRANSFORMER_BASED_WRAP"
         os.environ["FSDP_TRANSFORMER_CLS_TO_WRAP"] = decoder_layer_class(model).__name__
     plugin = FullyShardedDataParallelPlugin(**kwargs)
-    if version == 1 and plugin.use_orig_params != bool(params["orig"]):
+    if version == 1 and plugin.use_orig_params != flag(params, "orig"):
         raise RuntimeError(f"accelerate's plugin has use_orig_params={plugin.use_orig_params}, not {params['orig']}")
     return plugin
 
@@ -230,16 +232,13 @@ def _check_launched_plugin(plugin: Optional[FullyShardedDataParallelPlugin], par
     got = getattr(plugin, "fsdp_version", 1)
     if got != want:
         raise RuntimeError(f"the accelerate launch config gives fsdp_version {got}, the cell is FSDP{want}")
-    if want == 1 and bool(plugin.use_orig_params) != bool(params["orig"]):
+    if want == 1 and bool(plugin.use_orig_params) != flag(params, "orig"):
         raise RuntimeError(f"the accelerate launch config gives use_orig_params={plugin.use_orig_params}")
 
 
 def entry_of(params: Mapping[str, Any]) -> str:
     """The cell's entry (``torch`` when the axis is absent); ValueError for an unknown one."""
-    entry = params.get("entry", "torch")
-    if entry not in ENTRIES:
-        raise ValueError(f"unknown entry {entry!r} (expected one of {', '.join(ENTRIES)})")
-    return entry
+    return axis(params, "entry", ENTRIES, default="torch")
 
 
 def accelerate_train_and_check(

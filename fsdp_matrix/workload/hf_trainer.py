@@ -25,7 +25,9 @@ from fsdp_matrix.workload.entry import (
     require_wrapper,
 )
 from fsdp_matrix.workload.models import VOCAB, decoder_layer_class
+from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.training import SEQ
+from fsdp_matrix.workload.wrapping import WRAPS
 
 
 class TokenRows(torch.utils.data.Dataset):
@@ -51,7 +53,7 @@ def trainer_fsdp_config(model: nn.Module, params: Mapping[str, Any]) -> Dict[str
     weights, so nothing needs syncing). ``peft_policy`` cannot be asked for: for a PEFT model the Trainer puts PEFT's
     own policy in place of the user's FSDP1 policy (transformers >= 4.38, observed).
     """
-    if params["wrap"] == "peft_policy":
+    if axis(params, "wrap", WRAPS) == "peft_policy":
         raise ValueError("the Trainer has no setting for PEFT's policy: use wrap decoder_layer (it swaps PEFT's in)")
     config: Dict[str, Any] = {
         "transformer_layer_cls_to_wrap": [decoder_layer_class(model).__name__],
@@ -61,7 +63,7 @@ def trainer_fsdp_config(model: nn.Module, params: Mapping[str, Any]) -> Dict[str
         "sync_module_states": "false",
     }
     if fsdp_version(params) == 1:
-        config["use_orig_params"] = str(bool(params["orig"])).lower()
+        config["use_orig_params"] = str(flag(params, "orig")).lower()
     return config
 
 

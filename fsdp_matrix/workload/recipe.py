@@ -10,9 +10,17 @@ from fsdp_matrix.workload.adapters import adapter_dtypes, add_adapter
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.entry import accelerate_train_and_check, entry_of
 from fsdp_matrix.workload.hf_trainer import trainer_entry
-from fsdp_matrix.workload.models import build_4bit_model, build_model, count_linear4bit, torch_dtype
+from fsdp_matrix.workload.models import DTYPES, build_4bit_model, build_model, count_linear4bit, torch_dtype
+from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.training import train_and_check, trainable_names
-from fsdp_matrix.workload.wrapping import wrap
+from fsdp_matrix.workload.wrapping import MIXED_PRECISION, SHARDING, WRAPS, wrap
+
+ADAPTERS = ("lora", "dora", "qlora")
+"""The ``adapter`` values a PEFT model is built for here (other adapters build their own)."""
+MODELS = ("llama", "gemma")
+"""The ``model`` values build_model knows."""
+STORAGES = ("uint8", "bf16")
+"""The ``storage`` values (4-bit quant_storage) build_4bit_model knows."""
 
 
 def peft_model(params: Mapping[str, Any], ctx: RankContext, autocast: Optional[bool] = None) -> nn.Module:
@@ -21,13 +29,13 @@ def peft_model(params: Mapping[str, Any], ctx: RankContext, autocast: Optional[b
     ``autocast`` (``autocast_adapter_dtype``) comes from the ``autocast`` axis when the cell has one, else from the
     argument; None keeps PEFT's default.
     """
-    adapter, dtype = params["adapter"], params.get("dtype", "fp32")
+    adapter = axis(params, "adapter", ADAPTERS)
+    dtype, model = axis(params, "dtype", tuple(DTYPES), default="fp32"), axis(params, "model", MODELS)
     if adapter == "qlora":
-        base = build_4bit_model(params["model"], dtype, params.get("storage", "uint8"), ctx)
+        base = build_4bit_model(model, dtype, axis(params, "storage", STORAGES, default="uint8"), ctx)
     else:
-        base = build_model(params["model"], dtype, ctx)
-    if "autocast" in params:
-        autocast = bool(params["autocast"])
+        base = build_model(model, dtype, ctx)
+    autocast = flag(params, "autocast", default=autocast)
     return add_adapter(base, adapter, ctx.seed, autocast=autocast)
 
 
@@ -46,18 +54,17 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
         return {**built, **accelerate_train_and_check(model, params, ctx, trainable)}
     if entry == "trainer":
         return {**built, **trainer_entry(model, params, ctx, trainable)}
-    orig = params.get("orig")
     wrapped = wrap(
         model,
-        params["wrap"],
-        None if orig is None else bool(orig),
+        axis(params, "wrap", WRAPS),
+        flag(params, "orig", default=None),
         ctx,
-        shard=params.get("shard", "full"),
-        mp=params.get("mp"),
+        shard=axis(params, "shard", tuple(SHARDING), default="full"),
+        mp=axis(params, "mp", tuple(MIXED_PRECISION), default=None),
     )
     return {**built, **train_and_check(wrapped, ctx, trainable=trainable)}
 
 
 def base_dtype_name(params: Mapping[str, Any]) -> str:
     """``torch.bfloat16`` etc. for the cell's ``dtype`` axis (fp32 when absent)."""
-    return str(torch_dtype(params.get("dtype", "fp32")))
+    return str(torch_dtype(axis(params, "dtype", tuple(DTYPES), default="fp32")))

@@ -22,7 +22,7 @@ except ImportError:
     from torch.distributed._composable.fsdp import fully_shard
 
 WRAPS = ("decoder_layer", "peft_policy", "fsdp2")
-"""The wrap axis values of matrix.yaml."""
+"""The ``wrap`` values ``wrap()`` takes (repros with other wraps, e.g. ``root``, build them themselves)."""
 
 SHARDING = {
     "full": ShardingStrategy.FULL_SHARD,

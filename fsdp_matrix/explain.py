@@ -1,0 +1,137 @@
+"""``python -m fsdp_matrix explain CELL``: every rule tried for a cell, in order, and why each did or did not match.
+
+The trials come from ``expectations.trace``, the function ``expected_for`` is derived from, so what is printed is
+what a run would expect. Versions: a combo's pins (``--combo``), else the installed packages; ``--versions``
+overrides single packages on top (``--versions torch=2.6.0,peft=0.14.0``). With ``--results DIR`` the newest
+record of the cell (on the same device; of the same combo when one is given) is shown with its verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from packaging.version import InvalidVersion, Version
+
+from fsdp_matrix.cells import Cell, find_cell
+from fsdp_matrix.clip import first_line
+from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.expectations import Trace, trace
+from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
+from fsdp_matrix.rules import PACKAGES
+
+STAGES = (
+    ("requires", "requires (checked first: an unmet one skips the cell)"),
+    ("platform skip", "platform skips (before the case's rules)"),
+    ("case rule", "case rules (first match wins)"),
+    ("platform signature", "platform signatures (judge an error the case's rule did not expect: skipped)"),
+)
+
+
+def parse_versions(text: str) -> Dict[str, str]:
+    """``torch=2.6.0,peft=0.14.0`` -> a dict; MatrixError (one line) naming a bad item."""
+    out: Dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, version = item.partition("=")
+        name, version = name.strip(), version.strip().lstrip("=")
+        if not sep or name not in PACKAGES:
+            raise MatrixError(f"--versions: {item!r}: expected NAME=VERSION with NAME one of {', '.join(PACKAGES)}")
+        try:
+            Version(version)
+        except InvalidVersion:
+            raise MatrixError(f"--versions: {item!r}: {version!r} is not a version") from None
+        out[name] = version
+    return out
+
+
+def _installed() -> Dict[str, Optional[str]]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: Dict[str, Optional[str]] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def render(cell: Cell, tr: Trace, versions: Dict[str, Optional[str]], where: str) -> List[str]:
+    shown = ", ".join(f"{k} {v or '(not installed)'}" for k, v in versions.items())
+    lines = [f"cell {cell.key} (device {cell.device}, world size {cell.world_size})", f"versions ({where}): {shown}"]
+    for stage, title in STAGES:
+        trials = [t for t in tr.trials if t.stage == stage]
+        lines.append(f"{title}:" + ("" if trials else " none"))
+        for t in trials:
+            mark = "=>" if t.decides else ("+ " if t.matched else "- ")
+            lines.append(f"  {mark} {t.name}: {t.why} -> {first_line(t.outcome, 140)}")
+    lines.append(f"requirement: {tr.requirement or 'none unmet'}")
+    exp = tr.expected
+    rule = (
+        f"platform.skips({exp.platform})" if exp.platform else (f"expect[{exp.rule}]" if exp.rule is not None else None)
+    )
+    lines.append(f"applies: {rule or 'no rule (kind none: matrix.yaml needs one)'}: {exp.describe()}")
+    if exp.source:
+        lines.append(f"  source: {exp.source}")
+    if tr.requirement:
+        lines.append("  (the session skips the cell for the requirement; the rule is what its record expects)")
+    if exp.signatures:
+        lines.append(
+            f"  an error it did not expect is judged skipped if it fits: {', '.join(s['id'] for s in exp.signatures)}"
+        )
+    return lines
+
+
+def newest_record(results: Path, cell: Cell, combo: Optional[str]) -> Optional[str]:
+    from fsdp_matrix.records import RECORDS_FILE, iter_records
+
+    path = results / RECORDS_FILE if (results / RECORDS_FILE).exists() else results
+    if not path.exists():
+        raise MatrixError(f"--results: {results}: no such file or directory")
+    recs = [
+        r
+        for r in iter_records(path, skipped=lambda _: None)
+        if r.key == cell.key and r.device == cell.device and (combo is None or r.combo == combo)
+    ]
+    if not recs:
+        return None
+    rec = max(recs, key=lambda r: r.finished_at)
+    return f"newest record: {rec.verdict} (combo {rec.combo}, run {rec.run_id}): {rec.line}"
+
+
+def main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="fsdp_matrix explain", description=__doc__.split("\n\n")[0])
+    p.add_argument("cell", help="CASE/CELL or a cell id unique across cases")
+    p.add_argument("--combo", help="use this combo's pins (and its device: cuda for gpu combos)")
+    p.add_argument("--versions", default="", help="NAME=VERSION,... on top of the combo's pins or the installed ones")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: the combo's, else cpu")
+    p.add_argument("--results", type=Path, help="a results dir (or cells.jsonl) to show the newest record from")
+    p.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX)
+    args = p.parse_args(argv)
+    matrix: Matrix = load_matrix(args.matrix)
+    overrides = parse_versions(args.versions)
+    if args.combo:
+        combo = matrix.combo(args.combo)
+        versions: Dict[str, Optional[str]] = dict(combo.pins.model_dump())
+        device = args.device or ("cuda" if "gpu" in combo.tags else "cpu")
+        where = f"combo {combo.id}"
+    else:
+        versions, device, where = _installed(), args.device or "cpu", "installed here"
+    if overrides:
+        versions.update(overrides)
+        where += f", with {args.versions}"
+    cell = find_cell(matrix, args.cell, device)
+    tr = trace(matrix.case(cell.case), cell, versions)
+    lines = render(cell, tr, versions, where)
+    if args.results:
+        lines.append(
+            newest_record(args.results, cell, args.combo) or f"newest record: none for this cell in {args.results}"
+        )
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
