@@ -137,6 +137,7 @@ def _observed_for_rule(found: CaseMatch, hit: Hit, records: List[Record]) -> Lis
 
 
 def _case_report(
+    matrix: Matrix,
     found: CaseMatch,
     paste: Paste,
     versions: Mapping[str, Optional[str]],
@@ -164,17 +165,24 @@ def _case_report(
     repro = {c.id for c in reproducing_cells(case, paste, versions)}
     if repro:
         lines.append(f"   cells expected to raise it on your versions: {len(repro)}, e.g. {sorted(repro)[0]}")
-    lines += _workaround_lines(case, versions, near, records)
+    cpu = [c for c in matrix.combos if "cpu" in c.tags]
+    lines += _workaround_lines(case, versions, near, records, cpu)
     return lines
 
 
-def _workaround_lines(case, versions, near: Optional[Combo], records: List[Record]) -> List[str]:
+def _workaround_lines(case, versions, near: Optional[Combo], records: List[Record], combos: List[Combo]) -> List[str]:
     mine = workarounds(case, versions)
     label = "your versions"
     if not mine and near is not None:
         mine, label = workarounds(case, near.pins.model_dump()), f"the nearest combo {near.id}"
     if not mine:
-        return ["   workarounds: no cell of this case is expected to train on your versions"]
+        elsewhere = [
+            f"{c.id} ({sum(map(len, found.values()))} cells)"
+            for c in combos
+            if (found := workarounds(case, c.pins.model_dump()))
+        ]
+        where = f"; expected to train on: {', '.join(elsewhere)}" if elsewhere else ""
+        return [f"   workarounds: no cell of this case is expected to train on your versions{where}"]
     observed = {r.cell: r for r in records if r.case == case.id and (near is None or r.combo == near.id)}
     lines = [f"   workarounds expected to hold on {label} (cells of this case expected ok):"]
     for index, cells in sorted(mine.items(), key=lambda kv: -len(kv[1])):
@@ -224,7 +232,7 @@ def render(
             via = f"{hit.signature.where}, {_when(hit.signature.rule)}" if hit else "observed records"
             lines.append(f"{n}. also fits {item.case.id} ({via}): {item.case.report}")
             continue
-        body = _case_report(item, paste, versions, near, records)
+        body = _case_report(matrix, item, paste, versions, near, records)
         lines.append(f"{n}. {body[0]}")
         lines += body[1:]
         lines.append("")

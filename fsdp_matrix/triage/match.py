@@ -48,7 +48,8 @@ class Hit:
 
     signature: Signature
     score: float
-    """Higher is a closer fit: message 4, same type 2, same raising module 1, the case's own report 1."""
+    """Higher is a closer fit: message 4, same type 2, same raising module 1, the case's own report 1 (+0.5 for the
+    report the case was written from); a paste whose frames are all elsewhere -1."""
     notes: List[str] = field(default_factory=list)
     """Why the fit is partial (another type, another module), shown to the user."""
 
@@ -110,6 +111,12 @@ def _cites_own_report(case: Optional[Case], source: str) -> bool:
     return bool(opening) and opening.group(1) in numbers
 
 
+def _primary_report(case: Optional[Case]) -> Optional[str]:
+    """The first issue or PR number the case's report names: the report the case was written from."""
+    found = re.search(r"(?:#|/(?:issues|pull)/)(\d+)", case.report) if case else None
+    return found.group(1) if found else None
+
+
 def fit(sig: Signature, paste: Paste, case: Optional[Case] = None) -> Optional[Hit]:
     """How well a signature fits the paste, or None when its message is not in it."""
     err = sig.error
@@ -138,8 +145,12 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None) -> Optional[H
         else:
             notes.append(f"no pasted frame is in {module}")
             score -= 1
-    if _cites_own_report(case, getattr(sig.rule, "source", "") or ""):
+    source = getattr(sig.rule, "source", "") or ""
+    if _cites_own_report(case, source):
         score += 1
+        # among the case's own rules, the one of the report it was written from (peft#2166 before PR #2167)
+        primary = _primary_report(case)
+        score += 0.5 if primary and re.match(rf"\s*[\w./-]*?(?:PR\s*)?#{primary}\b", source) else 0
     return Hit(sig, score, notes)
 
 
