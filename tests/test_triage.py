@@ -165,6 +165,21 @@ def test_cli_prints_links_versions_and_observed_workarounds(tmp_path, capsys):
     assert "fixed (rules): peft >=0.14" in out
     assert "observed reproduced (records): old (" in out
     assert "observed fixed, same cells (records): peft0.14-tf4.47 (" in out
+    assert out.startswith(f"records: 2 read from {tmp_path}\n")
+
+
+def test_a_record_no_rule_expected_is_shown_with_its_verdict(tmp_path, capsys):
+    msg = ("IndexError", "tuple index out of range")
+    rec = _record(
+        "dora-sharded-weight", "dora-fp32-orig1-decoder_layer-llama-ws2", "DIFFERENT-ERROR", "0.22.0", "x", msg
+    )
+    append(tmp_path, rec)
+    (tmp_path / "cells.jsonl").open("a").write('{"torn": \n')
+    code = triage_cli.main([str(FIXTURES / "llamafactory3550_dora_rank0.txt"), "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "observed with this error, verdict DIFFERENT-ERROR (records): x (" in out
+    assert "1 lines skipped (not records" in out.splitlines()[0]
 
 
 def test_workarounds_on_the_users_versions_are_the_cases_ok_cells(capsys):
@@ -190,9 +205,11 @@ def test_platform_signatures_are_used_when_the_matrix_has_them():
     paste = parse("AttributeError: 'Stream' object has no attribute 'record_event'\n")
     hits = platform_hits(fake, paste)
     assert [h.signature.where for h in hits] == ["platform[0]"]
-    assert platform_hits(MATRIX, paste) == [] or hasattr(MATRIX, "platform")
-    text, _ = triage_cli.render(fake, paste, {"torch": "2.6.0"}, "given", [])
+    if getattr(MATRIX, "platform", None) is None:
+        assert platform_hits(MATRIX, paste) == []
+    text, matched = triage_cli.render(fake, paste, {"torch": "2.6.0"}, "given", [])
     assert "platform platform[0] (torch <2.7): FSDP2 has no CPU path" in text
+    assert matched == 1 and "it fits a platform rule" in text
 
 
 @pytest.mark.parametrize("bad", ["torch", "torchx=2.4", "peft="])

@@ -30,6 +30,7 @@ from fsdp_matrix.triage.match import (
     workarounds,
 )
 from fsdp_matrix.triage.parse import Paste, parse
+from fsdp_matrix.verdicts import Verdict
 
 EXAMPLES = 3
 """Cell ids shown per workaround."""
@@ -126,12 +127,12 @@ def _observed_for_rule(found: CaseMatch, hit: Hit, records: List[Record]) -> Lis
     cells trained instead (fix-holds): the observed versions where it reproduces and where it is fixed."""
     index = int(hit.signature.where.split("[")[1].rstrip("]"))
     mine = [r for r in records if r.case == found.case.id]
-    held = [r for r in mine if r.expected.get("rule") == index and r.verdict == "reproduced"]
+    held = [r for r in mine if r.expected.get("rule") == index and r.verdict == Verdict.REPRODUCED.value]
     cells = {r.cell for r in held}
     out = []
     if held:
         out.append(f"      observed reproduced (records): {_observed(held, 'reproduced')}")
-        fixed = _observed([r for r in mine if r.cell in cells], "fix-holds")
+        fixed = _observed([r for r in mine if r.cell in cells], Verdict.FIX_HOLDS.value)
         out.append(f"      observed fixed, same cells (records): {fixed or 'none in these records'}")
     return out
 
@@ -157,11 +158,10 @@ def _case_report(
         fixes = _fixes(found, hit)
         lines.append(f"      fixed (rules): {'; '.join(fixes) if fixes else 'no release fixes it in matrix.yaml'}")
         lines += _observed_for_rule(found, hit, records)
-    if found.records:
-        lines.append(f"   observed with this error (records): {_observed(found.records, found.records[0].verdict)}")
-        verdicts = sorted({r.verdict for r in found.records})
-        if verdicts != [found.records[0].verdict]:
-            lines.append(f"      verdicts: {', '.join(verdicts)}")
+    # records with this error that no rule expected (DIFFERENT-ERROR, REGRESSION): reproduced ones are shown above
+    unexpected = [r for r in found.records if r.verdict != Verdict.REPRODUCED.value]
+    for verdict in sorted({r.verdict for r in unexpected}):
+        lines.append(f"   observed with this error, verdict {verdict} (records): {_observed(unexpected, verdict)}")
     repro = {c.id for c in reproducing_cells(case, paste, versions)}
     if repro:
         lines.append(f"   cells expected to raise it on your versions: {len(repro)}, e.g. {sorted(repro)[0]}")
@@ -192,7 +192,7 @@ def _workaround_lines(case, versions, near: Optional[Combo], records: List[Recor
         lines.append(f"      source: {rule.source}")
         seen = [observed[i] for i in ids if i in observed]
         if seen:
-            held = sum(r.verdict == "fix-holds" for r in seen)
+            held = sum(r.verdict == Verdict.FIX_HOLDS.value for r in seen)
             lines.append(f"      observed on combo {seen[0].combo}: fix-holds {held}/{len(seen)} (records)")
     return lines
 
@@ -204,7 +204,7 @@ def render(
     versions_from: str,
     records: List[Record],
 ) -> Tuple[str, int]:
-    """The whole answer as text, and how many cases matched."""
+    """The whole answer as text, and how many cases and platform rules matched."""
     lines = []
     for err in paste.errors[:3]:
         lines.append(f"pasted error: {err.type}: {err.message[:300]}")
@@ -218,8 +218,11 @@ def render(
     if near is not None:
         lines.append(f"nearest combo: {near.id} ({_versions_line(near.pins.model_dump())})")
     found = match(matrix, paste, records)
+    platform = platform_hits(matrix, paste)
     lines.append("")
-    if not found:
+    if not found and platform:
+        lines.append("No case matches this error; it fits a platform rule (a fact about a release, below).")
+    elif not found:
         lines.append("No known case matches this error: no rule's signature and no observed record fits it.")
         lines.append(
             "If it is a PEFT x FSDP failure, write a case for it (README 'Adding a case'), or start from the "
@@ -236,22 +239,22 @@ def render(
         lines.append(f"{n}. {body[0]}")
         lines += body[1:]
         lines.append("")
-    for hit in platform_hits(matrix, paste):
+    for hit in platform:
         rule = hit.signature.rule
         reason = getattr(rule, "skip", None) or getattr(rule, "reason", None) or ""
         lines.append(f"platform {hit.signature.where} ({rule_versions(rule)}): {reason}")
         lines.append(f"   source: {getattr(rule, 'source', '')}")
-    return "\n".join(lines).rstrip() + "\n", len(found)
+    return "\n".join(lines).rstrip() + "\n", len(found) + len(platform)
 
 
-def load_records(results: Optional[Path]) -> List[Record]:
-    """The newest record per combo and cell under ``results``; none without it."""
+def load_records(results: Optional[Path]) -> Tuple[List[Record], List[Skipped]]:
+    """The newest record per combo and cell under ``results`` (none without it), and the lines that were not."""
     if results is None:
-        return []
+        return [], []
     if not results.exists():
         raise TriageError(f"--results: {results}: no such file or directory")
     skipped: List[Skipped] = []
-    return list(latest(iter_records(results, skipped)).values())
+    return list(latest(iter_records(results, skipped)).values()), skipped
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -268,10 +271,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         versions, versions_from = installed_versions(), "installed here"
     matrix = load_matrix(args.matrix, check_repros=False)
-    records = load_records(args.results)
+    records, skipped = load_records(args.results)
     paste = parse(_read(args.file))
     if not paste.text:
         raise TriageError("the paste is empty: give a file, or pipe the traceback into stdin")
     text, matched = render(matrix, paste, versions, versions_from, records)
+    if args.results is not None:
+        lost = f", {len(skipped)} lines skipped (not records; first: {skipped[0]})" if skipped else ""
+        print(f"records: {len(records)} read from {args.results}{lost}")
     sys.stdout.write(text)
     return 0 if matched else 1
