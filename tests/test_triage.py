@@ -44,6 +44,7 @@ EXPECTED = {
     "peft484_uniform_dtype_backticks.txt": "mixed-dtype",
     "peft484_uniform_dtype_prose.txt": "mixed-dtype",
     "llamacookbook675_integer_dtype.txt": "mixed-dtype",
+    "axolotl1494_reversed_dtype.txt": "mixed-dtype",
     "peft2129_device_ipython.txt": "merge-device",
     "accelerate2872_no_split.txt": "no-split-modules",
     "peft2167_pix2struct.txt": "no-split-modules",
@@ -107,6 +108,15 @@ def test_parse_reads_exception_and_frames_through_the_noise():
     cut = parse(paste_of("llamafactory3550_dora_rank1_trimmed.txt"))
     assert cut.modules == ["peft.tuners.lora.dora"]
     assert [e.message for e in cut.errors] == ["tuple index out of range"]
+
+
+def test_a_loose_fit_needs_the_same_class_and_most_words():
+    reversed_dtypes = "ValueError: Must flatten tensors with uniform dtype but got torch.float32 and torch.bfloat16\n"
+    found = match(MATRIX, parse(reversed_dtypes))
+    assert found[0].case.id == "mixed-dtype" and any("loose fit" in n for n in found[0].hits[0].notes)
+    assert match(MATRIX, parse(reversed_dtypes.replace("ValueError", "KeyError"))) == []
+    # the uniform requires_grad rules share only "must flatten tensors with uniform" with a dtype message
+    assert "lora-requires-grad" not in [m.case.id for m in found]
 
 
 def test_a_frame_elsewhere_lowers_the_fit_but_keeps_it():

@@ -117,6 +117,25 @@ def _primary_report(case: Optional[Case]) -> Optional[str]:
     return found.group(1) if found else None
 
 
+LOOSE_WORDS = 6
+"""A rule's regex needs this many words before a loose fit is tried: a short message must match exactly."""
+LOOSE_COVER = 0.8
+"""The share of the regex's words a message of the same exception class must hold to fit loosely."""
+
+
+def _words(text: str) -> set:
+    return set(re.findall(r"[a-z][a-z0-9_]+", text.lower()))
+
+
+def _loose(regex: str, message: str) -> bool:
+    """The regex's literal words are (nearly) all in the message: e.g. the dtypes named the other way round
+    (``float32 and bfloat16``: FSDP1 names the first dtype it met), which the regex's order does not allow."""
+    wanted = _words(re.sub(r"\\.", " ", _pattern(regex)))
+    if len(wanted) < LOOSE_WORDS:
+        return False
+    return len(wanted & _words(message)) >= LOOSE_COVER * len(wanted)
+
+
 def fit(sig: Signature, paste: Paste, case: Optional[Case] = None) -> Optional[Hit]:
     """How well a signature fits the paste, or None when its message is not in it."""
     err = sig.error
@@ -136,6 +155,9 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None) -> Optional[H
     elif regex.search(_plain(paste.text)):
         score = 3.0  # no exception line (a message quoted in prose, a cut-off paste): the message alone
         notes.append("message found in the text, no exception line")
+    elif any(e.short_type == want and _loose(err.match, e.message) for e in paste.errors):
+        score = 2.0
+        notes.append("loose fit: the rule's words are in the message, its regex is not (another order or wording)")
     else:
         return None
     module = getattr(err, "module", None)
