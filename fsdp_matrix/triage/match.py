@@ -59,7 +59,9 @@ class CaseMatch:
     """A case the paste fits, through its rules, its observed records, or both."""
 
     case: Case
+    """The case from matrix.yaml."""
     hits: List[Hit] = field(default_factory=list)
+    """Its rules that fit, best first."""
     records: List[Record] = field(default_factory=list)
     """Records of this case whose observed error is the pasted one."""
 
