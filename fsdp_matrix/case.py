@@ -40,7 +40,9 @@ from fsdp_matrix.workload.entry import accelerate_setup
 from fsdp_matrix.workload.hf_trainer import trainer_setup
 from fsdp_matrix.workload.models import TINY_SHAPE, build_model, decoder_layer_class, decoder_layers, torch_dtype
 
-# from fsdp_matrix.workload.params import axis  # issue 15 part 2: the axis reader, added at merge
+# issue 15 part 2, the axis reader, added at merge: uncomment this line and '"axis",' in __all__ below, and add
+# "axis": "fsdp_matrix.workload.params" to HOME in tests/test_case_api.py (which fails until then, once repros use it)
+# from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.recipe import base_dtype_name, peft_model, wrap_and_train
 from fsdp_matrix.workload.tinynets import build_tinynet
 from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names, wrapper_kind
