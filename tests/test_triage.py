@@ -249,3 +249,15 @@ def test_fixtures_name_their_source():
         if not path.name.startswith(("variant_", "records_", "unrelated_")):
             assert "https://github.com/" in head, path.name
     assert json.dumps(EXPECTED)  # the table itself is plain data
+
+
+@pytest.mark.parametrize(
+    "versions,where", [("peft=0.13.2,torch=2.13.0", "on your versions"), ("peft=0.13.1,torch=2.13.0", "on combo old")]
+)
+def test_workarounds_observed_on_your_versions_else_the_nearest_combo(tmp_path, capsys, versions, where):
+    rec = _record("lora-requires-grad", "lora-fp32-orig1-decoder_layer-llama-ws2", "fix-holds", "0.13.2", "old", rule=6)
+    append(tmp_path, rec)
+    paste = str(FIXTURES / "peft1702_title.txt")
+    assert triage_cli.main([paste, "--results", str(tmp_path), "--versions", versions]) == 0
+    section = capsys.readouterr().out.split("1. lora-requires-grad", 1)[1].split("\n2. ", 1)[0]
+    assert f"observed {where}: fix-holds 1/1 (records)" in section

@@ -15,6 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from packaging.version import InvalidVersion, Version
+
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import PACKAGES, Combo, Matrix, load_matrix, same_value
 from fsdp_matrix.records import Record, Skipped, iter_records, latest
@@ -131,7 +133,7 @@ def _observed_for_rule(found: CaseMatch, hit: Hit, records: List[Record]) -> Lis
     cells = {r.cell for r in held}
     out = []
     if held:
-        out.append(f"      observed reproduced (records): {_observed(held, 'reproduced')}")
+        out.append(f"      observed reproduced (records): {_observed(held, Verdict.REPRODUCED.value)}")
         fixed = _observed([r for r in mine if r.cell in cells], Verdict.FIX_HOLDS.value)
         out.append(f"      observed fixed, same cells (records): {fixed or 'none in these records'}")
     return out
@@ -183,7 +185,7 @@ def _workaround_lines(case, versions, near: Optional[Combo], records: List[Recor
         ]
         where = f"; expected to train on: {', '.join(elsewhere)}" if elsewhere else ""
         return [f"   workarounds: no cell of this case is expected to train on your versions{where}"]
-    observed = {r.cell: r for r in records if r.case == case.id and (near is None or r.combo == near.id)}
+    where, observed = _observed_here(case.id, versions, near, records)
     lines = [f"   workarounds expected to hold on {label} (cells of this case expected ok):"]
     for index, cells in sorted(mine.items(), key=lambda kv: -len(kv[1])):
         rule = case.expect[index]
@@ -193,8 +195,29 @@ def _workaround_lines(case, versions, near: Optional[Combo], records: List[Recor
         seen = [observed[i] for i in ids if i in observed]
         if seen:
             held = sum(r.verdict == Verdict.FIX_HOLDS.value for r in seen)
-            lines.append(f"      observed on combo {seen[0].combo}: fix-holds {held}/{len(seen)} (records)")
+            lines.append(f"      observed {where}: fix-holds {held}/{len(seen)} (records)")
     return lines
+
+
+def _same_release(mine: Optional[str], theirs: Optional[str]) -> bool:
+    try:
+        return Version(mine).public == Version(theirs).public
+    except (InvalidVersion, TypeError):
+        return False
+
+
+def _observed_here(
+    case_id: str, versions: Mapping[str, Optional[str]], near: Optional[Combo], records: List[Record]
+) -> Tuple[str, Dict[str, Record]]:
+    """The case's records run on the user's versions (every version they gave equal), else on the nearest combo."""
+    mine = [r for r in records if r.case == case_id]
+    known = {p: v for p, v in versions.items() if v}
+    same = [r for r in mine if known and all(_same_release(v, r.versions.get(p)) for p, v in known.items())]
+    if same:
+        return "on your versions", {r.cell: r for r in same}
+    if near is None:
+        return "", {}
+    return f"on combo {near.id}", {r.cell: r for r in mine if r.combo == near.id}
 
 
 def render(
