@@ -24,6 +24,7 @@ COMMANDS = {
     "nightly": "fsdp_matrix.bisect.nightly",
     "export": "fsdp_matrix.export.cli",
     "bench": "fsdp_matrix.runner.bench",
+    "triage": "fsdp_matrix.triage.cli",
 }
 
 

@@ -21,9 +21,9 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
-from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import is_adapter
 from fsdp_matrix.workload.checkpoint import TOLERANCE, adapter_key, gathered_adapter, logits
+from fsdp_matrix.workload.checks import Failures
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.recipe import peft_model
@@ -91,7 +91,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         "unexpected_adapter_keys": len(unexpected),
         "logits_max_diff": diff,
     }
-    failed = []
+    failed = Failures()
     if not want:
         failed.append("the source adapter state dict holds no adapter tensor")
     if not_loaded:
@@ -104,8 +104,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         )
     if not torch.allclose(got_logits, want_logits, rtol=rtol, atol=atol):
         failed.append(f"the wrapped model's logits differ from the source model's by max |diff| {diff:.3g}")
-    if failed:
-        raise CheckFailed("; ".join(failed))
+    failed.raise_if_any()
     return checks
 
 

@@ -21,9 +21,8 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import add_adapter
-from fsdp_matrix.workload.checks import TrainingChecks, trainable_names
+from fsdp_matrix.workload.checks import Failures, TrainingChecks, trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import DTYPES, build_model
 from fsdp_matrix.workload.params import axis, flag
@@ -129,13 +128,12 @@ def run(params: dict, ctx: RankContext) -> dict:
         enabled_diff = _maxdiff(outer.enabled_logits if call == "in_forward" else out.logits, base_logits)
     del optimizer
     checks = judge.finish(model, {"disabled_vs_base": disabled_diffs, "enabled_vs_base": enabled_diff})
-    failed = []
+    failed = Failures()
     if not all(d <= TOLERANCE for d in disabled_diffs):
         failed.append(f"with the adapter disabled the logits differ from the base model's by {disabled_diffs}")
     if not enabled_diff > TOLERANCE:
         failed.append(f"the trained adapter does not change the logits (max diff {enabled_diff})")
-    if failed:
-        raise CheckFailed("; ".join(failed))
+    failed.raise_if_any()
     return checks
 
 

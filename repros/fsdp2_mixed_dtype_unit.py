@@ -16,11 +16,11 @@ the root: everything in one unit). A fix holds when training passes every check 
 from __future__ import annotations
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import get_peft_model
 from torch.distributed.device_mesh import init_device_mesh
 
 from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import TARGET_MODULES, has_autocast_option
+from fsdp_matrix.workload.adapters import has_autocast_option, lora_config
 from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import DTYPES, build_model, torch_dtype
@@ -40,14 +40,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     dtype = axis(params, "dtype", tuple(DTYPES))
     base = build_model(axis(params, "model", MODELS), dtype, ctx)
-    config = LoraConfig(
-        r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        target_modules=list(TARGET_MODULES),
-        modules_to_save=["lm_head"] if axis(params, "mts", ("none", "lm_head")) == "lm_head" else None,
-        task_type="CAUSAL_LM",
-    )
+    config = lora_config(modules_to_save=["lm_head"] if axis(params, "mts", ("none", "lm_head")) == "lm_head" else None)
     autocast = flag(params, "autocast")
     # asking for the upcast on a PEFT without the option raises TypeError, as PEFT does; no upcast is what it did
     kwargs = {"autocast_adapter_dtype": autocast} if autocast or has_autocast_option() else {}

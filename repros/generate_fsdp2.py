@@ -14,11 +14,11 @@ forward first). A fix holds when greedy generation returns exactly the tokens of
 from __future__ import annotations
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import get_peft_model
 from torch import nn
 
 from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.adapters import lora_config
 from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import DTYPES, build_model
@@ -41,14 +41,7 @@ def _build(params: dict, ctx: RankContext) -> nn.Module:
     if axis(params, "adapter", ("lora", "none")) == "none":
         return model
     torch.manual_seed(ctx.seed)
-    config = LoraConfig(
-        r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        target_modules=list(TARGET_MODULES),
-        init_lora_weights=False,
-        task_type="CAUSAL_LM",
-    )
+    config = lora_config(init_lora_weights=False)
     return get_peft_model(model, config)
 
 

@@ -26,9 +26,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 
-from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import add_adapter
-from fsdp_matrix.workload.checks import trainable_names
+from fsdp_matrix.workload.checks import Failures, trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import DTYPES, build_model, decoder_layer_class, decoder_layers
 from fsdp_matrix.workload.params import axis, flag
@@ -90,14 +89,13 @@ def run(params: dict, ctx: RankContext) -> dict:
     checks = train_and_check(wrapped, ctx, steps=STEPS, trainable=trainable)
     runs = calls[0] / (STEPS * layers)
     checks.update({"attention_runs_per_layer_step": runs, "reference_loss": reference_loss})
-    failed = []
+    failed = Failures()
     want = 1 if gc == "none" else 2
     if runs != want:
         failed.append(f"attention ran {runs} times per layer and step, expected {want} (checkpointing {gc})")
     if abs(checks["losses"][0] - reference_loss) > TOLERANCE:
         failed.append(f"first loss {checks['losses'][0]} differs from the plain model's {reference_loss}")
-    if failed:
-        raise CheckFailed("; ".join(failed))
+    failed.raise_if_any()
     return checks
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import inspect
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel, get_peft_model
 from torch import distributed as dist
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.adapters import lora_config
+from fsdp_matrix.workload.checks import Failures
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import DTYPES, build_model
 from fsdp_matrix.workload.params import axis
@@ -35,7 +35,7 @@ def _save_adapter(params: dict, ctx: RankContext):
             base = build_model(model, dtype, ctx)
             torch.manual_seed(ctx.seed)
             # init_lora_weights=False: random lora_B, so the adapter (and merging it) changes the output
-            config = LoraConfig(r=4, lora_alpha=8, target_modules=list(TARGET_MODULES), init_lora_weights=False)
+            config = lora_config(task_type=None, init_lora_weights=False)
             get_peft_model(base, config).save_pretrained(str(path))
         except Exception as exc:  # reach the barrier anyway, so the other ranks fail too instead of hanging
             failed = exc
@@ -71,7 +71,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         "merge_max_diff": float((merged - adapted).abs().max()),
         "merged_devices": sorted({str(p.device) for p in merged_model.parameters()}),
     }
-    failed = []
+    failed = Failures()
     if checks["adapter_effect"] == 0.0:
         failed.append("the loaded adapter does not change the output (adapter_effect 0)")
     tolerance = 1e-3 if dtype == "fp32" else 5e-2
@@ -79,8 +79,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         failed.append(f"merged output differs from the adapted one by {checks['merge_max_diff']}")
     if checks["merged_devices"] != [str(ctx.device)]:
         failed.append(f"merged model on {checks['merged_devices']}, not {ctx.device}")
-    if failed:
-        raise CheckFailed("; ".join(failed))
+    failed.raise_if_any()
     return checks
 
 

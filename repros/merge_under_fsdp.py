@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.checks import Failures
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.recipe import peft_model
@@ -70,7 +70,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         lora_modules_left=sum("lora_" in n for n, _ in merged.named_modules()),
         merge_max_diff=diff,
     )
-    failed = []
+    failed = Failures()
     if checks["lora_modules_left"]:
         failed.append(f"{checks['lora_modules_left']} LoRA modules left after merge_and_unload")
     if not diff <= ATOL:
@@ -78,8 +78,7 @@ def run(params: dict, ctx: RankContext) -> dict:
             f"merging changed the wrapped model's logits by max |diff| {diff:.3g} (atol {ATOL:g}); merged q_proj "
             f"weight is {_shape(q_proj.weight)}, full shape {full}"
         )
-    if failed:
-        raise CheckFailed("; ".join(failed))
+    failed.raise_if_any()
     return checks
 
 

@@ -9,9 +9,9 @@ PEFT's FSDP docs list ``modules_to_save`` as untested with FSDP.
 from __future__ import annotations
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import get_peft_model
 
-from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.adapters import lora_config
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import DTYPES, build_model
 from fsdp_matrix.workload.params import axis
@@ -23,14 +23,7 @@ CASE = "modules-to-save"
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     base = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
-    config = LoraConfig(
-        r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        target_modules=list(TARGET_MODULES),
-        modules_to_save=["lm_head"],
-        task_type="CAUSAL_LM",
-    )
+    config = lora_config(modules_to_save=["lm_head"])
     torch.manual_seed(ctx.seed)  # the same adapter on every rank
     return wrap_and_train(get_peft_model(base, config), params, ctx)
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import torch
 import transformers
-from peft import LoraConfig, get_peft_model
+from peft import get_peft_model
 from torch import nn
 
+from fsdp_matrix.workload.adapters import lora_config
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import TINY_SHAPE
 from fsdp_matrix.workload.params import axis
@@ -48,7 +49,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     axis(params, "model", ("moe",)), axis(params, "adapter", ("lora_params",))
     # TypeError before PEFT 0.17.0, whose LoraConfig has no target_parameters
-    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=[], target_parameters=TARGET_PARAMETERS)
+    config = lora_config(target_modules=[], task_type=None, target_parameters=TARGET_PARAMETERS)
     base = build_moe(ctx)
     torch.manual_seed(ctx.seed)
     model = get_peft_model(base, config)

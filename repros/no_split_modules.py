@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import get_peft_model
 from peft.utils.other import fsdp_auto_wrap_policy
 
-from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.adapters import lora_config
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.tinynets import build_tinynet
@@ -30,7 +30,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     model = build_tinynet(axis(params, "shape", ("plain", "hf_none")), ctx)
     torch.manual_seed(ctx.seed)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(TARGET_MODULES)))
+    model = get_peft_model(model, lora_config(task_type=None))
     value = CLS_ENV[axis(params, "cls_env", tuple(CLS_ENV), default="unset")]
     saved = os.environ.pop(ENV_VAR, None)
     try:

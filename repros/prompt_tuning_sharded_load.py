@@ -22,8 +22,7 @@ from peft import PromptTuningConfig, get_peft_model
 from torch import distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.checks import clean_name, full_parameters, trainable_names
+from fsdp_matrix.workload.checks import Failures, clean_name, full_parameters, trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import DTYPES, build_model
 from fsdp_matrix.workload.params import axis, flag
@@ -87,7 +86,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         "base_not_loaded": [n for n in base_names if not torch.equal(loaded[n], source_full[n])],
         "prompt_changed_by_load": [n for n in prompt_names if not torch.equal(loaded[n], fresh[n])],
     }
-    failed = []
+    failed = Failures()
     if found["missing_keys"] != prompt_names or found["unexpected_keys"]:
         failed.append(f"load reported missing {found['missing_keys']}, unexpected {found['unexpected_keys']}")
     if not found["base_differed_before_load"]:
@@ -98,8 +97,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         failed.append(f"prompt embedding {prompt_names} changed by the load: {found['prompt_changed_by_load']}")
     checks = train_and_check(model, ctx, trainable=trainable)
     checks.update({k: (len(v) if k.startswith("base_") else v) for k, v in found.items()})
-    if failed:
-        raise CheckFailed("; ".join(failed))
+    failed.raise_if_any()
     return checks
 
 

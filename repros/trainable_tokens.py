@@ -10,11 +10,11 @@ gradient, and the checks would rightly fail it.
 from __future__ import annotations
 
 import torch
-from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from peft import get_peft_model, get_peft_model_state_dict
 from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
 from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.adapters import lora_config
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import DTYPES, build_model
 from fsdp_matrix.workload.params import axis, flag
@@ -47,14 +47,7 @@ def adapter_state_dict(model: torch.nn.Module) -> dict:
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     tokens = sorted({int(t) for t in synthetic_batch(ctx)[0, :3]})
-    config = LoraConfig(
-        r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        target_modules=list(TARGET_MODULES),
-        trainable_token_indices=tokens,
-        task_type="CAUSAL_LM",
-    )
+    config = lora_config(trainable_token_indices=tokens)
     torch.manual_seed(ctx.seed)  # the same adapter on every rank
     model = get_peft_model(
         build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx), config

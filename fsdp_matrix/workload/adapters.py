@@ -28,6 +28,19 @@ def has_autocast_option() -> bool:
     return "autocast_adapter_dtype" in inspect.signature(get_peft_model).parameters
 
 
+def lora_config(
+    *, target_modules: Optional[list] = None, task_type: Optional[str] = "CAUSAL_LM", **options
+) -> LoraConfig:
+    """The LoRA every case uses: rank 4, alpha 8, no dropout, on ``target_modules`` (default TARGET_MODULES).
+
+    ``task_type`` None builds a bare ``PeftModel`` instead of ``PeftModelForCausalLM``. ``options`` go to LoraConfig
+    as given (``use_dora``, ``modules_to_save``, ``init_lora_weights``, ``target_parameters``, ...): an option this
+    PEFT does not know raises its own TypeError, which some rules expect.
+    """
+    modules = list(TARGET_MODULES if target_modules is None else target_modules)
+    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=modules, task_type=task_type, **options)
+
+
 def add_adapter(model: nn.Module, adapter: str, seed: int, autocast: Optional[bool] = None) -> nn.Module:
     """``get_peft_model`` with a rank-4 LoRA (``dora``: ``use_dora=True``) on q/v projections.
 
@@ -37,14 +50,7 @@ def add_adapter(model: nn.Module, adapter: str, seed: int, autocast: Optional[bo
     """
     if adapter not in ("lora", "dora", "qlora"):
         raise ValueError(f"unknown adapter {adapter!r} (expected lora, dora or qlora)")
-    config = LoraConfig(
-        r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        target_modules=list(TARGET_MODULES),
-        use_dora=adapter == "dora",
-        task_type="CAUSAL_LM",
-    )
+    config = lora_config(use_dora=adapter == "dora")
     kwargs = {} if autocast is None else {"autocast_adapter_dtype": bool(autocast)}
     if autocast is False and not has_autocast_option():
         # before the option existed PEFT never upcast: leaving it out *is* autocast_adapter_dtype=False there

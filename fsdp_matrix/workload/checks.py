@@ -29,6 +29,17 @@ FSDP_KINDS = ("fsdp1", "fsdp2")
 """The wrapper kinds a cell may train under: anything else is not the FSDP under test."""
 
 
+class Failures(list):
+    """Failed checks, collected so that every check runs (and every collective is reached) before one CheckFailed
+    names them all: ``failed = Failures()``, ``failed.append("...")`` per failed check, then ``failed.raise_if_any()``.
+    """
+
+    def raise_if_any(self) -> None:
+        """CheckFailed with every collected message, ``; ``-joined; nothing when none failed."""
+        if self:
+            raise CheckFailed("; ".join(self))
+
+
 def wrapper_kind(model: nn.Module) -> str:
     """``fsdp1``, ``fsdp2`` (parameters are DTensors), ``ddp`` (DistributedDataParallel) or ``none``."""
     if isinstance(model, FullyShardedDataParallel):
@@ -216,7 +227,7 @@ class TrainingChecks:
             "frozen_changed": frozen_changed,
             **(extra or {}),
         }
-        failed = []
+        failed = Failures()
         if kind not in FSDP_KINDS:
             failed.append(f"model is {type(model).__name__} ({kind}), not FSDP")
         if not self.losses or not all(math.isfinite(x) for x in self.losses):
@@ -241,6 +252,5 @@ class TrainingChecks:
             failed.append(f"{len(no_grad)}/{len(train)} trainable tensors got no gradient: {no_grad[:5]}")
         if train_same:
             failed.append(f"{len(train_same)}/{len(train)} trainable tensors unchanged: {train_same[:5]}")
-        if failed:
-            raise CheckFailed("; ".join(failed))
+        failed.raise_if_any()
         return checks

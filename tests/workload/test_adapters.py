@@ -41,3 +41,27 @@ def test_same_seed_same_adapter(tmp_path):
 def test_unknown_adapter(tmp_path):
     with pytest.raises(ValueError, match="unknown adapter"):
         add_adapter(build_model("llama", "fp32", cpu_context(tmp_path)), "ia3", seed=0)
+
+
+def test_lora_config_is_the_shared_rank4_lora():
+    from fsdp_matrix.workload.adapters import TARGET_MODULES, lora_config
+
+    config = lora_config()
+    assert (config.r, config.lora_alpha, config.lora_dropout) == (4, 8, 0.0)
+    assert sorted(config.target_modules) == sorted(TARGET_MODULES)
+    assert config.task_type == "CAUSAL_LM"
+    bare = lora_config(task_type=None, target_modules=["k_proj"], init_lora_weights=False, use_dora=True)
+    assert (bare.task_type, sorted(bare.target_modules), bare.init_lora_weights, bare.use_dora) == (
+        None,
+        ["k_proj"],
+        False,
+        True,
+    )
+
+
+def test_lora_config_passes_an_unknown_option_to_peft():
+    from fsdp_matrix.workload.adapters import lora_config
+
+    # a rule expects PEFT's own TypeError for an option it does not have yet (moe-target-parameters)
+    with pytest.raises(TypeError):
+        lora_config(no_such_lora_option=1)

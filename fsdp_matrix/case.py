@@ -1,0 +1,116 @@
+"""The stable case API: everything a repro (``repros/<name>.py``) may use, in one import.
+
+``from fsdp_matrix.case import RankContext, peft_model, wrap_and_train`` keeps working across releases of
+fsdp-matrix: the names in ``__all__`` are pinned by ``tests/test_case_api.py``, and each is the very object of its
+home module (``fsdp_matrix.workload.*``, ``fsdp_matrix.errors``, ``fsdp_matrix.standalone``), so the older imports
+from those modules keep working too. Everything else in ``fsdp_matrix`` may move.
+
+``DTensor`` and ``fully_shard`` are torch's own classes, imported from wherever this torch release keeps them
+(the path moved between 2.4 and 2.6).
+"""
+
+from __future__ import annotations
+
+from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.standalone import main
+from fsdp_matrix.workload.adapters import (
+    TARGET_MODULES,
+    adapter_dtypes,
+    add_adapter,
+    has_autocast_option,
+    is_adapter,
+    lora_config,
+)
+from fsdp_matrix.workload.checkpoint import (
+    TOLERANCE,
+    adapter_key,
+    cell_dir,
+    check_saved,
+    full_shapes,
+    gathered_adapter,
+    logits,
+    on_every_rank,
+    read_adapter_dir,
+)
+from fsdp_matrix.workload.checkpoint_hf import HF_SAVES, hf_roundtrip
+from fsdp_matrix.workload.checkpoint_torch import RAW_PATHS, raw_roundtrip
+from fsdp_matrix.workload.checks import Failures, TrainingChecks, clean_name, full_parameters
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.entry import accelerate_setup
+from fsdp_matrix.workload.hf_trainer import trainer_setup
+from fsdp_matrix.workload.models import (
+    DTYPES,
+    TINY_SHAPE,
+    build_model,
+    decoder_layer_class,
+    decoder_layers,
+    torch_dtype,
+)
+from fsdp_matrix.workload.params import UnknownAxisValue, axis, flag
+from fsdp_matrix.workload.recipe import MODELS, base_dtype_name, peft_model, wrap_and_train
+from fsdp_matrix.workload.tinynets import build_tinynet
+from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names, wrapper_kind
+from fsdp_matrix.workload.wrapping import WRAPS, decoder_layer_policy, fsdp1, fsdp2, fully_shard, wrap
+
+__all__ = [
+    # the cell's context, the standalone entry point, the failure a check raises
+    "RankContext",
+    "main",
+    "CheckFailed",
+    # the recipe most cases use
+    "peft_model",
+    "wrap_and_train",
+    "base_dtype_name",
+    # axis values, read so that an unknown one fails naming it
+    "axis",
+    "flag",
+    "UnknownAxisValue",
+    "DTYPES",
+    "MODELS",
+    "WRAPS",
+    # models and adapters
+    "build_model",
+    "build_tinynet",
+    "torch_dtype",
+    "decoder_layers",
+    "decoder_layer_class",
+    "TINY_SHAPE",
+    "lora_config",
+    "add_adapter",
+    "adapter_dtypes",
+    "has_autocast_option",
+    "is_adapter",
+    "TARGET_MODULES",
+    # wrapping and the entries
+    "wrap",
+    "fsdp1",
+    "fsdp2",
+    "decoder_layer_policy",
+    "fully_shard",
+    "DTensor",
+    "accelerate_setup",
+    "trainer_setup",
+    # training and its checks
+    "train_and_check",
+    "trainable_names",
+    "synthetic_batch",
+    "wrapper_kind",
+    "TrainingChecks",
+    "Failures",
+    "clean_name",
+    "full_parameters",
+    # checkpoints
+    "cell_dir",
+    "check_saved",
+    "full_shapes",
+    "gathered_adapter",
+    "logits",
+    "adapter_key",
+    "on_every_rank",
+    "read_adapter_dir",
+    "TOLERANCE",
+    "HF_SAVES",
+    "hf_roundtrip",
+    "RAW_PATHS",
+    "raw_roundtrip",
+]

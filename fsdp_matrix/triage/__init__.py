@@ -1,0 +1,2 @@
+"""``triage``: match a pasted traceback or log against the matrix's rules and records (``parse``, ``match``,
+``cli``)."""

@@ -1,0 +1,143 @@
+"""Read a traceback or log as users paste it: the exception lines and the frames, whatever the paste looks like.
+
+Pastes come trimmed (no ``Traceback (most recent call last)``, only the last lines), prefixed per rank
+(``[rank0]:``, or ``rank1]:`` with its bracket cut off), quoted in Markdown (``> ``, backticks, fences), wrapped at
+the terminal's width, from IPython (``File /path/x.py:868, in f()``), from Windows, conda, site-packages or a source
+checkout, with the exception class qualified by its module or not. Nothing here needs the paste to be complete.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+PACKAGE_ROOTS = ("torch", "peft", "transformers", "accelerate", "bitsandbytes", "trl", "fsdp_matrix", "deepspeed")
+"""Top-level packages a frame's module is read from when its path has no site-packages/dist-packages part (a
+source checkout such as ``~/src/peft/src/peft/tuners/lora/dora.py``)."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# per-rank prefixes of torchrun/accelerate output, also with the opening bracket cut off by a trimmed paste
+_RANK_PREFIX = re.compile(r"^\s*\[?(?:rank|default)\d+\]?:\s?")
+# Markdown quotes ("> "), Python prompts (">>> "), and pytest's failure lines ("E   ")
+_QUOTE_PREFIX = re.compile(r"^\s*(?:(?:>\s?)+|E {2,})")
+_FENCE = re.compile(r"^\s*(```|~~~)\w*\s*$")
+# File "/x/y.py", line 3, in f   |   File /x/y.py:868, in f()   |   File [/x/y.py:868](https://...), in f()
+_FRAME = re.compile(
+    r"""File\s+(?:"(?P<q>[^"]+\.py)"|\[?(?P<p>[^\s"\[\]:,]+\.py))(?::\d+\]?(?:\([^)]*\))?)?"""
+    r"""(?:,\s*line\s+\d+)?(?:,\s*in\s+(?P<fn>[\w.<>]+))?"""
+)
+# ValueError: ...  |  torch.distributed...ChildFailedError: ...  |  Exception: ...  (also inside "[...]" or a sentence)
+_EXC = re.compile(
+    r"(?:^|(?<=[\s\[(]))(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Failed|Exit|Interrupt)|Exception))"
+    r":(?:\s+|$)(?P<msg>.*)$"
+)
+_WRAPPED_LINES = 5
+"""How many lines after an exception line may continue its wrapped message."""
+_TRACE_LINE = re.compile(r"^\s*(Traceback \(most recent call last\)|File\s|During handling|The above exception|\^+|~+)")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One traceback frame found in the paste."""
+
+    path: str
+    """The file as pasted, with forward slashes."""
+    module: Optional[str]
+    """Dotted module read from the path (``peft.tuners.lora.dora``), or None when no known root is in it."""
+    function: Optional[str] = None
+    """The function named after ``in``, when the paste has it."""
+
+
+@dataclass(frozen=True)
+class PastedError:
+    """One exception line of the paste, with its wrapped continuation joined back."""
+
+    type: str
+    """The class as pasted: ``ValueError`` or ``torch.distributed.elastic...ChildFailedError``."""
+    message: str
+    """The message, whitespace collapsed."""
+
+    @property
+    def short_type(self) -> str:
+        """The class name without its module."""
+        return self.type.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Paste:
+    """What could be read from a pasted traceback or log."""
+
+    text: str
+    """The paste cleaned of rank prefixes, quote marks, fences and ANSI colours, whitespace collapsed."""
+    errors: List[PastedError] = field(default_factory=list)
+    """Exception lines, innermost-last as pasted, duplicates (one per rank) removed."""
+    frames: List[Frame] = field(default_factory=list)
+    """Frames in paste order; the last one is nearest to where the error was raised."""
+
+    @property
+    def modules(self) -> List[str]:
+        return [f.module for f in self.frames if f.module]
+
+
+def module_of(path: str) -> Optional[str]:
+    """``.../site-packages/peft/tuners/lora/dora.py`` -> ``peft.tuners.lora.dora``; None when no root is known."""
+    parts = [p for p in path.replace("\\", "/").split("/") if p and p != "."]
+    if not parts or not parts[-1].endswith(".py"):
+        return None
+    parts[-1] = parts[-1][: -len(".py")]
+    start = None
+    for i, part in enumerate(parts[:-1]):
+        if part in ("site-packages", "dist-packages"):
+            start = i + 1
+    if start is None:
+        roots = [i for i, part in enumerate(parts[:-1]) if part in PACKAGE_ROOTS]
+        start = roots[-1] if roots else None
+    if start is None or start >= len(parts):
+        return None
+    mod = [p for p in parts[start:] if p != "__init__"]
+    return ".".join(mod) if mod and all(p.isidentifier() for p in mod) else None
+
+
+def clean_lines(text: str) -> List[str]:
+    """The paste's lines without colours, rank prefixes, Markdown quote marks, fences and stray backticks."""
+    out = []
+    for raw in _ANSI.sub("", text.replace("\r\n", "\n").replace("\r", "\n")).split("\n"):
+        line = _QUOTE_PREFIX.sub("", raw)
+        line = _RANK_PREFIX.sub("", line)
+        if _FENCE.match(line):
+            continue
+        # a traceback quoted inline in Markdown: `[rank0]: ... ValueError: ...` with the backticks kept
+        line = line.strip().strip("`").strip()
+        line = _RANK_PREFIX.sub("", line)
+        out.append(line)
+    return out
+
+
+def _exception_at(lines: List[str], i: int) -> Optional[PastedError]:
+    found = _EXC.search(lines[i])
+    if not found:
+        return None
+    parts = [found.group("msg")]
+    # a message wrapped by the terminal or the issue's width: join the lines up to the next blank or trace line
+    for nxt in lines[i + 1 : i + 1 + _WRAPPED_LINES]:
+        if not nxt or _TRACE_LINE.match(nxt) or _EXC.search(nxt) or nxt.startswith("["):
+            break
+        parts.append(nxt)
+    return PastedError(found.group("type"), " ".join(" ".join(parts).split()))
+
+
+def parse(text: str) -> Paste:
+    """Read the exception lines and frames of a paste; either may be empty."""
+    lines = clean_lines(text)
+    errors: List[PastedError] = []
+    for i in range(len(lines)):
+        err = _exception_at(lines, i)
+        if err and err not in errors:
+            errors.append(err)
+    frames = []
+    for line in lines:
+        for found in _FRAME.finditer(line):
+            path = (found.group("q") or found.group("p")).replace("\\", "/")
+            frames.append(Frame(path, module_of(path), found.group("fn")))
+    return Paste(text=" ".join(" ".join(lines).split()), errors=errors, frames=frames)
