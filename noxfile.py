@@ -15,7 +15,7 @@
 
 Envs are built with uv (virtualenv as fallback) from exact pins, verified against the pins after install, and
 reused while their pins do not change. uv is handed pip's index configuration, and a CPU run refuses to download
-a CUDA build of torch (see fsdp_matrix/envs.py).
+a CUDA build of torch (see fsdp_matrix/envs/).
 """
 
 from __future__ import annotations

@@ -85,3 +85,10 @@ def stalled_index() -> Iterator[StalledIndex]:
         yield server
     finally:
         server.close()
+
+
+def uv_children() -> list:
+    """uv processes this test process started that are still running."""
+    import psutil
+
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running() and "uv" in p.name()]

@@ -13,8 +13,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from packaging.version import InvalidVersion, Version
 
+from fsdp_matrix.envs.uvproc import tail
 from fsdp_matrix.errors import EnvError
-from fsdp_matrix.uvproc import tail
 
 DEFAULT_IMPORTS = ("torch", "transformers", "peft", "accelerate")
 """What must import for an env of the packages under test to count as usable."""

@@ -50,7 +50,7 @@ def in_uv_cache(cache: Optional[Path], name: str, version: str) -> bool:
 
 
 def indexes(env: Mapping[str, str]) -> List[str]:
-    """The index URLs uv is given (see envs.uv_environment), the default first."""
+    """The index URLs uv is given (see envs.config.uv_environment), the default first."""
     default = env.get("UV_DEFAULT_INDEX") or env.get("UV_INDEX_URL") or PYPI
     extra = env.get("UV_INDEX", "").split() + env.get("UV_EXTRA_INDEX_URL", "").split()
     extra = [e.split("=", 1)[1] if "=" in e.split("://", 1)[0] else e for e in extra]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_matrix import downloads
+from fsdp_matrix.envs import downloads
 
 DRY_RUN = (
     "Resolved 3 packages in 1.2s\nWould install 3 packages\n + nvidia-cublas-cu12==12.4.5.8\n + torch==2.6.0\n"
