@@ -2,12 +2,15 @@
 
 Modules, one concern each (``runner/`` and ``bisect/`` are laid out the same way):
 
-- ``config``: the package-index configuration uv is given (the user's uv settings, else pip's, translated);
+- ``config``: the package-index configuration, read in one place (the user's uv settings, else pip's, translated);
+- ``simple``: the one Simple-API client (indexes and find-links: files, yanked, sizes, upload times);
 - ``installer``: one bounded ``uv pip install``, with the CUDA-build check on CPU runs;
 - ``build``: ``prepare`` an env from pins: stamp, install, verify, reuse;
 - ``check``: installed versions against the pins, missing files, imports;
 - ``uvproc``: uv as a bounded child process in its own process group;
 - ``downloads``: how much an install would download, announced before a CUDA torch.
+
+Source pins (git and direct references) will get a module of their own here, ``sources``.
 
 Everything other modules use is re-exported here: ``from fsdp_matrix import envs`` then ``envs.prepare(...)``.
 """
@@ -30,7 +33,7 @@ from fsdp_matrix.envs.check import (
     mismatches,
     same_release,
 )
-from fsdp_matrix.envs.config import pip_config, uv_environment
+from fsdp_matrix.envs.config import Locations, configured_locations, pip_config, uv_environment
 from fsdp_matrix.envs.installer import InstallResult, cuda_packages, install, run_quiet
 
 __all__ = [
@@ -38,6 +41,8 @@ __all__ = [
     "STAMP",
     "EnvReport",
     "InstallResult",
+    "Locations",
+    "configured_locations",
     "cuda_packages",
     "import_check",
     "inspect_env",

@@ -1,8 +1,10 @@
-"""The package-index configuration uv is given: the user's uv settings, else pip's translated to uv's variables.
+"""The package-index configuration, read in one place: the user's uv settings, else pip's translated to uv's.
 
 uv does not read pip's configuration, and with no index configured it resolves ``torch`` to the multi-GB CUDA build.
 So the user's pip settings (find-links, index-url, extra-index-url) are translated to uv's environment variables,
-unless the user already configured uv itself.
+unless the user already configured uv itself. Everything else that needs the indexes (the release listing of
+``bisect``, the download estimate) reads them back from those variables through ``configured_locations``, so uv
+and the harness always look at the same places.
 """
 
 from __future__ import annotations
@@ -12,11 +14,25 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Dict, Mapping, Optional
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from fsdp_matrix.envs.uvproc import http_settings
 
+PYPI = "https://pypi.org/simple"
 _UV_INDEX_VARS = ("UV_INDEX", "UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
+
+
+@dataclass(frozen=True)
+class Locations:
+    """Where the installer looks for distributions."""
+
+    indexes: Tuple[str, ...]
+    """Simple API roots, the default index first."""
+    find_links: Tuple[str, ...] = ()
+    """Flat directories or HTML pages of distribution files."""
+    cafile: Optional[str] = None
+    """CA bundle pip is configured with (``cert``), for HTTPS indexes."""
 
 
 def pip_config(python: Optional[str] = None) -> Dict[str, str]:
@@ -80,3 +96,24 @@ def uv_environment(base: Optional[Mapping[str, str]] = None, pip: Optional[Dict[
         # which would hide e.g. peft 0.21.2 behind a local mirror that only holds 0.21.0
         env.setdefault("UV_INDEX_STRATEGY", base.get("UV_INDEX_STRATEGY", "unsafe-best-match"))
     return env
+
+
+def uv_locations(env: Mapping[str, str], cafile: Optional[str] = None) -> Locations:
+    """The indexes and find-links that uv's variables in ``env`` name, the default index first."""
+    default = env.get("UV_DEFAULT_INDEX") or env.get("UV_INDEX_URL") or PYPI
+    extra: List[str] = env.get("UV_INDEX", "").split() + env.get("UV_EXTRA_INDEX_URL", "").split()
+    # UV_INDEX entries may be named: name=url
+    extra = [e.split("=", 1)[1] if "=" in e.split("://", 1)[0] else e for e in extra]
+    links = [p for part in env.get("UV_FIND_LINKS", "").split(",") for p in part.split()]
+    return Locations(tuple(dict.fromkeys([default, *extra])), tuple(links), cafile)
+
+
+def configured_locations(
+    environ: Optional[Mapping[str, str]] = None, pip: Optional[Dict[str, str]] = None
+) -> Locations:
+    """The index URLs and find-links uv is given: the user's uv variables, else pip's configuration translated."""
+    environ = dict(os.environ if environ is None else environ)
+    pip = pip_config() if pip is None else pip
+    env = {k: v for k, v in environ.items() if k in _UV_INDEX_VARS}
+    env.update(uv_environment(environ, pip))
+    return uv_locations(env, pip.get("cert") or environ.get("SSL_CERT_FILE") or None)

@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence
 from packaging.utils import canonicalize_name
 
 from fsdp_matrix.envs import downloads
-from fsdp_matrix.envs.config import uv_environment
+from fsdp_matrix.envs.config import configured_locations, uv_environment
 from fsdp_matrix.envs.uvproc import failure, install_timeout, run_uv, tail
 from fsdp_matrix.progress import Heartbeat
 
@@ -86,7 +86,7 @@ def install(
             if cuda:
                 beat.update("estimating the download")
                 torch = next((v for n, v in downloads.planned(dry.output) if n == "torch"), "?")
-                size = downloads.estimate(dry.output, {**os.environ, **env}).describe()
+                size = downloads.estimate(dry.output, {**os.environ, **env}, configured_locations()).describe()
                 beat.say(
                     f"no CPU build of torch {torch} is reachable through your pip/uv configuration: installing the "
                     f"CUDA build from the index (it runs on CPU), {size}"

@@ -37,9 +37,8 @@ def test_default_combos_still_refuse_a_cuda_torch(monkeypatch, tmp_path):
 def test_opted_in_combo_announces_the_download_before_it_starts(monkeypatch, tmp_path, capsys):
     calls: list = []
     fake_uv(monkeypatch, CUDA_DRY_RUN, calls)
-    monkeypatch.setattr(
-        downloads, "estimate", lambda out, env: calls.append("estimate") or downloads.Estimate(3, 3_100_000_000, 0)
-    )
+    estimate = downloads.Estimate(3, 3_100_000_000, 0)
+    monkeypatch.setattr(downloads, "estimate", lambda out, env, where: calls.append("estimate") or estimate)
     result = installer.install(
         tmp_path / "bin" / "python", ["torch==2.6.0"], device="cpu", allow_cuda_build=True, label="torch2.6"
     )
