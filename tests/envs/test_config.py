@@ -1,5 +1,10 @@
 """The index configuration uv is given: pip's settings translated, the user's own uv settings kept."""
 
+import shutil
+import subprocess
+
+import pytest
+
 from fsdp_matrix import envs
 from fsdp_matrix.envs.config import PYPI
 
@@ -59,3 +64,40 @@ def test_users_own_uv_configuration_wins_for_the_locations_too():
     loc = envs.configured_locations(environ=environ, pip={"find-links": "/opt/wheels"})
     assert loc.indexes == ("https://corp/simple", "https://download/cpu")
     assert loc.find_links == ("/w1", "/w2")
+
+
+# pip prints each value with %r: a multi-line setting (pip's documented form for several URLs) comes out escaped
+MULTI_LINE = (
+    "global.extra-index-url='\\nhttps://example.invalid/a/simple\\nhttps://example.invalid/b/simple'\n"
+    "global.find-links='\\n/w1\\n/w2'\n"
+)
+
+
+def test_multi_line_pip_settings_reach_uv_as_separate_urls(tmp_path):
+    # defect 7: the escaped value reached uv as ONE url with a literal backslash-n, which uv ignored silently
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\ncat <<'X'\n{MULTI_LINE}X\n")
+    fake.chmod(0o755)
+    pip = envs.pip_config(str(fake))
+    env = envs.uv_environment({}, pip)
+    assert env["UV_EXTRA_INDEX_URL"] == "https://example.invalid/a/simple https://example.invalid/b/simple"
+    assert env["UV_FIND_LINKS"] == "/w1,/w2"
+    loc = envs.configured_locations({}, pip)
+    assert loc.indexes == (PYPI, "https://example.invalid/a/simple", "https://example.invalid/b/simple")
+    assert loc.find_links == ("/w1", "/w2")
+
+
+def test_multi_line_settings_from_a_real_pip(tmp_path, monkeypatch):
+    python = next((p for p in (shutil.which("python3"), shutil.which("python")) if p and _has_pip(p)), None)
+    if python is None:
+        pytest.skip("no interpreter with pip on PATH to read a pip.conf")
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nextra-index-url =\n    file:///a/simple\n    file:///b/simple\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    env = envs.uv_environment({}, envs.pip_config(python))
+    assert env["UV_EXTRA_INDEX_URL"] == "file:///a/simple file:///b/simple"
+
+
+def _has_pip(python: str) -> bool:
+    return subprocess.run([python, "-m", "pip", "--version"], capture_output=True, timeout=60).returncode == 0
