@@ -9,6 +9,7 @@ and the harness always look at the same places.
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import shutil
@@ -52,8 +53,17 @@ def pip_config(python: Optional[str] = None) -> Dict[str, str]:
     rows.sort(key=lambda kv: kv[0].startswith(":env:"))
     config: Dict[str, str] = {}
     for key, value in rows:
-        config[key.split(".", 1)[-1].strip()] = value.strip().strip("'\"")
+        config[key.split(".", 1)[-1].strip()] = _unrepr(value.strip())
     return config
+
+
+def _unrepr(value: str) -> str:
+    """A value as pip prints it (``%r``): a multi-line setting comes out as ``'\\nurl1\\nurl2'``, escaped."""
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value.strip("'\"")
+    return parsed if isinstance(parsed, str) else value
 
 
 @functools.cache
@@ -86,7 +96,7 @@ def uv_environment(base: Optional[Mapping[str, str]] = None, pip: Optional[Dict[
         return env
     pip = pip_config() if pip is None else pip
     if pip.get("index-url"):
-        env["UV_DEFAULT_INDEX"] = pip["index-url"]
+        env["UV_DEFAULT_INDEX"] = pip["index-url"].strip()
     if pip.get("extra-index-url"):
         env["UV_EXTRA_INDEX_URL"] = " ".join(pip["extra-index-url"].split())
     if pip.get("find-links"):
