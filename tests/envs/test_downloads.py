@@ -84,3 +84,14 @@ def test_estimate_leaves_out_what_uv_has_cached(index, tmp_path: Path, monkeypat
     est = downloads.estimate(DRY_RUN, {}, Locations((index,)))
     assert (est.packages, est.cached, est.to_fetch, est.unknown) == (3, 1, 766_000_000, ["six"])
     assert est.describe() == ("about 766.0 MB to download (2 of 3 packages not in uv's cache; size unknown for six)")
+
+
+def test_unknown_torch_size_is_never_announced_as_zero() -> None:
+    # defect 18a: an HTML-only or file:// index gives no sizes, and the ~3 GB download was announced as "about 0 B"
+    est = downloads.Estimate(packages=22, to_fetch=0, cached=0, unknown=["torch", "nvidia-cublas-cu12"])
+    text = est.describe()
+    assert "0 B" not in text and text.startswith("size unknown"), text
+    assert "22 of 22 packages not in uv's cache" in text
+    # some sizes known, torch's not: the known part is a lower bound, and it says so
+    partial = downloads.Estimate(packages=3, to_fetch=363_000_000, cached=0, unknown=["torch"]).describe()
+    assert partial.startswith("at least 363.0 MB") and "size unknown for torch" in partial, partial
