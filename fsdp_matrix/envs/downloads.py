@@ -87,8 +87,11 @@ class Estimate:
     """Packages not cached whose size could not be read."""
 
     def describe(self) -> str:
-        text = f"about {human(self.to_fetch)} to download ({self.packages - self.cached} of {self.packages} packages"
-        text += " not in uv's cache"
+        if self.unknown and not self.to_fetch:
+            size = "size unknown"  # an index without PEP 700 sizes: "about 0 B" would announce 3 GB as nothing
+        else:
+            size = f"{'at least' if self.unknown else 'about'} {human(self.to_fetch)} to download"
+        text = f"{size} ({self.packages - self.cached} of {self.packages} packages not in uv's cache"
         if self.unknown:
             text += f"; size unknown for {', '.join(self.unknown[:4])}" + ("..." if len(self.unknown) > 4 else "")
         return text + ")"

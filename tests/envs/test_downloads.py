@@ -83,7 +83,7 @@ def test_estimate_leaves_out_what_uv_has_cached(index, tmp_path: Path, monkeypat
     monkeypatch.setattr(downloads, "uv_cache_dir", lambda env: tmp_path)
     est = downloads.estimate(DRY_RUN, {}, Locations((index,)))
     assert (est.packages, est.cached, est.to_fetch, est.unknown) == (3, 1, 766_000_000, ["six"])
-    assert est.describe() == ("about 766.0 MB to download (2 of 3 packages not in uv's cache; size unknown for six)")
+    assert est.describe() == ("at least 766.0 MB to download (2 of 3 packages not in uv's cache; size unknown for six)")
 
 
 def test_unknown_torch_size_is_never_announced_as_zero() -> None:
