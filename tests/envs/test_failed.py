@@ -103,3 +103,22 @@ def test_failed_env_records_only_the_cells_pytest_would_select_with_k(tmp_path: 
     want = pytest_selection(*sel)
     assert 0 < len(want) < len(expand(load_matrix(ROOT / "matrix.yaml"), "cpu", 2, sel[1].split(",")))
     assert recorded(res / "old") == want
+
+
+def test_selection_reads_cases_and_k_as_pytest_gets_them() -> None:
+    from fsdp_matrix.envs.failed import selection
+
+    assert selection(["-n", "2", "--cases=a, b", "-kdora and not x"]) == (["a", "b"], "dora and not x")
+    assert selection(["--cases", "a", "-k", "first", "-k", "last"]) == (["a"], "last")
+    assert selection(["--resume"]) == (None, None)
+
+
+def test_last_known_pins_are_what_the_combo_last_ran(tmp_path: Path) -> None:
+    from fsdp_matrix.envs.failed import last_known_pins, write_env_errors
+
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    pins = {"torch": "2.15.0", "peft": "0.21.2"}
+    assert last_known_pins(tmp_path, pins) == pins
+    cells = expand(matrix, "cpu", 2, ["disable-adapter"])[:1]
+    write_env_errors(matrix, "newest", tmp_path, cells, "ran", {"torch": "2.15.1", "peft": "0.22.0"})
+    assert last_known_pins(tmp_path, pins) == {"torch": "2.15.1", "peft": "0.22.0"}
