@@ -1,0 +1,71 @@
+"""Defect 19: with nothing configured that yields a CPU torch, a `cpu` combo's torch comes from PyTorch's CPU index.
+
+Real uv installs against two loopback indexes: a stand-in for PyPI whose torch pulls an nvidia library (as the CUDA
+build does), and a stand-in for https://download.pytorch.org/whl/cpu serving ``torch 2.13.0+cpu``
+(FSDP_MATRIX_TORCH_CPU_INDEX points at it). Tiny wheels, nothing imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fsdp_matrix.envs import installer
+from fsdp_matrix.envs.check import installed_versions
+from tests.envs.support import make_venv, make_wheel, wheel_index
+
+CUBLAS = "nvidia-cublas-cu12"
+
+
+@pytest.fixture
+def indexes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    pypi, cpu = tmp_path / "pypi", tmp_path / "cpu"
+    make_wheel(pypi, "torch", "2.13.0", requires=[f"{CUBLAS}==12.4.5.8"])
+    make_wheel(pypi, CUBLAS, "12.4.5.8")
+    make_wheel(cpu, "torch", "2.13.0+cpu")
+    for var in ("UV_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS", "UV_TORCH_BACKEND", "UV_NO_INDEX"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    with wheel_index(pypi) as pypi_index, wheel_index(cpu, root="whl/cpu") as cpu_index:
+        # the user's configuration: an index that serves only the CUDA build of torch, as PyPI does on Linux
+        monkeypatch.setenv("UV_DEFAULT_INDEX", pypi_index.url)
+        monkeypatch.setenv("FSDP_MATRIX_TORCH_CPU_INDEX", cpu_index.url)
+        yield pypi_index, cpu_index
+
+
+@pytest.mark.timeout(300)
+def test_cpu_combo_gets_torch_from_the_cpu_index_when_nothing_else_gives_one(indexes, tmp_path, capsys):
+    _, cpu_index = indexes
+    venv = make_venv(tmp_path / "venv")
+    result = installer.install(venv / "bin" / "python", ["torch==2.13.0"], device="cpu", label="old")
+    out = capsys.readouterr().out
+    assert result.ok, result.output
+    got = installed_versions(venv / "bin" / "python", ["torch", CUBLAS])
+    assert got == {"torch": "2.13.0+cpu", CUBLAS: None}
+    said = [line for line in out.splitlines() if cpu_index.url in line]
+    assert len(said) == 1 and "[env old]" in said[0] and "FSDP_MATRIX_TORCH_CPU_INDEX" in said[0], out
+
+
+@pytest.mark.timeout(300)
+def test_refusal_stays_when_the_cpu_index_cannot_be_reached(indexes, tmp_path, monkeypatch):
+    monkeypatch.setenv("FSDP_MATRIX_TORCH_CPU_INDEX", "http://127.0.0.1:9/whl/cpu")
+    venv = make_venv(tmp_path / "venv")
+    result = installer.install(venv / "bin" / "python", ["torch==2.13.0"], device="cpu", label="old")
+    assert not result.ok and "refusing to download a CUDA build of torch" in result.output
+    assert "127.0.0.1:9/whl/cpu" in result.output, result.output
+    assert installed_versions(venv / "bin" / "python", ["torch"]) == {"torch": None}
+
+
+@pytest.mark.timeout(300)
+def test_the_users_own_cpu_torch_wins(indexes, tmp_path, monkeypatch):
+    _, cpu_index = indexes
+    links = tmp_path / "links"
+    make_wheel(links, "torch", "2.13.0+cpu")
+    monkeypatch.setenv("UV_FIND_LINKS", str(links))
+    monkeypatch.setenv("UV_INDEX_STRATEGY", "unsafe-best-match")
+    venv = make_venv(tmp_path / "venv")
+    result = installer.install(venv / "bin" / "python", ["torch==2.13.0"], device="cpu", label="old")
+    assert result.ok, result.output
+    assert installed_versions(venv / "bin" / "python", ["torch"]) == {"torch": "2.13.0+cpu"}
+    assert cpu_index.requests == [], "the CPU index was asked although the user's configuration gave a CPU torch"
