@@ -13,13 +13,15 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from packaging.utils import canonicalize_name
 
 from fsdp_matrix.envs import downloads
 from fsdp_matrix.envs.config import configured_locations, uv_environment
+from fsdp_matrix.envs.cputorch import cpu_index, with_cpu_torch
 from fsdp_matrix.envs.uvproc import failure, install_timeout, run_uv, tail
+from fsdp_matrix.errors import EnvError
 from fsdp_matrix.progress import Heartbeat
 
 _CUDA_ONLY = re.compile(r"^(nvidia-|triton$|pytorch-triton)")
@@ -58,8 +60,9 @@ def install(
 ) -> InstallResult:
     """Install exact requirements into the env of ``python``. Never raises for an installer failure: returns it.
 
-    A CPU install is dry-run first. If it would pull a CUDA build of torch, it is refused unless ``allow_cuda_build``
-    (a combo that opts in); then one line names the combo and the download size before the download starts.
+    A CPU install is dry-run first. If it would pull a CUDA build of torch, torch is taken from PyTorch's CPU index
+    (``cputorch``), said in one line; where that cannot be, it is refused. A combo that opts in with
+    ``allow_cuda_build`` (the torch axis) installs the CUDA build instead, after one line naming the download size.
     While uv runs, a heartbeat line shows every 10 s.
     """
     start = time.monotonic()
@@ -76,13 +79,11 @@ def install(
                 return InstallResult(False, failure(dry, "the dry run", env), time.monotonic() - start)
             cuda = cuda_packages(dry.output)
             if cuda and not allow_cuda_build:
-                return InstallResult(
-                    False,
-                    "refusing to download a CUDA build of torch for a CPU run (it would pull "
-                    f"{', '.join(cuda[:4])}...). Point pip or uv at a CPU build: pip's find-links or "
-                    "index-url, or UV_INDEX, UV_FIND_LINKS or UV_TORCH_BACKEND=cpu.",
-                    time.monotonic() - start,
-                )
+                beat.update("looking for torch on the CPU index")
+                swapped, why = _torch_from_cpu_index(requirements, python, args, env, timeout, beat)
+                if swapped is None:
+                    return InstallResult(False, _refusal(cuda, why), time.monotonic() - start)
+                requirements, cuda = swapped, []
             if cuda:
                 beat.update("estimating the download")
                 torch = next((v for n, v in downloads.planned(dry.output) if n == "torch"), "?")
@@ -103,3 +104,35 @@ def run_quiet(cmd: Sequence[str], timeout: float = 30) -> str:
         return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
+
+
+def _refusal(cuda: Sequence[str], why: str) -> str:
+    return (
+        f"refusing to download a CUDA build of torch for a CPU run (it would pull {', '.join(cuda[:4])}...). "
+        "Point pip or uv at a CPU build: pip's find-links or index-url, or UV_INDEX, UV_FIND_LINKS or "
+        f"UV_TORCH_BACKEND=cpu. {why}"
+    ).strip()
+
+
+def _torch_from_cpu_index(
+    requirements: Sequence[str], python: Path, args: List[str], env: Dict[str, str], timeout: float, beat: Heartbeat
+) -> Tuple[Optional[List[str]], str]:
+    """The requirements with torch taken from PyTorch's CPU index (said in one line), or None and why not."""
+    index = cpu_index()
+    if index is None:
+        return None, "(FSDP_MATRIX_TORCH_CPU_INDEX is empty or UV_TORCH_BACKEND is set: no CPU index was tried.)"
+    try:
+        swapped, version = with_cpu_torch(requirements, python, index, configured_locations().cafile)
+    except EnvError as exc:
+        return None, str(exc)
+    dry = run_uv(args + ["--dry-run", *swapped], env, timeout)
+    if dry.returncode != 0:
+        return None, f"With torch from {index}: {failure(dry, 'the dry run', env)}"
+    still = cuda_packages(dry.output)
+    if still:
+        return None, f"With torch from {index}, the install still pulls {', '.join(still[:4])}."
+    beat.say(
+        f"no CPU build of torch {version} is reachable through your pip/uv configuration: installing torch from "
+        f"PyTorch's CPU index {index} (FSDP_MATRIX_TORCH_CPU_INDEX; your own configuration takes precedence)"
+    )
+    return swapped, ""

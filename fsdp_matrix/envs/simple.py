@@ -54,11 +54,14 @@ class DistFile:
     """PEP 700; None where the index does not say (HTML pages, local folders)."""
     size: Optional[int] = None
     """Bytes, PEP 700; None where the index does not say (HTML pages, local folders)."""
+    url: Optional[str] = None
+    """Where to download it from (absolute), when the page said."""
 
 
 class _Anchors(HTMLParser):
-    def __init__(self) -> None:
+    def __init__(self, base_url: str = "") -> None:
         super().__init__()
+        self.base_url = base_url
         self.files: List[DistFile] = []
         self._attrs: Optional[Dict[str, Optional[str]]] = None
         self._text = ""
@@ -76,7 +79,10 @@ class _Anchors(HTMLParser):
             return
         href = self._attrs.get("href") or ""
         name = urllib.parse.unquote(href.split("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]) or self._text.strip()
-        self.files.append(DistFile(name, "data-yanked" in self._attrs, self._attrs.get("data-requires-python")))
+        url = urllib.parse.urljoin(self.base_url, href) if href else None
+        self.files.append(
+            DistFile(name, "data-yanked" in self._attrs, self._attrs.get("data-requires-python"), url=url)
+        )
         self._attrs = None
 
 
@@ -94,8 +100,8 @@ def _size(value: object) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def parse_simple(body: str, content_type: str) -> List[DistFile]:
-    """Files of one project page, PEP 691 JSON or PEP 503 HTML."""
+def parse_simple(body: str, content_type: str, base_url: str = "") -> List[DistFile]:
+    """Files of one project page, PEP 691 JSON or PEP 503 HTML; ``base_url`` is the page's, for relative links."""
     if "json" in content_type:
         return [
             DistFile(
@@ -104,10 +110,11 @@ def parse_simple(body: str, content_type: str) -> List[DistFile]:
                 f.get("requires-python"),
                 _parse_time(f.get("upload-time")),
                 _size(f.get("size")),
+                urllib.parse.urljoin(base_url, f["url"]) if f.get("url") else None,
             )
             for f in json.loads(body).get("files", [])
         ]
-    parser = _Anchors()
+    parser = _Anchors(base_url)
     parser.feed(body)
     return parser.files
 
@@ -140,8 +147,9 @@ def fetch(url: str, cafile: Optional[str], timeout: float) -> Optional[Tuple[str
 
 def project_files(index: str, name: str, cafile: Optional[str] = None, timeout: float = 60) -> List[DistFile]:
     """Files of ``name`` on one Simple-API index (none when the index does not have it); OSError when unreachable."""
-    page = fetch(f"{index.rstrip('/')}/{canonicalize_name(name)}/", cafile, timeout)
-    return parse_simple(*page) if page else []
+    url = f"{index.rstrip('/')}/{canonicalize_name(name)}/"
+    page = fetch(url, cafile, timeout)
+    return parse_simple(*page, url) if page else []
 
 
 def _find_links_files(link: str, cafile: Optional[str], timeout: float) -> List[DistFile]:
@@ -149,7 +157,7 @@ def _find_links_files(link: str, cafile: Optional[str], timeout: float) -> List[
     if "://" not in link or link.startswith("file://"):
         return [DistFile(p.name, size=p.stat().st_size) for p in path.iterdir() if p.is_file()] if path.is_dir() else []
     page = fetch(link, cafile, timeout)
-    return parse_simple(*page) if page else []
+    return parse_simple(*page, link) if page else []
 
 
 def list_files(name: str, locations: Locations, timeout: float = 60) -> List[DistFile]:

@@ -10,9 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from packaging.tags import Tag
 
-from fsdp_matrix.envs import installer
+from fsdp_matrix.envs import cputorch, installer
 from fsdp_matrix.envs.check import installed_versions
+from fsdp_matrix.envs.simple import DistFile
+from fsdp_matrix.errors import EnvError
 from tests.envs.support import make_venv, make_wheel, wheel_index
 
 CUBLAS = "nvidia-cublas-cu12"
@@ -69,3 +72,30 @@ def test_the_users_own_cpu_torch_wins(indexes, tmp_path, monkeypatch):
     assert result.ok, result.output
     assert installed_versions(venv / "bin" / "python", ["torch"]) == {"torch": "2.13.0+cpu"}
     assert cpu_index.requests == [], "the CPU index was asked although the user's configuration gave a CPU torch"
+
+
+def test_the_cpu_index_is_a_setting_and_uvs_torch_backend_wins():
+    assert cputorch.cpu_index({}) == "https://download.pytorch.org/whl/cpu"
+    assert cputorch.cpu_index({"FSDP_MATRIX_TORCH_CPU_INDEX": "https://mirror/whl/cpu"}) == "https://mirror/whl/cpu"
+    assert cputorch.cpu_index({"FSDP_MATRIX_TORCH_CPU_INDEX": ""}) is None
+    assert cputorch.cpu_index({"UV_TORCH_BACKEND": "cu126"}) is None
+
+
+def test_the_plain_cpu_wheel_for_this_python_is_picked(monkeypatch):
+    names = [
+        "torch-2.13.0+cpu.cxx11.abi-cp311-cp311-linux_x86_64.whl",
+        "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl",
+        "torch-2.13.0+cpu-cp312-cp312-linux_x86_64.whl",
+        "torch-2.12.0+cpu-cp311-cp311-linux_x86_64.whl",
+    ]
+    files = [DistFile(n, url=f"https://i/whl/cpu/{n.replace('+', '%2B')}") for n in names]
+    monkeypatch.setattr(cputorch, "project_files", lambda *a, **k: files)
+    tag = lambda py: [Tag(f"cp{py[0]}{py[1]}", f"cp{py[0]}{py[1]}", "linux_x86_64")]  # noqa: E731
+    monkeypatch.setattr(cputorch, "cpython_tags", tag)
+    monkeypatch.setattr(cputorch, "compatible_tags", lambda py: [])
+    url = cputorch.cpu_wheel_url("https://i/whl/cpu", "2.13.0", (3, 11))
+    assert url.endswith("/torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl")
+    with pytest.raises(EnvError, match="no build of torch 2.14.0 for Python 3.11"):
+        cputorch.cpu_wheel_url("https://i/whl/cpu", "2.14.0", (3, 11))
+    assert cputorch.torch_pin(["peft==0.21.2", "torch==2.13.0"]) == (1, "2.13.0")
+    assert cputorch.torch_pin(["torch>=2"]) is None

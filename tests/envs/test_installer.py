@@ -27,6 +27,7 @@ def test_cuda_packages_in_a_dry_run_are_caught():
 
 
 def test_default_combos_still_refuse_a_cuda_torch(monkeypatch, tmp_path):
+    monkeypatch.setenv("FSDP_MATRIX_TORCH_CPU_INDEX", "")  # no CPU index to fall back on (see test_cpu_torch.py)
     calls: list = []
     fake_uv(monkeypatch, CUDA_DRY_RUN, calls)
     result = installer.install(tmp_path / "bin" / "python", ["torch==2.6.0"], device="cpu")
