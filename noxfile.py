@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 
 from fsdp_matrix import envs  # noqa: E402
 from fsdp_matrix.envs import failed  # noqa: E402
-from fsdp_matrix.errors import EnvError  # noqa: E402
+from fsdp_matrix.errors import EnvError, MatrixError  # noqa: E402
 from fsdp_matrix.matrix import Combo, load_matrix  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -74,7 +74,10 @@ def _env_error_records(
     session: nox.Session, combo: Combo, results: Path, device: str, world_size: int, message: str, versions, pytest_args
 ) -> None:
     """A combo whose env cannot be built still gets one record per cell the run asked for (--cases, -k), saying why."""
-    cells, note = failed.selected_cells(MATRIX, device, world_size, pytest_args)
+    try:
+        cells, note = failed.selected_cells(MATRIX, device, world_size, pytest_args)
+    except MatrixError as exc:
+        session.error(f"--cases: {exc}")
     failed.write_env_errors(MATRIX, combo.id, results, cells, message, versions)
     session.log(f"env {combo.id}: {len(cells)} env-error records in {results}" + (f" ({note})" if note else ""))
 
