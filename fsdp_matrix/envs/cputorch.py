@@ -7,8 +7,11 @@ the pinned release for the env's Python is found there with the Simple-API clien
 any index) and installed as a direct reference, ``torch @ <wheel URL>``. Every other package still comes from the
 user's configuration. uv's ``--torch-backend`` is not used: its index URL is fixed, and it changes other packages.
 
-The user's configuration always wins: a configuration that yields a CPU torch is never touched, and one that sets
-``UV_TORCH_BACKEND`` keeps its choice (and the refusal). When the CPU index cannot be read, the refusal stays.
+The user's configuration always wins: the CPU index is used only when nothing the user configured (an index other
+than PyPI, a find-links folder or page, through pip's configuration or ``UV_*``) serves any torch build at all. A
+configuration that yields a CPU torch is never touched; one that serves only the CUDA build (a mirror of PyPI, say)
+or sets ``UV_TORCH_BACKEND`` keeps its choice, and the refusal says so. When the CPU index cannot be read, the
+refusal stays.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.envs.check import python_version
-from fsdp_matrix.envs.simple import project_files
+from fsdp_matrix.envs.config import PYPI, Locations
+from fsdp_matrix.envs.simple import list_files, project_files
 from fsdp_matrix.errors import EnvError
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -37,6 +41,35 @@ def cpu_index(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     if environ.get("UV_TORCH_BACKEND"):
         return None
     return environ.get("FSDP_MATRIX_TORCH_CPU_INDEX", TORCH_CPU_INDEX).strip() or None
+
+
+def user_torch_sources(locations: Locations, timeout: float = 60) -> List[str]:
+    """The locations the user configured (any index but PyPI, every find-links) that serve some torch build.
+
+    An unreachable location serves nothing here; uv's own run will say what is wrong with it."""
+    found = []
+    own = [i for i in locations.indexes if i.rstrip("/") != PYPI] + [("links", f) for f in locations.find_links]
+    for where in own:
+        links = isinstance(where, tuple)
+        url = where[1] if links else where
+        one = Locations((), (url,), locations.cafile) if links else Locations((url,), (), locations.cafile)
+        try:
+            files = list_files("torch", one, timeout)
+        except EnvError:
+            continue
+        if any(_project(f.filename) == "torch" for f in files):
+            found.append(url)
+    return found
+
+
+def _project(filename: str) -> str:
+    # find-links folders list every file they hold: keep torch's own wheels and sdists
+    if filename.endswith(".whl"):
+        try:
+            return str(parse_wheel_filename(filename)[0])
+        except InvalidWheelFilename:
+            return ""
+    return canonicalize_name(filename.rsplit("-", 1)[0]) if filename.endswith((".tar.gz", ".zip")) else ""
 
 
 def torch_pin(requirements: Sequence[str]) -> Optional[Tuple[int, str]]:

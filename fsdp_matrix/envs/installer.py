@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name
 
 from fsdp_matrix.envs import downloads
 from fsdp_matrix.envs.config import configured_locations, uv_environment
-from fsdp_matrix.envs.cputorch import cpu_index, with_cpu_torch
+from fsdp_matrix.envs.cputorch import cpu_index, user_torch_sources, with_cpu_torch
 from fsdp_matrix.envs.uvproc import failure, install_timeout, run_uv, tail
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.progress import Heartbeat
@@ -118,6 +118,12 @@ def _torch_from_cpu_index(
     requirements: Sequence[str], python: Path, args: List[str], env: Dict[str, str], timeout: float, beat: Heartbeat
 ) -> Tuple[Optional[List[str]], str]:
     """The requirements with torch taken from PyTorch's CPU index (said in one line), or None and why not."""
+    served = user_torch_sources(configured_locations())
+    if served:
+        return None, (
+            f"(Your configuration serves torch ({served[0]}), only not a CPU build of this release: it wins, so "
+            "PyTorch's CPU index was not tried.)"
+        )
     index = cpu_index()
     if index is None:
         return None, "(FSDP_MATRIX_TORCH_CPU_INDEX is empty or UV_TORCH_BACKEND is set: no CPU index was tried.)"

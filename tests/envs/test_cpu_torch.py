@@ -31,8 +31,9 @@ def indexes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     with wheel_index(pypi) as pypi_index, wheel_index(cpu, root="whl/cpu") as cpu_index:
-        # the user's configuration: an index that serves only the CUDA build of torch, as PyPI does on Linux
+        # PyPI itself, which serves only the CUDA build of torch on Linux: not something the user configured
         monkeypatch.setenv("UV_DEFAULT_INDEX", pypi_index.url)
+        monkeypatch.setattr(cputorch, "PYPI", pypi_index.url.rstrip("/"))
         monkeypatch.setenv("FSDP_MATRIX_TORCH_CPU_INDEX", cpu_index.url)
         yield pypi_index, cpu_index
 
@@ -58,6 +59,18 @@ def test_refusal_stays_when_the_cpu_index_cannot_be_reached(indexes, tmp_path, m
     assert not result.ok and "refusing to download a CUDA build of torch" in result.output
     assert "127.0.0.1:9/whl/cpu" in result.output, result.output
     assert installed_versions(venv / "bin" / "python", ["torch"]) == {"torch": None}
+
+
+@pytest.mark.timeout(300)
+def test_a_configured_mirror_that_serves_only_the_cuda_build_wins_and_is_refused(indexes, tmp_path, monkeypatch):
+    pypi_index, cpu_index = indexes
+    # the user's own mirror of PyPI: it serves torch (the CUDA build), so the user has chosen where torch comes from
+    monkeypatch.setattr(cputorch, "PYPI", "https://pypi.org/simple")
+    venv = make_venv(tmp_path / "venv")
+    result = installer.install(venv / "bin" / "python", ["torch==2.13.0"], device="cpu", label="old")
+    assert not result.ok and "refusing to download a CUDA build of torch" in result.output
+    assert "Your configuration serves torch" in result.output and pypi_index.url.rstrip("/") in result.output
+    assert cpu_index.requests == [], "the CPU index was asked although the user's configuration serves torch"
 
 
 @pytest.mark.timeout(300)
