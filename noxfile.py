@@ -1,5 +1,7 @@
 # /// script
-# dependencies = ["nox[uv]>=2025.2.9", "pydantic>=2", "pyyaml>=5.4", "packaging>=21", "filelock>=3.8", "psutil>=5.8"]
+# dependencies = [
+#   "nox[uv]>=2025.2.9", "pydantic>=2", "pyyaml>=5.4", "packaging>=21", "filelock>=3.8", "psutil>=5.8", "pytest>=7.4",
+# ]
 # ///
 """Sessions of fsdp-matrix. One pinned env per combo of matrix.yaml.
 
@@ -15,7 +17,7 @@
 
 Envs are built with uv (virtualenv as fallback) from exact pins, verified against the pins after install, and
 reused while their pins do not change. uv is handed pip's index configuration, and a CPU run refuses to download
-a CUDA build of torch (see fsdp_matrix/envs.py).
+a CUDA build of torch (see fsdp_matrix/envs/).
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from fsdp_matrix import envs  # noqa: E402
-from fsdp_matrix.cells import expand  # noqa: E402
+from fsdp_matrix.envs import failed  # noqa: E402
+from fsdp_matrix.errors import EnvError, MatrixError  # noqa: E402
 from fsdp_matrix.matrix import Combo, load_matrix  # noqa: E402
-from fsdp_matrix.records import append, env_error  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_venv = "yes"
@@ -68,15 +70,16 @@ def _host_has_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None and envs.run_quiet(["nvidia-smi", "-L"]).startswith("GPU")
 
 
-def _env_error_records(combo: Combo, results: Path, device: str, world_size: int, message: str, versions) -> None:
-    """A combo whose env cannot be built still gets one record per cell, saying why."""
-    from fsdp_matrix.expectations import expected_for
-    from fsdp_matrix.runner.session import make_record
-
-    observed = env_error(message)
-    for cell in expand(MATRIX, device, world_size):
-        expected = expected_for(MATRIX.case(cell.case), cell, versions)
-        append(results, make_record(cell, expected, observed, versions, 0.0, combo.id, "env-error"))
+def _env_error_records(
+    session: nox.Session, combo: Combo, results: Path, device: str, world_size: int, message: str, versions, pytest_args
+) -> None:
+    """A combo whose env cannot be built still gets one record per cell the run asked for (--cases, -k), saying why."""
+    try:
+        cells, note = failed.selected_cells(MATRIX, device, world_size, pytest_args)
+    except MatrixError as exc:
+        session.error(f"--cases: {exc}")
+    failed.write_env_errors(MATRIX, combo.id, results, cells, message, versions)
+    session.log(f"env {combo.id}: {len(cells)} env-error records in {results}" + (f" ({note})" if note else ""))
 
 
 def _prepare(session: nox.Session, combo: Combo, device: str, extra=()) -> envs.EnvReport:
@@ -92,6 +95,8 @@ def _prepare(session: nox.Session, combo: Combo, device: str, extra=()) -> envs.
         label=combo.id,
     )
     what = "reused" if report.reused else f"installed in {report.install_s:.1f}s"
+    if not report.ok:
+        what = f"not ready after {report.install_s:.1f}s of installing"
     session.log(
         f"env {combo.id}: {what}, verified in {report.verify_s:.2f}s, setup {time.monotonic() - start:.2f}s total"
     )
@@ -114,12 +119,14 @@ def _run_combo(
     if not report.ok:
         # the pins stand in for what is installed: the record says what this combo was meant to be
         _env_error_records(
+            session,
             combo,
             results,
             device,
             world_size,
             report.message,
             {**combo.pins.model_dump(), **{k: v for k, v in report.versions.items() if v}},
+            rest,
         )
         session.error(f"env-error for {combo.id}: {report.message.splitlines()[0]}")
     args = [
@@ -184,9 +191,18 @@ def newest(session: nox.Session, combo: str) -> None:
 
     spec = MATRIX.combo(combo)
     opts, rest = _options(list(session.posargs))
-    resolved = newest_versions(list(spec.pins.model_dump()), pre=opts.pre, python=spec.python)
-    session.log(f"{spec.id} resolves to " + ", ".join(f"{n} {v}" for n, v in resolved.items()))
     _notify_report(session, HERE / "results" / "newest")
+    try:
+        resolved = newest_versions(list(spec.pins.model_dump()), pre=opts.pre, python=spec.python)
+    except EnvError as exc:
+        # without records the combo's column would vanish from tonight's report, and diff would not notice
+        results = Path(opts.results or HERE / "results" / "newest") / spec.id
+        pins = failed.last_known_pins(results, spec.pins.model_dump())
+        message = f"cannot resolve the newest releases: {exc}"
+        device = opts.device or "cpu"
+        _env_error_records(session, spec, results, device, int(opts.world_size or 2), message, pins, rest)
+        session.error(f"env-error for {spec.id}: {message.splitlines()[0]}")
+    session.log(f"{spec.id} resolves to " + ", ".join(f"{n} {v}" for n, v in resolved.items()))
     _run_combo(
         session,
         spec.with_pins(**resolved),

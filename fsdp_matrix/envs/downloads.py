@@ -1,17 +1,16 @@
 """How much an install would download: what a ``uv pip install --dry-run`` plans, less what uv has cached.
 
 Used to announce a CUDA build of torch (about 3 GB with its nvidia libraries) before the download starts. Sizes come
-from the index's PEP 691 JSON (``size``, PEP 700), which PyPI serves; a file that is already in uv's cache costs
-nothing. Whatever cannot be told (an HTML-only index, no network) is counted as unknown, never guessed.
+from the index's PEP 691 JSON (``size``, PEP 700), which PyPI serves, read with the one Simple-API client
+(``envs.simple``, with the index's credentials and CA file); a file that is already in uv's cache costs nothing.
+Whatever cannot be told (an HTML-only index, no network) is counted as unknown, never guessed.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +20,10 @@ from packaging.tags import sys_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-PYPI = "https://pypi.org/simple"
+from fsdp_matrix.envs.config import Locations
+from fsdp_matrix.envs.simple import project_files
+
 _PLANNED = re.compile(r"^\s*\+\s*([A-Za-z0-9_.-]+)==(\S+)", flags=re.M)
-_JSON = "application/vnd.pypi.simple.v1+json"
 
 
 def planned(dry_run_output: str) -> List[Tuple[str, str]]:
@@ -49,39 +49,25 @@ def in_uv_cache(cache: Optional[Path], name: str, version: str) -> bool:
     return False
 
 
-def indexes(env: Mapping[str, str]) -> List[str]:
-    """The index URLs uv is given (see envs.uv_environment), the default first."""
-    default = env.get("UV_DEFAULT_INDEX") or env.get("UV_INDEX_URL") or PYPI
-    extra = env.get("UV_INDEX", "").split() + env.get("UV_EXTRA_INDEX_URL", "").split()
-    extra = [e.split("=", 1)[1] if "=" in e.split("://", 1)[0] else e for e in extra]
-    return list(dict.fromkeys([default, *extra]))
-
-
-def wheel_size(name: str, version: str, urls: List[str], timeout: float = 20) -> Optional[int]:
+def wheel_size(name: str, version: str, locations: Locations, timeout: float = 20) -> Optional[int]:
     """Size in bytes of the wheel of name==version an installer here would pick, from the first index that says."""
     tags = {t: i for i, t in enumerate(sys_tags())}
-    for index in urls:
-        if not index.startswith(("http://", "https://")):
-            continue
-        request = urllib.request.Request(f"{index.rstrip('/')}/{name}/", headers={"Accept": _JSON})
+    for index in locations.indexes:
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as resp:
-                if "json" not in resp.headers.get("Content-Type", ""):
-                    continue
-                files = json.loads(resp.read().decode("utf-8")).get("files", [])
+            files = project_files(index, name, locations.cafile, timeout)
         except (OSError, ValueError, urllib.error.URLError):
             continue
         best: Optional[Tuple[int, int]] = None
         for f in files:
             try:
-                _, fversion, _, ftags = parse_wheel_filename(f.get("filename", ""))
+                _, fversion, _, ftags = parse_wheel_filename(f.filename)
             except (InvalidWheelFilename, InvalidVersion):
                 continue
             rank = min((tags[t] for t in ftags if t in tags), default=None)
-            if rank is None or f.get("yanked") or f.get("size") is None or fversion != Version(version):
+            if rank is None or f.yanked or f.size is None or fversion != Version(version):
                 continue
             if best is None or rank < best[0]:
-                best = (rank, int(f["size"]))
+                best = (rank, f.size)
         if best is not None:
             return best[1]
     return None
@@ -101,21 +87,25 @@ class Estimate:
     """Packages not cached whose size could not be read."""
 
     def describe(self) -> str:
-        text = f"about {human(self.to_fetch)} to download ({self.packages - self.cached} of {self.packages} packages"
-        text += " not in uv's cache"
+        if self.unknown and not self.to_fetch:
+            size = "size unknown"  # an index without PEP 700 sizes: "about 0 B" would announce 3 GB as nothing
+        else:
+            size = f"{'at least' if self.unknown else 'about'} {human(self.to_fetch)} to download"
+        text = f"{size} ({self.packages - self.cached} of {self.packages} packages not in uv's cache"
         if self.unknown:
             text += f"; size unknown for {', '.join(self.unknown[:4])}" + ("..." if len(self.unknown) > 4 else "")
         return text + ")"
 
 
-def estimate(dry_run_output: str, env: Mapping[str, str], timeout: float = 20) -> Estimate:
+def estimate(dry_run_output: str, env: Mapping[str, str], locations: Locations, timeout: float = 20) -> Estimate:
+    """What the install planned in ``dry_run_output`` would download from ``locations`` (``env``: uv's, for its
+    cache)."""
     plan = planned(dry_run_output)
     cache = uv_cache_dir(env)
     missing = [(n, v) for n, v in plan if not in_uv_cache(cache, n, v)]
-    urls = indexes(env)
     with ThreadPoolExecutor(max_workers=8) as pool:
         sizes: Dict[str, Optional[int]] = dict(
-            zip([n for n, _ in missing], pool.map(lambda nv: wheel_size(nv[0], nv[1], urls, timeout), missing))
+            zip([n for n, _ in missing], pool.map(lambda nv: wheel_size(nv[0], nv[1], locations, timeout), missing))
         )
     return Estimate(
         packages=len(plan),

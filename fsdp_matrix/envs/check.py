@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.version import InvalidVersion, Version
 
+from fsdp_matrix.envs.uvproc import tail
 from fsdp_matrix.errors import EnvError
-from fsdp_matrix.uvproc import tail
 
 DEFAULT_IMPORTS = ("torch", "transformers", "peft", "accelerate")
 """What must import for an env of the packages under test to count as usable."""
@@ -89,3 +89,13 @@ def import_check(python: Path, modules: Sequence[str] = DEFAULT_IMPORTS, timeout
     except EnvError as exc:
         return str(exc)
     return None if proc.returncode == 0 else tail(proc.stderr, 15)
+
+
+def python_version(python: Path, timeout: float = 60) -> Tuple[int, int]:
+    """(major, minor) of the env's interpreter; EnvError if it cannot tell."""
+    proc = _probe(python, ["-c", "import sys; print(*sys.version_info[:2])"], timeout, "read the Python version")
+    try:
+        major, minor = (int(p) for p in proc.stdout.split())
+    except ValueError:
+        raise EnvError(f"cannot read the Python version of {python}: {tail(proc.stderr, 5)}") from None
+    return major, minor

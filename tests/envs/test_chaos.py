@@ -22,12 +22,12 @@ import psutil
 import pytest
 
 from fsdp_matrix import envs
-from tests.envs_support import make_venv
+from tests.envs.support import make_venv
 
 A = {"six": "1.16.0", "idna": "3.7", "numpy": "2.1.3"}
 B = {"six": "1.17.0", "idna": "3.10", "numpy": "2.2.0"}
 IMPORTS = ["six", "idna", "numpy"]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 PREPARE = """
 import json, sys
