@@ -127,9 +127,17 @@ def _fixes(found: CaseMatch, hit: Hit) -> List[str]:
 def _observed_for_rule(found: CaseMatch, hit: Hit, records: List[Record]) -> List[str]:
     """What the records say about this rule: the combos where it held (reproduced), and the combos where the same
     cells trained instead (fix-holds): the observed versions where it reproduces and where it is fixed."""
-    index = int(hit.signature.where.split("[")[1].rstrip("]"))
+    err = hit.signature.error
     mine = [r for r in records if r.case == found.case.id]
-    held = [r for r in mine if r.expected.get("rule") == index and r.verdict == Verdict.REPRODUCED.value]
+    # by the signature the record expected, not by the rule's index: indexes move whenever matrix.yaml gains a rule,
+    # and records outlive the matrix they were judged with
+    held = [
+        r
+        for r in mine
+        if r.verdict == Verdict.REPRODUCED.value
+        and r.expected.get("match") == err.match
+        and r.expected.get("error_type") == err.type
+    ]
     cells = {r.cell for r in held}
     out = []
     if held:
