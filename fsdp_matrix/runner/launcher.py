@@ -24,6 +24,7 @@ import psutil
 from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import LaunchError
 from fsdp_matrix.runner import launchdir, procs
+from fsdp_matrix.runner.options import CELL_TIMEOUT_S
 from fsdp_matrix.runner.protocol import Order, Stop, Task
 from fsdp_matrix.runner.watching import CellRun, Watching, _Live
 
@@ -43,7 +44,7 @@ class Launcher(Watching):
     """``cpu`` (gloo) or ``cuda`` (nccl, one GPU per rank)."""
     world_size: int = 2
     """Ranks per launch (per node when torchrun_args asks for several nodes)."""
-    cell_timeout: float = 120.0
+    cell_timeout: float = CELL_TIMEOUT_S
     """Seconds a cell may run on any rank before it is declared hung."""
     grace_s: float = 5.0
     """After one rank reports an error, how long the others get to finish before they are declared stuck."""
