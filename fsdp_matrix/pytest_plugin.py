@@ -8,84 +8,64 @@ that carry their reason.
 from __future__ import annotations
 
 import os
-import shlex
-import sys
 import time
-from pathlib import Path
 from typing import List, Optional
 
 import pytest
 
 from fsdp_matrix.cells import Cell, expand
-from fsdp_matrix.envs import local_versions
 from fsdp_matrix.errors import MatrixError
-from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
+from fsdp_matrix.matrix import Matrix, load_matrix
 from fsdp_matrix.records import Record
 from fsdp_matrix.report.failure import failure_text
-from fsdp_matrix.runner.launcher import Launcher
+from fsdp_matrix.runner import options
+from fsdp_matrix.runner.factory import open_session, resolve_device, resolve_world_size
+from fsdp_matrix.runner.options import LaunchOptions
 from fsdp_matrix.runner.session import Session
 from fsdp_matrix.verdicts import Verdict
+
+OPTIONS = pytest.StashKey[LaunchOptions]()
+"""The validated launch options of this pytest run."""
+MATRIX = pytest.StashKey[Matrix]()
+"""The parsed matrix.yaml, loaded once."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("fsdp-matrix", "PEFT x FSDP reproduction matrix")
-    g.addoption("--results", default="results", help="directory for cells.jsonl (default: results/)")
-    g.addoption("--matrix", default=None, help="matrix.yaml to use (default: the repo's)")
-    g.addoption(
-        "--device",
-        default="auto",
-        choices=("auto", "cpu", "cuda"),
-        help="cpu (gloo) or cuda (nccl); auto picks cuda when a GPU is visible",
-    )
-    g.addoption("--world-size", type=int, default=None, help="ranks per launch (default 2; on one GPU, 1)")
-    g.addoption("--combo", default=None, help="matrix.yaml combo id this env was built for (set by nox)")
-    g.addoption("--cases", default=None, help="comma-separated case ids to run (default: all)")
-    g.addoption(
-        "--resume",
-        action="store_true",
-        help="keep cells whose newest record in --results is an outcome (not env-error, hang or crash); run the rest",
-    )
-    g.addoption("--cell-timeout", type=float, default=180.0, help="seconds before a cell counts as hung (default 180)")
+    # validated in pytest_configure (typed=False): one ERROR line naming the option, not pytest's usage text
+    options.add_arguments(g.addoption, defaults={"device": "auto"}, typed=False)
     g.addoption("--progress-line", action="store_true", help="print 'combo: N/M cells, elapsed' as cells finish")
-    g.addoption(
-        "--torchrun-args",
-        default=None,
-        help="rendezvous options passed to torchrun instead of --standalone, e.g. for multi-node",
-    )
+
+
+def _options(config: pytest.Config) -> LaunchOptions:
+    if OPTIONS not in config.stash:
+        try:
+            config.stash[OPTIONS] = options.from_namespace(config.option)
+        except options.OptionError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return config.stash[OPTIONS]
 
 
 def _device(config: pytest.Config) -> str:
-    device = config.getoption("--device")
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "cpu"
+    return resolve_device(_options(config).device)
 
 
 def _world_size(config: pytest.Config, device: str) -> int:
-    given = config.getoption("--world-size")
-    if given:
-        return given
-    if device == "cuda":
-        import torch
-
-        return max(1, min(2, torch.cuda.device_count()))
-    return 2
+    return resolve_world_size(_options(config).world_size, device)
 
 
 def _matrix(config: pytest.Config) -> Matrix:
-    if not hasattr(config, "_fsdp_matrix"):
-        path = config.getoption("--matrix")
+    if MATRIX not in config.stash:
         try:
-            config._fsdp_matrix = load_matrix(path)
+            config.stash[MATRIX] = load_matrix(_options(config).matrix)
         except MatrixError as exc:
             raise pytest.UsageError(str(exc)) from None
-    return config._fsdp_matrix
+    return config.stash[MATRIX]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cell: a matrix cell run on a multi-rank torchrun launch")
+    _options(config)
     if config.getoption("--progress-line") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(Progress(config), "fsdp-matrix-progress")
 
@@ -117,10 +97,9 @@ class Progress:
 
 def _cases(config: pytest.Config) -> Optional[List[str]]:
     """The case ids of ``--cases``, each checked against matrix.yaml: a typo must not select zero cells silently."""
-    given = config.getoption("--cases")
-    if not given:
+    ids = _options(config).cases
+    if not ids:
         return None
-    ids = [c.strip() for c in given.split(",") if c.strip()]
     matrix = _matrix(config)
     for case_id in ids:
         try:
@@ -148,31 +127,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def matrix_session(request: pytest.FixtureRequest) -> Session:
     config = request.config
-    device = _device(config)
-    world_size = _world_size(config, device)
-    results = Path(config.getoption("--results"))
-    matrix_path = Path(config.getoption("--matrix") or DEFAULT_MATRIX)
+    opts = _options(config)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    torchrun_args = (
-        shlex.split(config.getoption("--torchrun-args")) if config.getoption("--torchrun-args") else ["--standalone"]
-    )
-    launcher = Launcher(
-        run_root=results / "launches" / worker,
-        device=device,
-        world_size=world_size,
-        cell_timeout=config.getoption("--cell-timeout"),
-        torchrun_args=torchrun_args,
-        python=sys.executable,
-    )
-    session = Session(
-        _matrix(config),
-        launcher,
-        results,
-        local_versions(),
-        combo=config.getoption("--combo"),
-        resume=config.getoption("--resume"),
-        repo_root=matrix_path.resolve().parent,
-    )
+    session = open_session(opts, _matrix(config), launches=opts.results / "launches" / worker)
     if not hasattr(config, "workerinput"):
         # without xdist this process runs every collected cell, in collection order: queue them all now
         session.prefetch(_collected_cells(request.session))

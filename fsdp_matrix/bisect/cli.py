@@ -18,12 +18,14 @@ from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.progress import Heartbeat
+from fsdp_matrix.runner import options
+from fsdp_matrix.runner.options import CONCRETE_DEVICE
 
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "fsdp-matrix-bisect"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = options.Parser(
         prog="fsdp-matrix bisect",
         description=(
             "Find the first release (or day) at which a cell's observed outcome changes: a bug appearing or a fix "
@@ -42,7 +44,6 @@ def parser() -> argparse.ArgumentParser:
         help="override a combo pin for every step (repeatable)",
     )
     p.add_argument("--combo", help="matrix.yaml combo giving the other pins (default: the newest CPU combo)")
-    p.add_argument("--matrix", type=Path, help="matrix.yaml (default: the repo's)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the result as JSON")
     p.add_argument("--pre", action="store_true", help="include pre-releases")
     p.add_argument(
@@ -51,8 +52,8 @@ def parser() -> argparse.ArgumentParser:
         metavar=("OLD_DATE", "NEW_DATE"),
         help="bisect over days (YYYY-MM-DD): torch stays pinned, every other package floats to that day",
     )
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--world-size", type=int, default=None, help="ranks (default: from the cell id, else 2)")
+    # launch options, declared once (runner/options.py); the world size defaults to the cell id's
+    options.add_arguments(p.add_argument, ("matrix", "device", "world_size"), choices=CONCRETE_DEVICE)
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where step envs live (reused across runs)")
     p.add_argument("--timeout", type=float, default=900, help="seconds one step's run may take")
     return p

@@ -22,6 +22,8 @@ from packaging.version import InvalidVersion, Version
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import PACKAGES, Combo, Matrix, Pins, load_matrix
 from fsdp_matrix.report.diff import ReportInputError, compare, load_report, render
+from fsdp_matrix.runner import options
+from fsdp_matrix.runner.options import CONCRETE_DEVICE
 
 
 def _public(version: Optional[str]) -> Optional[str]:
@@ -131,13 +133,14 @@ def nightly(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from fsdp_matrix.bisect.cli import DEFAULT_CACHE
 
-    p = argparse.ArgumentParser(prog="python -m fsdp_matrix nightly", description=__doc__.split("\n\n")[0])
+    p = options.Parser(prog="python -m fsdp_matrix nightly", description=__doc__.split("\n\n")[0])
     p.add_argument("previous", type=Path, help="last night's report.json (or results dir)")
     p.add_argument("new", type=Path, help="tonight's")
     p.add_argument("--summary", type=Path, help="append the Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--json", type=Path, help="write the diff and upgrade answers as JSON")
-    p.add_argument("--matrix", type=Path)
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--world-size", type=int, default=2)
+    # launch options, declared once (runner/options.py)
+    options.add_arguments(
+        p.add_argument, ("matrix", "device", "world_size"), choices=CONCRETE_DEVICE, defaults={"world_size": 2}
+    )
     return nightly(p.parse_args(argv))

@@ -31,6 +31,8 @@ from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.matrix import Combo, load_matrix
 from fsdp_matrix.progress import Heartbeat, fmt_seconds
 from fsdp_matrix.report.style import symbol
+from fsdp_matrix.runner import options
+from fsdp_matrix.runner.options import CONCRETE_DEVICE
 from fsdp_matrix.verdicts import Verdict
 
 Pins = Dict[str, str]
@@ -262,14 +264,15 @@ def render(result: UpgradeResult) -> str:
 def parser() -> argparse.ArgumentParser:
     from fsdp_matrix.bisect.cli import DEFAULT_CACHE
 
-    p = argparse.ArgumentParser(prog="fsdp-matrix upgrade", description=__doc__.split("\n\n")[0])
+    p = options.Parser(prog="fsdp-matrix upgrade", description=__doc__.split("\n\n")[0])
     p.add_argument("bumps", nargs="+", metavar="NAME==VERSION", help="the versions to upgrade to")
     p.add_argument("--combo", help="base combo (default: the newest cpu combo)")
     p.add_argument("--cases", action="append", default=[], help="case ids, comma-separated (default: all)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write base, target and changed cells as JSON")
-    p.add_argument("--matrix", type=Path, help="matrix.yaml (default: the repo's)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--world-size", type=int, default=2)
+    # launch options, declared once (runner/options.py)
+    options.add_arguments(
+        p.add_argument, ("matrix", "device", "world_size"), choices=CONCRETE_DEVICE, defaults={"world_size": 2}
+    )
     p.add_argument("--pre", action="store_true", help="let pre-releases be bisection candidates")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where envs and their records live (reused)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one launch may take")

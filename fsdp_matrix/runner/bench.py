@@ -26,8 +26,9 @@ from fsdp_matrix.envs import local_versions
 from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
 from fsdp_matrix.progress import Heartbeat
-from fsdp_matrix.runner.launcher import Launcher
-from fsdp_matrix.runner.session import Session
+from fsdp_matrix.runner import options
+from fsdp_matrix.runner.factory import open_session
+from fsdp_matrix.runner.options import LaunchOptions
 
 
 @dataclass
@@ -61,10 +62,10 @@ def pick(n: int, matrix: Matrix) -> List[Cell]:
 
 
 def batched(
-    cells: List[Cell], matrix: Matrix, matrix_path: Path, work: Path, beat: Optional[Heartbeat] = None
+    cells: List[Cell], matrix: Matrix, opts: LaunchOptions, work: Path, beat: Optional[Heartbeat] = None
 ) -> tuple:
-    launcher = Launcher(run_root=work / "launches", python=sys.executable)
-    session = Session(matrix, launcher, work, local_versions(), repo_root=matrix_path.resolve().parent)
+    session = open_session(opts.model_copy(update={"results": work}), matrix)
+    launcher = session.launcher
     start = time.monotonic()
     session.prefetch(cells)
     records = []
@@ -115,22 +116,36 @@ def per_cell(
     return Timing("(a) one launch per cell", time.monotonic() - start, ok)
 
 
+def _count(text: str) -> int:
+    value = int(text) if text.strip().lstrip("+").isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of cells, at least 1")
+    return value
+
+
 def main(argv: List[str] = None) -> int:
-    p = argparse.ArgumentParser(prog="fsdp_matrix bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--cells", type=int, default=30)
-    p.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX)
-    p.add_argument("--json", type=Path, default=None)
+    p = options.Parser(prog="fsdp_matrix bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--cells", type=_count, default=30, help="how many cells to time (default: 30)")
+    p.add_argument("--json", type=Path, default=None, help="write the timings here as JSON")
+    # the cells are the matrix's CPU cells at world size 2, so only these launch options apply
+    options.add_arguments(p.add_argument, ("matrix", "cell_timeout", "torchrun_args"))
     args = p.parse_args(argv)
+    try:
+        opts = options.from_namespace(args, ("matrix", "cell_timeout", "torchrun_args"))
+    except options.OptionError as exc:
+        p.error(str(exc))
+    opts = opts.model_copy(update={"matrix": opts.matrix or DEFAULT_MATRIX, "device": "cpu", "world_size": 2})
+    args.matrix = opts.matrix
     matrix = load_matrix(args.matrix)
     cells = pick(args.cells, matrix)
     with tempfile.TemporaryDirectory(prefix="fsdp-bench-") as tmp, Heartbeat("bench", "starting") as beat:
         work = Path(tmp)
         _progress(beat, f"step 1/3: (b) batched, run 1, {len(cells)} cells")
-        b1, compute1, launches1 = batched(cells, matrix, args.matrix, work / "b1", beat)
+        b1, compute1, launches1 = batched(cells, matrix, opts, work / "b1", beat)
         _progress(beat, f"step 2/3: (a) one torchrun launch per cell, {len(cells)} launches")
         a = per_cell(cells, matrix, args.matrix, work / "a", beat)
         _progress(beat, f"step 3/3: (b) batched, run 2, {len(cells)} cells")
-        b2, compute2, launches2 = batched(cells, matrix, args.matrix, work / "b2", beat)
+        b2, compute2, launches2 = batched(cells, matrix, opts, work / "b2", beat)
     b_wall = (b1.wall_s + b2.wall_s) / 2
     floor = (compute1 + compute2) / 2 + min(launches1 + launches2)
     rows = [

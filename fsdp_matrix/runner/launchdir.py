@@ -21,15 +21,16 @@ import psutil
 from fsdp_matrix.runner import procs
 from fsdp_matrix.runner.protocol import (
     LAUNCH_JSON,
+    RETIRED,
+    SCRATCH,
     TASKS,
     LaunchConfig,
     Order,
     encode_config,
     encode_order,
+    task_file,
 )
 
-RETIRED = "retired.txt"
-"""Written into a failed launch's directory when it is retired: why. A retired directory may be pruned."""
 ORPHAN_AGE_S = 3600.0
 """A directory with no launch.json (a coordinator killed while creating it) is prunable after this long."""
 
@@ -39,10 +40,10 @@ def create(run_root: Path, number: int, launch_id: str, **settings: Any) -> Path
     the LaunchConfig fields other than scratch and coordinator, which this fills in)."""
     run_dir = Path(run_root) / f"launch-{number}-{launch_id}"
     (run_dir / TASKS).mkdir(parents=True)
-    (run_dir / "scratch").mkdir()
+    (run_dir / SCRATCH).mkdir()
     me = psutil.Process()
     config = LaunchConfig(
-        scratch=str(run_dir / "scratch"), coordinator=me.pid, coordinator_create_time=me.create_time(), **settings
+        scratch=str(run_dir / SCRATCH), coordinator=me.pid, coordinator_create_time=me.create_time(), **settings
     )
     tmp = run_dir / f".{LAUNCH_JSON}.tmp"
     tmp.write_text(encode_config(config))
@@ -53,9 +54,9 @@ def create(run_root: Path, number: int, launch_id: str, **settings: Any) -> Path
 def write_order(run_dir: Path, seq: int, order: Order) -> None:
     """Task file number ``seq``, written atomically: a rank never reads half a task."""
     tasks = run_dir / TASKS
-    tmp = tasks / f".{seq:05d}.tmp"
+    tmp = tasks / f".{task_file(seq)}.tmp"
     tmp.write_text(encode_order(order))
-    os.replace(tmp, tasks / f"{seq:05d}.json")
+    os.replace(tmp, tasks / task_file(seq))
 
 
 def retire(run_dir: Path, failed: Optional[str], keep_all: bool, keep: int) -> None:

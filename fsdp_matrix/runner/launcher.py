@@ -24,7 +24,8 @@ import psutil
 from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import LaunchError
 from fsdp_matrix.runner import launchdir, procs
-from fsdp_matrix.runner.protocol import Order, Stop, Task
+from fsdp_matrix.runner.options import CELL_TIMEOUT_S
+from fsdp_matrix.runner.protocol import ENV_DEVICE, LOGS, TORCHRUN_OUT, WATCHDOG_OUT, Order, Stop, Task
 from fsdp_matrix.runner.watching import CellRun, Watching, _Live
 
 __all__ = ["CellRun", "Launcher", "_Live"]
@@ -34,7 +35,7 @@ KILL_WAIT_S = 10.0
 
 
 @dataclass(kw_only=True)
-class Launcher(Watching):
+class Launcher:
     """Runs cells on ``world_size`` ranks in as few torchrun launches as robustness allows."""
 
     run_root: Path
@@ -43,7 +44,7 @@ class Launcher(Watching):
     """``cpu`` (gloo) or ``cuda`` (nccl, one GPU per rank)."""
     world_size: int = 2
     """Ranks per launch (per node when torchrun_args asks for several nodes)."""
-    cell_timeout: float = 120.0
+    cell_timeout: float = CELL_TIMEOUT_S
     """Seconds a cell may run on any rank before it is declared hung."""
     grace_s: float = 5.0
     """After one rank reports an error, how long the others get to finish before they are declared stuck."""
@@ -78,6 +79,8 @@ class Launcher(Watching):
         """Per launch: seconds from starting torchrun to every rank ready (imports + rendezvous)."""
         self.launch_ids: List[str] = []
         """Marker of every launch started, in order (procs.MARKER on each of its processes)."""
+        self.watching = Watching(self, self._done, self._replace, self.launch_seconds)
+        """Reads the live launch's events and decides each cell's outcome."""
 
     # ---- public API -------------------------------------------------------------------------------------------
     def submit(self, task: Task) -> None:
@@ -98,7 +101,7 @@ class Launcher(Watching):
         while key not in self._done:
             if self._live is None:
                 self._start()
-            self._poll(self._live)
+            self.watching.poll(self._live)
             if key not in self._done:
                 time.sleep(0.01)
         return self._done[key]
@@ -107,11 +110,12 @@ class Launcher(Watching):
         live, self._live = self._live, None
         if live is None:
             return
+        live.gone = True
         self._write_task(live, Stop())
         # once every rank has said goodbye there is nothing left to lose: killing beats torchrun's slow shutdown
         deadline = time.monotonic() + 30
         while len(live.byes) < self.world_size and live.proc.poll() is None and time.monotonic() < deadline:
-            self._read_events(live)
+            self.watching.read_events(live)
             time.sleep(0.01)
         clean = len(live.byes) == self.world_size or live.proc.returncode == 0
         try:
@@ -146,7 +150,7 @@ class Launcher(Watching):
             **os.environ,
             **self.env,
             procs.MARKER: launch_id,
-            "FSDP_MATRIX_DEVICE": self.device,
+            ENV_DEVICE: self.device,
             "PYTHONUNBUFFERED": "1",
         }
         env.pop("TORCHELASTIC_ERROR_FILE", None)  # torchrun sets one per rank under --log-dir
@@ -161,14 +165,14 @@ class Launcher(Watching):
             "torch.distributed.run",
             *self.torchrun_args,
             f"--nproc-per-node={self.world_size}",
-            f"--log-dir={run_dir / 'logs'}",
+            f"--log-dir={run_dir / LOGS}",
             "--redirects=3",
             "--max-restarts=0",
             "-m",
             "fsdp_matrix.runner.worker",
             str(run_dir),
         ]
-        out = open(run_dir / "torchrun.out", "w")
+        out = open(run_dir / TORCHRUN_OUT, "w")
         try:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
@@ -185,7 +189,7 @@ class Launcher(Watching):
         """The launch's watchdog (watchdog.py), in a session of its own so that no signal meant for this process's
         group reaches it; it kills the launch if this process dies without doing so."""
         me = psutil.Process()
-        with open(run_dir / "watchdog.out", "w") as out:
+        with open(run_dir / WATCHDOG_OUT, "w") as out:
             return subprocess.Popen(
                 [sys.executable, "-m", "fsdp_matrix.runner.watchdog", str(me.pid), repr(me.create_time()), launch_id],
                 stdin=subprocess.DEVNULL,
@@ -210,6 +214,7 @@ class Launcher(Watching):
         """Retire this launch (``note`` says why; empty when it ended cleanly by itself); re-queue, in order, every
         submitted cell it did not finish or start."""
         self._live = None
+        live.gone = True
         # the culprit is already done; anything else it had been given runs again in the next launch
         self._queue[:0] = [self._tasks[k] for k in live.submitted if k not in self._done]
         try:
@@ -228,9 +233,7 @@ class Launcher(Watching):
     def _fail_queue(self, live: _Live, note: str) -> None:
         """Two launches in a row died before running anything: the env is broken; say why instead of looping."""
         log = (
-            (live.run_dir / "torchrun.out").read_text(errors="replace")
-            if (live.run_dir / "torchrun.out").exists()
-            else ""
+            (live.run_dir / TORCHRUN_OUT).read_text(errors="replace") if (live.run_dir / TORCHRUN_OUT).exists() else ""
         )
         message = f"{note}\n{clip(log, lines=40, tail=True)}"
         for task in self._queue:

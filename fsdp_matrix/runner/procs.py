@@ -16,8 +16,9 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple, Union
 import psutil
 
 from fsdp_matrix.clip import clip
+from fsdp_matrix.runner.protocol import ENV_LAUNCH, stack_file
 
-MARKER = "FSDP_MATRIX_LAUNCH"
+MARKER = ENV_LAUNCH
 """Env var set on every process of a launch, so a sweep finds even children that escaped the tree."""
 
 
@@ -80,7 +81,7 @@ def dump_stacks(ranks: Dict[int, Tuple[int, float]], stack_dir: Path, settle_s: 
     """
     offsets, out = {}, {}
     for rank, (pid, created) in ranks.items():
-        path = stack_dir / f"stack-rank{rank}.txt"
+        path = stack_dir / stack_file(rank)
         offsets[rank] = path.stat().st_size if path.exists() else 0
         proc = same_process(pid, created)
         if proc is None:
@@ -96,7 +97,7 @@ def dump_stacks(ranks: Dict[int, Tuple[int, float]], stack_dir: Path, settle_s: 
     if len(out) < len(ranks):
         time.sleep(settle_s)
     for rank in ranks:
-        path = stack_dir / f"stack-rank{rank}.txt"
+        path = stack_dir / stack_file(rank)
         if rank not in out and path.exists():
             with open(path, encoding="utf-8", errors="replace") as fh:
                 fh.seek(offsets[rank])

@@ -18,14 +18,45 @@ from typing import Any, Dict, List, Union
 
 from fsdp_matrix.records import RankResult
 
+# ---- the launch directory's layout and the launch's environment variables: declared here and nowhere else -------
+
 TASKS = "tasks"
 """Folder of the task files in a launch directory."""
+LAUNCH_JSON = "launch.json"
+"""The launch's settings, in its directory."""
+SCRATCH = "scratch"
+"""Folder the ranks of one node share (see LaunchConfig.scratch)."""
+LOGS = "logs"
+"""torchrun's --log-dir: each rank's stdout/stderr and error file."""
+TORCHRUN_OUT = "torchrun.out"
+"""torchrun's own output (its failure summary names the ranks that died)."""
+WATCHDOG_OUT = "watchdog.out"
+"""The launch watchdog's output."""
+RETIRED = "retired.txt"
+"""Written into a failed launch's directory when it is retired: why. A retired directory may be pruned."""
+
+ENV_LAUNCH = "FSDP_MATRIX_LAUNCH"
+"""Set on every process of a launch (its launch id), so a sweep finds even children that escaped the tree."""
+ENV_DEVICE = "FSDP_MATRIX_DEVICE"
+"""``cpu`` or ``cuda``: what the ranks run on."""
+
+
+def task_file(seq: int) -> str:
+    """Task file number ``seq``, in TASKS."""
+    return f"{seq:05d}.json"
+
+
+def events_file(local_rank: int) -> str:
+    """A rank's event file: per local rank, so each node's launcher watches only the ranks it started."""
+    return f"rank{local_rank}.jsonl"
+
+
+def stack_file(local_rank: int) -> str:
+    """Where a rank's faulthandler dumps every thread's stack on SIGUSR1."""
+    return f"stack-rank{local_rank}.txt"
 
 
 # ---- launcher -> ranks --------------------------------------------------------------------------------------------
-
-LAUNCH_JSON = "launch.json"
-"""The launch's settings, in its directory."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,7 @@ A cell ends in one of these ways, and each has one place here:
 - torchrun exited: crash, told by the rank that died with its exit code or signal, whether it died in the cell or
   in the cleanup after it (``_crash``).
 
-``Watching`` is the launcher's half that reads; ``Launcher`` (launcher.py) is the half that starts and kills.
+``Watching`` is the launcher's collaborator that reads; ``Launcher`` (launcher.py) starts and kills launches.
 """
 
 from __future__ import annotations
@@ -20,11 +20,22 @@ import subprocess
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Tuple
 
 from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner import procs
-from fsdp_matrix.runner.protocol import Bye, Clean, End, Hello, Ready, Start, decode_event
+from fsdp_matrix.runner.protocol import (
+    LOGS,
+    TORCHRUN_OUT,
+    Bye,
+    Clean,
+    End,
+    Hello,
+    Ready,
+    Start,
+    decode_event,
+    events_file,
+)
 
 
 @dataclass(kw_only=True)
@@ -72,26 +83,55 @@ class _Live:
     submitted: List[str] = field(default_factory=list)
     watchdog: Optional[subprocess.Popen] = None
     """The launch's watchdog process (watchdog.py)."""
+    gone: bool = False
+    """Replaced or closed: nothing more is decided about it."""
 
 
-class Watching:
-    """Reads a live launch's events and decides each cell's CellRun. Mixed into Launcher, whose fields
-    (world_size, cell_timeout, grace_s, startup_timeout) and lifecycle (``_replace``) it uses."""
+class Settings(Protocol):
+    """The launcher's settings that watching reads (read at each poll: a caller may change them between cells)."""
 
     world_size: int
     cell_timeout: float
     grace_s: float
     startup_timeout: float
-    _done: Dict[str, CellRun]
-    _live: Optional[_Live]
 
-    def _replace(self, live: _Live, note: str) -> None:  # pragma: no cover - Launcher's
-        raise NotImplementedError
+
+class Watching:
+    """Reads a live launch's events and decides each cell's CellRun: the Launcher's collaborator that reads, while
+    the Launcher starts and kills. It writes outcomes into ``done`` and asks ``replace`` to retire a launch."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        done: Dict[str, CellRun],
+        replace: Callable[[_Live, str], None],
+        launch_seconds: List[float],
+    ) -> None:
+        self.settings = settings
+        self._done = done
+        self._replace = replace
+        self.launch_seconds = launch_seconds
+
+    @property
+    def world_size(self) -> int:
+        return self.settings.world_size
+
+    @property
+    def cell_timeout(self) -> float:
+        return self.settings.cell_timeout
+
+    @property
+    def grace_s(self) -> float:
+        return self.settings.grace_s
+
+    @property
+    def startup_timeout(self) -> float:
+        return self.settings.startup_timeout
 
     # ---- events -------------------------------------------------------------------------------------------------
-    def _read_events(self, live: _Live) -> None:
+    def read_events(self, live: _Live) -> None:
         for rank in range(self.world_size):
-            path = live.run_dir / f"rank{rank}.jsonl"
+            path = live.run_dir / events_file(rank)
             if not path.exists():
                 continue
             with open(path, encoding="utf-8") as fh:
@@ -136,10 +176,10 @@ class Watching:
             live.retiring = ev.why
 
     # ---- deciding -----------------------------------------------------------------------------------------------
-    def _poll(self, live: _Live) -> None:
+    def poll(self, live: _Live) -> None:
         # exit first, events second: an exited launch's last words are all on disk by now
         exited = live.proc.poll() is not None
-        self._read_events(live)
+        self.read_events(live)
         for key, ends in list(live.ended.items()):
             if (
                 key not in self._done
@@ -166,7 +206,7 @@ class Watching:
                 )
             elif now - first > self.cell_timeout:
                 self._stuck(live, key, "hang", first + self.cell_timeout, f"no result within {self.cell_timeout:.0f}s")
-        if self._live is not live:
+        if live.gone:
             return
         idle = all(k in self._done for k in live.started)
         if exited:
@@ -253,7 +293,7 @@ class Watching:
         or signal: torchrun's root cause, or any rank that died of something other than torchrun's own SIGTERM.
         The ranks torchrun stopped after it are "stopped". A rank that had already reported End died in the cleanup
         after the cell, and its End does not make the cell pass."""
-        log = (live.run_dir / "torchrun.out").read_text(errors="replace")
+        log = (live.run_dir / TORCHRUN_OUT).read_text(errors="replace")
         codes, root = procs.torchrun_failures(log), procs.torchrun_root_cause(log)
         died = {r for r, code in codes.items() if r in root or code != -signal.SIGTERM}
         culprits = ", ".join(f"rank {r}" for r in sorted(died)) or "a rank"
@@ -263,7 +303,7 @@ class Watching:
             code = codes.get(rank)
             if rank in ended and rank not in died:
                 continue  # it finished the cell and was only stopped afterwards: its End stands
-            stderr, error_file = procs.rank_logs(live.run_dir / "logs", rank)
+            stderr, error_file = procs.rank_logs(live.run_dir / LOGS, rank)
             how = dict(exit_code=code, signal=procs.signal_name(code), traceback=error_file, stack=stderr)
             if rank in ended:
                 message = f"rank {rank} died in the cleanup after the cell, {_death(code)} (its own result was "

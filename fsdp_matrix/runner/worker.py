@@ -28,6 +28,7 @@ from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner import procs
 from fsdp_matrix.runner.hygiene import Hygiene
 from fsdp_matrix.runner.protocol import (
+    ENV_DEVICE,
     LAUNCH_JSON,
     TASKS,
     Bye,
@@ -44,6 +45,9 @@ from fsdp_matrix.runner.protocol import (
     decode_config,
     decode_order,
     encode_event,
+    events_file,
+    stack_file,
+    task_file,
 )
 
 POLL_S = 0.01
@@ -143,7 +147,7 @@ def make_context(scratch: Path, seed: int = 0) -> Any:
     from fsdp_matrix.workload.context import RankContext
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    cuda = os.environ.get("FSDP_MATRIX_DEVICE", "cpu") == "cuda"
+    cuda = os.environ.get(ENV_DEVICE, "cpu") == "cuda"
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -179,7 +183,7 @@ class EventLog:
 def next_order(run_dir: Path, seq: int, config: LaunchConfig) -> Order:
     """The next task file, waiting for it; Stop when the coordinator is gone (by pid and create time: its pid may
     belong to another process by now). The launch's watchdog covers a rank stuck inside a cell."""
-    path = run_dir / TASKS / f"{seq:05d}.json"
+    path = run_dir / TASKS / task_file(seq)
     checked = 0.0
     while not path.exists():
         if time.monotonic() - checked > COORDINATOR_CHECK_S:
@@ -197,10 +201,10 @@ def main(run_dir: str) -> int:
     rank = int(os.environ.get("RANK", 0))
     # files are per local rank: on a multi-node run each node's launcher watches only the ranks it started
     local = int(os.environ.get("LOCAL_RANK", rank))
-    log = EventLog(run / f"rank{local}.jsonl")
+    log = EventLog(run / events_file(local))
     # a hung rank gets its stack dumped here when the launcher sends SIGUSR1; a segfault dumps to stderr
-    stack_file = open(run / f"stack-rank{local}.txt", "w")
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    stacks = open(run / stack_file(local), "w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     faulthandler.enable()
     config = decode_config((run / LAUNCH_JSON).read_text())
     log.write(Hello(pid=os.getpid(), rank=rank, create_time=psutil.Process().create_time()))

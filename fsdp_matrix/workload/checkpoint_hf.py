@@ -12,6 +12,7 @@ import contextlib
 import os
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Mapping, Tuple
+from unittest import mock
 
 import torch
 from torch import nn
@@ -52,15 +53,8 @@ def state_dict_type_env(sdt: str) -> Iterator[str]:
     from env for transformers 4.x (which passes no plugin), and transformers 5.3.0 ignores ``fsdp_config``'s
     ``state_dict_type`` (observed). Yields the type's name for ``fsdp_config``."""
     name = STATE_DICT_TYPES[sdt]
-    before = os.environ.get("FSDP_STATE_DICT_TYPE")
-    os.environ["FSDP_STATE_DICT_TYPE"] = name
-    try:
+    with mock.patch.dict(os.environ, {"FSDP_STATE_DICT_TYPE": name}):
         yield name
-    finally:
-        if before is None:
-            os.environ.pop("FSDP_STATE_DICT_TYPE", None)
-        else:
-            os.environ["FSDP_STATE_DICT_TYPE"] = before
 
 
 @contextlib.contextmanager
@@ -69,15 +63,8 @@ def trusted_torch_load() -> Iterator[None]:
     ``rng_state_*.pth`` with ``torch.load(path)``, which torch >= 2.6 refuses (``UnpicklingError: Weights only load
     failed``, in ``Trainer._load_rng_state``, not FSDP code). The variable only affects calls that pass no
     ``weights_only``, so releases that pass it are unaffected; the files are this cell's own."""
-    before = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
-    os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
-    try:
+    with mock.patch.dict(os.environ, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}):
         yield
-    finally:
-        if before is None:
-            os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-        else:
-            os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = before
 
 
 def require_state_dict_type(plugin: Any, name: str) -> None:

@@ -20,6 +20,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional
+from unittest import mock
 
 import torch
 from accelerate import Accelerator
@@ -76,16 +77,14 @@ def isolated_accelerate_state() -> Iterator[None]:
     """A cell's accelerate state starts empty and leaves nothing behind: accelerate keeps its state (device,
     distributed type, FSDP plugin, dataloaders) in process-wide singletons, and the Trainer and accelerate both
     export settings to ``os.environ``; a batched launch runs many cells in one process."""
-    saved = dict(os.environ)
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     try:
-        yield
+        with mock.patch.dict(os.environ):  # restores the whole environment as it was
+            yield
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _plugin_fields() -> set:

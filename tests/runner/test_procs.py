@@ -21,11 +21,11 @@ def test_stack_dump_spares_a_process_that_reuses_a_dead_ranks_pid(tmp_path):
     try:
         live = _Live(0, tmp_path, torchrun, "pidreuse0000")
         born = psutil.Process(reuser.pid).create_time()
-        launcher.worker_hello(live, 1, Hello(pid=reuser.pid, rank=1, create_time=born - 100.0))
+        launcher.watching.worker_hello(live, 1, Hello(pid=reuser.pid, rank=1, create_time=born - 100.0))
         launcher._tasks["c/x"] = Task(key="c/x", repro="r.py", params={})
         live.submitted.append("c/x")
         live.started["c/x"] = {0: time.time(), 1: time.time()}
-        launcher._stuck(live, "c/x", "hang", time.time(), "no result")
+        launcher.watching._stuck(live, "c/x", "hang", time.time(), "no result")
         time.sleep(0.5)
         assert reuser.poll() is None, f"the pid's new owner was signalled (exit {reuser.returncode})"
         [rank1] = [r for r in launcher._done["c/x"].ranks if r.rank == 1]

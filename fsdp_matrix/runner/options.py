@@ -1,0 +1,214 @@
+"""The options of every command that launches cells, declared once.
+
+``run``, ``bench``, the pytest plugin, ``nox -s matrix -- ...`` and the launch options of ``bisect``, ``upgrade`` and
+``nightly`` all take their options from ``LaunchOptions``: the same flag, help, default and bounds everywhere. Each
+field's docstring is its ``--help`` text. ``add_arguments`` turns fields into argparse arguments (or pytest
+options), ``from_namespace`` turns what was parsed back into a validated ``LaunchOptions``, and ``to_argv`` turns one
+into the argv of another command (a step of bisect runs ``python -m fsdp_matrix run`` with it).
+
+Every number is checked here, at parse time, by the field's own bounds: a bad one is one line naming the option.
+This module imports neither torch nor the runner, so ``report``-like commands and noxfile.py can use it cheaply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import (
+    Annotated,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Literal,
+    NoReturn,
+    Optional,
+    Sequence,
+    get_args,
+    get_origin,
+)
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+CELL_TIMEOUT_S = 180.0
+"""The one default of the cell timeout, for every command and for ``Launcher``."""
+MAX_WORLD_SIZE = 1024
+"""Ranks per node above this are a typo, not a machine: refused before torchrun starts that many processes."""
+MAX_CELL_TIMEOUT_S = 7 * 86400.0
+CONCRETE_DEVICE = {"device": ("cpu", "cuda")}
+"""``choices`` for a command that installs envs for a device, where ``auto`` means nothing."""
+
+
+class OptionError(ValueError):
+    """A bad option value: one line naming the option."""
+
+
+class LaunchOptions(BaseModel):
+    """What a command that launches cells needs to know: where records go, which cells, on what, for how long."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", frozen=True)
+
+    results: Path = Path("results")
+    """Directory of cells.jsonl (and of the launch directories, under launches/)."""
+    matrix: Optional[Path] = None
+    """matrix.yaml to use (default: the repo's)."""
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    """cpu (gloo) or cuda (nccl, one GPU per rank); auto picks cuda when a GPU is visible."""
+    world_size: Optional[Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]] = None
+    """Ranks per launch, per node under a multi-node --torchrun-args (default: 2; 1 on a machine with one GPU)."""
+    combo: Optional[str] = None
+    """matrix.yaml combo id this env was built for (nox sets it); records are filed under it."""
+    cases: Optional[List[str]] = None
+    """Case ids to run, comma-separated, repeatable (default: every case)."""
+    resume: bool = False
+    """Keep cells whose newest record, made with this env's installed versions, is an outcome; run the rest."""
+    cell_timeout: Annotated[float, Field(gt=0, le=MAX_CELL_TIMEOUT_S, allow_inf_nan=False)] = CELL_TIMEOUT_S
+    """Seconds a cell may run on any rank before it counts as hung (also the ranks' process-group timeout)."""
+    torchrun_args: str = "--standalone"
+    """Rendezvous options passed to torchrun, e.g. for multi-node: '--nnodes=2 --rdzv-endpoint=HOST:PORT ...'."""
+
+    @field_validator("cases", mode="before")
+    @classmethod
+    def _split_cases(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str):
+            value = [] if value is None else [value]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            ids = [c.strip() for text in value for c in text.split(",") if c.strip()]
+            return ids or None
+        return value
+
+    @field_validator("torchrun_args")
+    @classmethod
+    def _torchrun_args_split(cls, value: str) -> str:
+        import shlex
+
+        try:
+            shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"cannot split into words: {exc}") from None
+        return value
+
+    @property
+    def torchrun_argv(self) -> List[str]:
+        import shlex
+
+        return shlex.split(self.torchrun_args) or ["--standalone"]
+
+
+FIELDS = tuple(LaunchOptions.model_fields)
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _message(exc: ValidationError) -> str:
+    err = exc.errors(include_url=False)[0]
+    msg = err["msg"].removeprefix("Value error, ")
+    return msg[:1].lower() + msg[1:]
+
+
+def check(name: str, raw: Any) -> Any:
+    """The value of option ``name`` from its command-line text (or value), by the field's bounds; OptionError names
+    the option. The one place every launch option is validated."""
+    try:
+        model = LaunchOptions.model_validate({name: raw})
+    except ValidationError as exc:
+        raise OptionError(f"{flag(name)}: {_shown(raw)}: {_message(exc)}") from None
+    return getattr(model, name)
+
+
+def _shown(raw: Any) -> str:
+    text = repr(raw)
+    return text if len(text) <= 60 else text[:57] + "...'"
+
+
+def _arg_type(name: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return check(name, text)
+        except OptionError as exc:
+            # argparse prefixes "argument --flag:" itself
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+
+    convert.__name__ = name  # argparse names the type in some messages
+    return convert
+
+
+def add_arguments(
+    add: Callable[..., Any],
+    names: Iterable[str] = FIELDS,
+    *,
+    defaults: Optional[Dict[str, Any]] = None,
+    choices: Optional[Dict[str, Sequence[Any]]] = None,
+    typed: bool = True,
+) -> None:
+    """Declare fields ``names`` through ``add`` (``parser.add_argument``, a group's, or pytest's ``addoption``).
+
+    ``defaults`` overrides a field's default for this command only (pytest's device is ``auto``). With ``typed``,
+    argparse validates each value as it parses; pytest instead validates in ``from_namespace`` (``typed=False``),
+    so its error is one ``ERROR:`` line rather than a usage text. ``choices`` narrows a field's values for a command
+    that cannot take them all (bisect's installers need a concrete device, not ``auto``).
+    """
+    defaults, choices = defaults or {}, choices or {}
+    for name in names:
+        info = LaunchOptions.model_fields[name]
+        default = defaults.get(name, info.default)
+        help_ = (info.description or "").rstrip(".")
+        if info.annotation is bool:
+            add(flag(name), action="store_true", default=bool(default), help=help_)
+            continue
+        kwargs: Dict[str, Any] = {"default": None if name == "cases" else default, "help": help_}
+        if get_origin(info.annotation) is Literal:
+            kwargs["metavar"] = "{" + ",".join(choices.get(name) or get_args(info.annotation)) + "}"
+        if name in choices:
+            kwargs["choices"] = list(choices[name])
+        if name == "cases":
+            kwargs["action"] = "append"
+        elif typed:
+            kwargs["type"] = _arg_type(name)
+        if default is not None and name != "cases":
+            kwargs["help"] += f" (default: {default})"
+        add(flag(name), **kwargs)
+
+
+def from_namespace(ns: Any, names: Iterable[str] = FIELDS) -> LaunchOptions:
+    """A validated LaunchOptions from parsed options (an argparse namespace, or anything with those attributes);
+    a field that is absent or None takes its default. Raises OptionError naming the option."""
+    values = {}
+    for name in names:
+        raw = getattr(ns, name, None)
+        if raw is not None:
+            values[name] = check(name, raw)
+    return LaunchOptions(**values)
+
+
+def to_argv(opts: LaunchOptions, names: Optional[Sequence[str]] = None) -> List[str]:
+    """The argv that gives ``opts`` back when parsed (fields that differ from their defaults; all of ``names``
+    when given)."""
+    out: List[str] = []
+    for name in names or FIELDS:
+        value = getattr(opts, name)
+        info = LaunchOptions.model_fields[name]
+        if names is None and value == info.default:
+            continue
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out += [flag(name)] if value else []
+        elif isinstance(value, list):
+            out += [flag(name), ",".join(value)]
+        elif isinstance(value, float):
+            out += [flag(name), repr(value) if math.isfinite(value) else str(value)]
+        else:
+            out += [flag(name), str(value)]
+    return out
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (``prog: error: message``), not usage text followed by the message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")

@@ -1,0 +1,75 @@
+"""Issue 17 defect 15 (review item 21): every number of the commands that launch cells is validated at parse time.
+
+A bad number is one line naming the option and a non-zero exit: never a traceback, never junk records, never a
+silent fallback to another value.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+FAULTS = HERE / "fault_matrix.yaml"
+
+BAD_NUMBERS = [
+    ("--world-size", "0"),
+    ("--world-size", "-1"),
+    ("--world-size", "two"),
+    ("--cell-timeout", "0"),
+    ("--cell-timeout", "-5"),
+    ("--cell-timeout", "nan"),
+]
+
+
+def _one_line(proc: subprocess.CompletedProcess, option: str) -> str:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode not in (0, None), out
+    assert "Traceback" not in out, out
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out
+    assert option in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("option,value", BAD_NUMBERS)
+def test_run_refuses_a_bad_number_in_one_line(tmp_path, option, value):
+    results = tmp_path / "res"
+    cmd = [sys.executable, "-m", "fsdp_matrix", "run", "--matrix", str(FAULTS), "--cases", "healthy"]
+    proc = subprocess.run(
+        [*cmd, "--results", str(results), option, value], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    _one_line(proc, option)
+    assert not (results / "cells.jsonl").exists(), "junk records written"
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_pytest_refuses_a_bad_world_size(value):
+    repros = REPO / "tests" / "test_repros.py"
+    cmd = [sys.executable, "-m", "pytest", str(repros), "--collect-only", "-q", "-p", "no:cacheprovider"]
+    proc = subprocess.run([*cmd, "--world-size", value], capture_output=True, text=True, timeout=300, cwd=REPO)
+    out = proc.stdout + proc.stderr
+    errors = [line for line in out.splitlines() if line.startswith("ERROR:")]
+    assert proc.returncode != 0 and len(errors) == 1 and "--world-size" in errors[0], out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("command", ["upgrade", "bisect"])
+def test_bisect_commands_refuse_world_size_zero_before_anything_runs(command, capsys):
+    if command == "upgrade":
+        from fsdp_matrix.bisect.upgrade import parser
+
+        argv = ["peft==0.14.0", "--world-size", "0"]
+    else:
+        from fsdp_matrix.bisect.cli import parser
+
+        argv = ["some/cell", "--package", "peft", "--old", "0.13.2", "--new", "0.14.0", "--world-size", "0"]
+    with pytest.raises(SystemExit) as exit_:
+        parser().parse_args(argv)
+    assert exit_.value.code not in (0, None)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--world-size" in lines[0], lines
