@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence
 
 from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller, days_between, parse_pins
 from fsdp_matrix.bisect.releases import release_candidates
-from fsdp_matrix.bisect.runner import CellRunner
+from fsdp_matrix.bisect.runner import LaunchRunner, OneCell
 from fsdp_matrix.bisect.search import BisectResult, Step, bisect, install_bound
 from fsdp_matrix.cells import find_cell
 from fsdp_matrix.clip import clip
@@ -93,9 +93,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cell = find_cell(matrix, args.cell, args.device, args.world_size)
         args.cache.mkdir(parents=True, exist_ok=True)
         base = PinnedInstaller(combo, args.package or "peft", args.cache, parse_pins(args.pin), args.device)
-        # each step's results and launch logs stay under the cache, for a look at a surprising step
-        (args.cache / "runs").mkdir(exist_ok=True)
-        runner = CellRunner(cell.key, args.device, cell.world_size, args.matrix, args.timeout, args.cache / "runs")
+        # each step's results and launch logs stay under the cache (cache/runs), for a look at a surprising step
+        launches = LaunchRunner(
+            args.cache,
+            matrix=args.matrix,
+            device=args.device,
+            world_size=cell.world_size,
+            timeout=args.timeout,
+            resume=False,
+            say=lambda text: None,
+        )
+        runner = OneCell(launches, cell.key)
         dated: Optional[DatedInstaller] = None
         if args.by_date:
             candidates: List[str] = days_between(*args.by_date)

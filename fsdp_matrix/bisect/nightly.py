@@ -38,7 +38,7 @@ def _versions(report: Dict[str, Any]) -> Dict[str, Dict[str, Optional[str]]]:
 def check_upgrade(base: Combo, bumps: Dict[str, str], cases: List[str], args: argparse.Namespace) -> Dict[str, Any]:
     """The real upgrade check (installs envs, runs cells); the nightly test replaces it with a fake."""
     from fsdp_matrix.bisect.installers import PinnedInstaller
-    from fsdp_matrix.bisect.launch import LaunchRunner
+    from fsdp_matrix.bisect.runner import LaunchRunner
     from fsdp_matrix.bisect.upgrade import run_upgrade
     from fsdp_matrix.cells import expand
     from fsdp_matrix.progress import Heartbeat

@@ -277,7 +277,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from fsdp_matrix.bisect.launch import LaunchRunner
+    from fsdp_matrix.bisect.runner import LaunchRunner
 
     args = parser().parse_intermixed_args(argv)
     try:

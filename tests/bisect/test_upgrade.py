@@ -11,7 +11,7 @@ import pytest
 
 from fsdp_matrix.bisect import upgrade
 from fsdp_matrix.bisect.installers import InstallLog, PinnedInstaller
-from fsdp_matrix.bisect.launch import LaunchRunner
+from fsdp_matrix.bisect.runner import LaunchRunner
 from fsdp_matrix.bisect.search import Outcome, Prepared
 from fsdp_matrix.matrix import load_matrix
 
