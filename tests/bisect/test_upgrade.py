@@ -30,14 +30,16 @@ def v(text: str) -> tuple:
 class FakeInstaller:
     """Hands out one fake env per pin set and logs it the way PinnedInstaller does."""
 
-    def __init__(self, combo, broken: Sequence[str] = ()) -> None:
+    def __init__(self, combo, broken: Sequence[str] = (), unbuildable: Callable[[Dict[str, str]], bool] = None) -> None:
         self.combo, self.broken = combo, set(broken)
+        self.unbuildable = unbuildable or (lambda pins: False)
         self.log: List[InstallLog] = []
         self.pins_of: Dict[Path, Dict[str, str]] = {}
 
     def install(self, pins, extra) -> Prepared:
-        self.log.append(InstallLog(dict(pins), pins["peft"] not in self.broken, False, 0.0))
-        if pins["peft"] in self.broken:
+        bad = pins["peft"] in self.broken or self.unbuildable(pins)
+        self.log.append(InstallLog(dict(pins), not bad, False, 0.0))
+        if bad:
             return Prepared(None, f"peft {pins['peft']}: no wheel for this Python")
         env = Path(f"/envs/{len(self.pins_of)}")
         self.pins_of[env] = dict(pins)
@@ -64,9 +66,9 @@ def candidates(package: str, old: str, new: str, pre: bool) -> List[str]:
     return [r for r in RELEASES[package] if v(old) <= v(r) <= v(new)]
 
 
-def check(base: str, bumps: Dict[str, str], verdict: Verdicts, cells: Sequence[str], broken=()):
+def check(base: str, bumps: Dict[str, str], verdict: Verdicts, cells: Sequence[str], broken=(), unbuildable=None):
     combo = load_matrix(FIXTURE).combo(base)
-    installer = FakeInstaller(combo, broken)
+    installer = FakeInstaller(combo, broken, unbuildable)
     runner = FakeRunner(installer, verdict)
     result = upgrade.run_upgrade(combo, bumps, cells, installer, runner, candidates=candidates)
     return result, installer, runner
@@ -147,6 +149,44 @@ def test_several_bumps_each_cell_is_pinned_on_its_package() -> None:
     assert "others held at the target" in next(c.answer for c in result.changed if c.cell == CELLS[2])
     assert [c.cell for c in result.regressions] == [CELLS[1]]
     assert len(installer.log) == result.installs <= result.install_bound
+
+
+def test_defect2_an_attribution_env_that_cannot_be_built_falls_through_and_keeps_the_diff() -> None:
+    """Issue 17 defect 2: peft 0.17.1 needs transformers >= 4.49, so "base with peft 0.17.1 only" cannot be built.
+    That context cannot attribute the cell; the revert-alone context can, and the base/target diff is kept."""
+
+    def verdict(cell: str, pins: Dict[str, str]) -> str:
+        return "fix-holds" if cell == CELLS[0] and v(pins["peft"]) >= v("0.15.0") else "reproduced"
+
+    def unbuildable(pins: Dict[str, str]) -> bool:
+        return v(pins["peft"]) >= v("0.17.0") and v(pins["transformers"]) < v("4.49.0")
+
+    bumps = {"peft": "0.17.1", "transformers": "4.49.0"}
+    result, installer, _ = check("old", bumps, verdict, CELLS, unbuildable=unbuildable)
+    (c,) = result.changed
+    assert (c.cell, c.base_verdict, c.target_verdict) == (CELLS[0], "reproduced", "fix-holds")
+    assert c.first_changed == {"peft": "0.15.0"} and c.last_unchanged == {"peft": "0.14.0"}
+    assert "others held at the target" in c.answer
+    # with two bumps both attribution envs are "one bumped alone": neither can be built, the diff stays
+    mixed = {("0.17.1", "4.46.3"), ("0.13.2", "4.49.0")}
+    alone, _, _ = check("old", bumps, verdict, CELLS, unbuildable=lambda p: (p["peft"], p["transformers"]) in mixed)
+    (c,) = alone.changed
+    assert c.first_changed == {} and "the bumps act together" in c.answer
+
+
+def test_review24_attribution_stops_once_every_changed_cell_is_explained() -> None:
+    """Review item 24: after peft alone explained every changed cell, "base with transformers 4.49.0 only" was
+    still installed and run; and the installs line gave its bound without "plus skips"."""
+
+    def verdict(cell: str, pins: Dict[str, str]) -> str:
+        return "fix-holds" if cell == CELLS[0] and v(pins["peft"]) >= v("0.15.0") else "reproduced"
+
+    bumps = {"peft": "0.17.1", "transformers": "4.49.0"}
+    result, installer, _ = check("old", bumps, verdict, CELLS, broken=["0.15.1"])
+    base = load_matrix(FIXTURE).combo("old").pins.model_dump()
+    assert {**base, "transformers": "4.49.0"} not in [log.pins for log in installer.log]
+    assert result.changed[0].first_changed == {"peft": "0.15.0"}
+    assert f"bound {result.install_bound} plus skips" in upgrade.render(result)
 
 
 def test_no_change_installs_only_base_and_target() -> None:
