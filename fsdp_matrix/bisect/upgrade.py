@@ -173,21 +173,34 @@ def run_upgrade(
         groups[(next(iter(bumps)), "base")] = changed
     elif changed:
         unexplained = list(changed)
+        unbuilt: List[str] = []
         for context in ("base", "target"):
             for pkg in bumps:
-                if not unexplained:
+                # on the base, one package that changes a cell alone explains it: stop once every cell has one. A
+                # cell left for the target needs several bumps together, and reverting each of them tells
+                if not unexplained or (
+                    context == "base" and all(any(c in g for g in groups.values()) for c in unexplained)
+                ):
                     break
                 if context == "base":
                     pins, ref = {**base_pins, pkg: bumps[pkg]}, before
                 else:
                     pins, ref = {**target_pins, pkg: base_pins[pkg]}, after
-                seen = _verdicts(env_run(pins, f"{context} with {pkg} {pins[pkg]} only", unexplained))
+                what = f"{context} with {pkg} {pins[pkg]} only"
+                try:
+                    seen = _verdicts(env_run(pins, what, unexplained))
+                except EnvError as exc:
+                    # e.g. a new peft that needs a new transformers: this context cannot tell, the next one may
+                    say(f"{exc}: not attributable in that context")
+                    unbuilt.append(what)
+                    continue
                 moved = [c for c in unexplained if c in seen and seen[c] != ref[c]]
                 if moved:
                     groups[(pkg, context)] = moved
             unexplained = [c for c in unexplained if not any(c in g for g in groups.values())]
         for cell in unexplained:
-            by_cell[cell].answer = "no single bumped package changes it alone: the bumps act together"
+            why = f" ({', '.join(unbuilt)}: the env cannot be built)" if unbuilt else ""
+            by_cell[cell].answer = f"no single bumped package changes it alone: the bumps act together{why}"
 
     bound = 2 + (0 if len(bumps) == 1 else len({tuple(sorted(p.items())) for p in _attribution_pins(bumps, base_pins)}))
     for (pkg, context), group in groups.items():
@@ -252,7 +265,7 @@ def render(result: UpgradeResult) -> str:
         out.append(f"  untestable {cell}: {why}")
     out.append(
         f"installs: {result.installs} envs ({result.installed} installed, {result.installs - result.installed} "
-        f"reused), bound {result.install_bound}; {result.launches} launches; {fmt_seconds(result.wall_s)}"
+        f"reused), bound {result.install_bound} plus skips; {result.launches} launches; {fmt_seconds(result.wall_s)}"
     )
     if result.regressions:
         out.append(f"REGRESSION in {len(result.regressions)} cells: " + ", ".join(c.cell for c in result.regressions))
