@@ -141,3 +141,12 @@ def test_by_date_reports_the_day_and_what_changed(
     assert data["package"] == "date" and data["changed_packages"] == ["peft 0.13.2 -> 0.14.0"]
     assert len(data["steps"]) <= 2 + 5  # 31 days: ceil(log2 31) + 2
     assert all(p["torch"] == "2.13.0+cpu" for p in fake["pins"])
+
+
+def test_defect6_a_pin_on_the_bisected_package_is_refused(fake, capsys) -> None:
+    """Issue 17 defect 6: ``--pin peft==0.12.0 --package peft`` was ignored without a word."""
+    argv = [CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--matrix", str(FIXTURE)]
+    assert bisect_cli.main(argv + ["--pin", "PEFT==0.12.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "peft is the package being bisected" in err and len(err.splitlines()) == 1
+    assert fake["pins"] == []

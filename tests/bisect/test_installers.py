@@ -21,6 +21,16 @@ def test_parse_pins() -> None:
             parse_pins([bad])
 
 
+def test_defect6_parse_pins_refuses_a_package_given_twice_and_inexact_versions() -> None:
+    """Issue 17 defect 6: the last duplicate won silently, and ``peft==0.14.*`` passed as a pin."""
+    for twice in (["peft==0.14.0", "peft==0.13.2"], ["PEFT==0.13.2", "Peft==0.14.0"]):
+        with pytest.raises(EnvError, match="peft given twice"):
+            parse_pins(twice)
+    for inexact in ("peft==0.14.*", "peft==abc"):
+        with pytest.raises(EnvError, match="exact version"):
+            parse_pins([inexact])
+
+
 def test_pins_for_overrides_in_order(tmp_path: Path) -> None:
     combo = load_matrix(FIXTURE).combo("old")
     inst = PinnedInstaller(combo, "peft", tmp_path, {"transformers": "4.47.1", "peft": "0.1.0"})

@@ -13,6 +13,7 @@ from fsdp_matrix.bisect import upgrade
 from fsdp_matrix.bisect.installers import InstallLog, PinnedInstaller
 from fsdp_matrix.bisect.runner import LaunchRunner
 from fsdp_matrix.bisect.search import Outcome, Prepared
+from fsdp_matrix.errors import EnvError
 from fsdp_matrix.matrix import load_matrix
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bisect_matrix.yaml"
@@ -63,6 +64,9 @@ class FakeRunner:
 
 
 def candidates(package: str, old: str, new: str, pre: bool) -> List[str]:
+    for end in (old, new):  # as release_candidates: both ends must be releases on the index
+        if end not in RELEASES[package]:
+            raise EnvError(f"{package} {end} is not an installable release on the configured indexes")
     return [r for r in RELEASES[package] if v(old) <= v(r) <= v(new)]
 
 
@@ -254,8 +258,26 @@ def test_cli_prints_changes_writes_json_and_exits_1_on_a_regression(faked, tmp_p
     assert data["installs"] == 2 and data["install_bound"] == 3
 
 
-def test_cli_exits_0_without_a_regression_and_checks_cases(faked, tmp_path, capsys) -> None:
+def test_cli_checks_cases(faked, tmp_path, capsys) -> None:
     argv = ["peft==0.14.0", "--combo", "old", "--matrix", str(FIXTURE), "--cache", str(tmp_path)]
-    assert upgrade.main(argv + ["--cases", "no-split-modules", "peft==0.13.2"]) == 0  # no bump left: no change
+    assert upgrade.main(argv + ["--cases", "no-split-modules"]) == 1
     assert upgrade.main(argv + ["--cases", "no-such-case"]) == 2
     assert "no case 'no-such-case'" in capsys.readouterr().err
+
+
+def test_defect6_a_bump_given_twice_equal_to_the_base_or_not_on_the_index_is_refused_before_the_base_runs(
+    faked, tmp_path, capsys
+) -> None:
+    """Issue 17 defect 6: these printed "0 changed" and exited 0, or failed only after the base run."""
+    argv = ["--combo", "old", "--matrix", str(FIXTURE), "--cache", str(tmp_path)]
+    for bumps, line in (
+        (["peft==0.13.2"], "peft==0.13.2 is already the base's pin"),
+        (["peft==0.14.0", "peft==0.13.2"], "peft given twice"),
+        (["PEFT==0.13.2", "Peft==0.14.0"], "peft given twice"),
+        (["peft==0.14.*"], "exact version"),
+        (["peft==0.99.0"], "peft 0.99.0 is not an installable release"),
+    ):
+        assert upgrade.main(bumps + argv) == 2, bumps
+        err = capsys.readouterr().err.strip()
+        assert line in err and len(err.splitlines()) == 1, (bumps, err)
+    assert faked["pins"] == [], "nothing may be installed or run on the base before the target is checked"
