@@ -9,13 +9,15 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from packaging.utils import canonicalize_name
+
 from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller, days_between, parse_pins
 from fsdp_matrix.bisect.releases import release_candidates
 from fsdp_matrix.bisect.runner import LaunchRunner, OneCell
 from fsdp_matrix.bisect.search import BisectResult, Step, bisect, install_bound
 from fsdp_matrix.cells import find_cell
 from fsdp_matrix.clip import clip
-from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.progress import Heartbeat
 
@@ -92,7 +94,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         combo = matrix.combo(args.combo) if args.combo else matrix.newest("cpu")
         cell = find_cell(matrix, args.cell, args.device, args.world_size)
         args.cache.mkdir(parents=True, exist_ok=True)
-        base = PinnedInstaller(combo, args.package or "peft", args.cache, parse_pins(args.pin), args.device)
+        pins = parse_pins(args.pin)
+        if args.package and canonicalize_name(args.package) in pins:
+            raise EnvError(
+                f"--pin {canonicalize_name(args.package)}=={pins[canonicalize_name(args.package)]}: "
+                f"{canonicalize_name(args.package)} is the package being bisected (its range is --old .. --new)"
+            )
+        base = PinnedInstaller(combo, args.package or "peft", args.cache, pins, args.device)
         # each step's results and launch logs stay under the cache (cache/runs), for a look at a surprising step
         launches = LaunchRunner(
             args.cache,

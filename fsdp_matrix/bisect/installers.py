@@ -19,6 +19,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix import envs
 from fsdp_matrix.bisect.search import Prepared
@@ -56,18 +57,28 @@ def harness_root() -> Path:
     raise EnvError("cannot find the fsdp-matrix checkout to install into step envs: run from the repo root")
 
 
-def parse_pins(pins: Sequence[str]) -> Dict[str, str]:
-    """``NAME==VERSION`` strings to a name -> version map."""
+def parse_pins(pins: Sequence[str], what: str = "--pin") -> Dict[str, str]:
+    """``NAME==VERSION`` strings to a name -> version map; a name given twice (in any spelling) or a version that
+    is not exact (``0.14.*``) is refused: the last one would otherwise win, or the install would float."""
     out: Dict[str, str] = {}
     for text in pins:
         try:
             req = Requirement(text)
         except InvalidRequirement:
-            raise EnvError(f"--pin {text!r}: expected NAME==VERSION") from None
+            raise EnvError(f"{what} {text!r}: expected NAME==VERSION, an exact version") from None
         specs = list(req.specifier)
         if len(specs) != 1 or specs[0].operator != "==":
-            raise EnvError(f"--pin {text!r}: expected NAME==VERSION")
-        out[canonicalize_name(req.name)] = specs[0].version
+            raise EnvError(f"{what} {text!r}: expected NAME==VERSION, an exact version")
+        try:
+            exact = "*" not in specs[0].version and Version(specs[0].version) is not None
+        except InvalidVersion:
+            exact = False
+        if not exact:
+            raise EnvError(f"{what} {text!r}: expected NAME==VERSION, an exact version such as {req.name}==1.2.3")
+        name = canonicalize_name(req.name)
+        if name in out:
+            raise EnvError(f"{what} {text!r}: {name} given twice")
+        out[name] = specs[0].version
     return out
 
 

@@ -127,7 +127,12 @@ def run_upgrade(
     unknown = [k for k in bumps if k not in base_pins]
     if unknown:
         raise EnvError(f"{', '.join(unknown)}: not pinned by combo {base.id} (bump one of {', '.join(base_pins)})")
-    bumps = {k: v for k, v in bumps.items() if v != base_pins[k]}
+    for pkg, version in bumps.items():
+        if Version(version).public == Version(base_pins[pkg]).public:
+            raise EnvError(f"{pkg}=={version} is already the base's pin: nothing to upgrade")
+    # the target's releases are checked before anything runs on the base (a typo would cost a whole base run)
+    for pkg, version in bumps.items():
+        candidates(pkg, version, version, pre)
     target_pins = {**base_pins, **bumps}
     result = UpgradeResult(
         {"combo": base.id, "pins": base_pins},
@@ -207,7 +212,12 @@ def run_upgrade(
         held = base_pins if context == "base" else {**target_pins, pkg: base_pins[pkg]}
         low = runs[tuple(sorted(held.items()))]
         high = runs[tuple(sorted({**held, pkg: bumps[pkg]}.items()))]
-        cands = _ordered(pkg, base_pins[pkg], bumps[pkg], pre, candidates)
+        try:
+            cands = _ordered(pkg, base_pins[pkg], bumps[pkg], pre, candidates)
+        except EnvError as exc:
+            for cell in group:
+                by_cell[cell].answer = "; ".join(filter(None, [by_cell[cell].answer, f"cannot bisect {pkg}: {exc}"]))
+            continue
         bound += math.ceil(math.log2(len(cands))) if len(cands) > 1 else 0
         others = "" if len(bumps) == 1 else f" (others held at the {context})"
         say(f"bisecting {pkg} over {len(cands)} releases {cands[0]} .. {cands[-1]}{others} for {len(group)} cells")
@@ -294,6 +304,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     args = parser().parse_intermixed_args(argv)
     try:
+        bumps = parse_pins(args.bumps, "upgrade")
         matrix = load_matrix(args.matrix)
         base = matrix.combo(args.combo) if args.combo else matrix.newest("cpu")
         cases = [c for text in args.cases for c in text.split(",") if c] or None
@@ -312,7 +323,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 say=beat.say,
                 status=beat.update,
             )
-            result = run_upgrade(base, parse_pins(args.bumps), cells, installer, runner, pre=args.pre, beat=beat)
+            result = run_upgrade(base, bumps, cells, installer, runner, pre=args.pre, beat=beat)
     except MatrixError as exc:
         print(f"fsdp-matrix upgrade: {exc}", file=sys.stderr)
         return 2
