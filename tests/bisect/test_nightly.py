@@ -107,3 +107,11 @@ def test_unreadable_report_is_exit_2(tmp_path, upgrades) -> None:
     old = night(tmp_path / "old.json", NIGHT1, {CELL_FIX: "fix-holds"})
     (tmp_path / "bad.json").write_text("{}")
     assert run(tmp_path, old, tmp_path / "bad.json")[0] == 2
+
+
+def test_defect9_a_fix_that_now_crashes_fails_the_night(tmp_path, upgrades) -> None:
+    """Issue 17 defect 9: fix-holds -> crash, with the versions unchanged, exited 0."""
+    old = night(tmp_path / "old.json", NIGHT1, {CELL_FIX: "fix-holds", CELL_SAME: "reproduced"})
+    new = night(tmp_path / "new.json", NIGHT1, {CELL_FIX: "crash", CELL_SAME: "hang"})
+    code, summary = run(tmp_path, old, new)
+    assert code == 1 and "Passing cells that now need attention (2)" in summary
