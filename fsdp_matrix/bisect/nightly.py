@@ -6,7 +6,8 @@
    which package, and which release of it, changed each cell;
 3. write both to the step summary (``$GITHUB_STEP_SUMMARY``) and stdout.
 
-Exit 1 on a new REGRESSION (as ``diff``), 2 when a report cannot be read.
+Exit 1 on an alert (as ``diff``: a new REGRESSION, or a passing cell that now needs attention), 2 when a report
+cannot be read.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def nightly(args: argparse.Namespace) -> int:
             fh.write(out + "\n")
     if args.json:
         args.json.write_text(json.dumps({"diff": text, "upgrades": report}, indent=1, default=str))
-    return 1 if diff.regressions else 0
+    return 1 if diff.alerts else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
