@@ -2,8 +2,9 @@
 
 1. diff the two reports (``report.diff``): which cells changed verdict, and which combos' versions moved;
 2. for every combo whose versions moved (a floating ``newest`` picking up a release) and that has a cell whose
-   verdict changed, run the upgrade check from last night's versions to tonight's on the changed cells' cases:
-   which package, and which release of it, changed each cell;
+   verdict changed between two verdicts about the bug (not env-error, crash, hang or skipped), run the upgrade
+   check from last night's versions to tonight's on the changed cells' cases: which package, and which release of
+   it, changed each cell;
 3. write both to the step summary (``$GITHUB_STEP_SUMMARY``) and stdout.
 
 Exit 1 on an alert (as ``diff``: a new REGRESSION, or a passing cell that now needs attention), 2 when a report
@@ -23,6 +24,19 @@ from packaging.version import InvalidVersion, Version
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import PACKAGES, Combo, Matrix, Pins, load_matrix
 from fsdp_matrix.report.diff import ReportInputError, compare, load_report, render
+from fsdp_matrix.verdicts import Verdict
+
+ABOUT_THE_BUG = frozenset(
+    v.value
+    for v in (
+        Verdict.REPRODUCED,
+        Verdict.FIX_HOLDS,
+        Verdict.REGRESSION,
+        Verdict.UNEXPECTED_FIX,
+        Verdict.DIFFERENT_ERROR,
+    )
+)
+"""Verdicts that say something about the bug; a change between two of them is worth an upgrade check."""
 
 
 def _public(version: Optional[str]) -> Optional[str]:
@@ -98,7 +112,12 @@ def nightly(args: argparse.Namespace) -> int:
     summary = ["## Changes since the previous night", "", "```", text.rstrip(), "```", ""]
     print(text, flush=True)
     before, after = _versions(old), _versions(new)
-    changes = diff.regressions + diff.unexpected_fixes + diff.changed
+    # env-error, crash, hang and skipped say nothing about the bug: bisecting them would reinstall and fail again
+    changes = [
+        c
+        for c in diff.regressions + diff.broken + diff.unexpected_fixes + diff.changed
+        if c.new in ABOUT_THE_BUG and (c.old is None or c.old in ABOUT_THE_BUG)
+    ]
     matrix = load_matrix(args.matrix)
     report: List[Dict[str, Any]] = []
     for column in sorted(set(before) & set(after)):
