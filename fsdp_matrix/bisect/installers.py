@@ -51,7 +51,8 @@ def bytecode_on_import() -> Iterator[None]:
 
 def harness_root() -> Path:
     """The fsdp-matrix checkout to install (editable) into each step env, so the step runs this very workload."""
-    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
+    # installers.py is fsdp_matrix/bisect/installers.py: the checkout is three levels up
+    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
         if (root / "pyproject.toml").is_file() and (root / "fsdp_matrix" / "bisect" / "__init__.py").is_file():
             return root
     raise EnvError("cannot find the fsdp-matrix checkout to install into step envs: run from the repo root")
