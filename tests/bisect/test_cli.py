@@ -150,3 +150,35 @@ def test_defect6_a_pin_on_the_bisected_package_is_refused(fake, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert "peft is the package being bisected" in err and len(err.splitlines()) == 1
     assert fake["pins"] == []
+
+
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (["--package", "peft", "--old", "abc", "--new", "0.15.2"], "--old 'abc': not a version"),
+        (["--package", "peft", "--old", "0.13.2", "--new", "0.15.x"], "--new '0.15.x': not a version"),
+        (["--by-date", "2024-13-01", "2025-01-01"], "--by-date '2024-13-01': expected a date YYYY-MM-DD"),
+        (["--by-date", "2024-12-01", "yesterday"], "--by-date 'yesterday': expected a date YYYY-MM-DD"),
+    ],
+)
+def test_defect15_bad_versions_and_dates_are_one_line(fake, capsys, extra, line) -> None:
+    """Issue 17 defect 15: ``--old abc`` ended in an InvalidVersion traceback, ``--by-date 2024-13-01`` in
+    ``ValueError: month must be in 1..12``."""
+    assert bisect_cli.main([CELL, *extra, "--matrix", str(FIXTURE)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert line in err and len(err.splitlines()) == 1 and fake["pins"] == []
+
+
+def test_defect15_unusable_cache_and_json_paths_are_one_line_before_anything_runs(fake, tmp_path, capsys) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    argv = [CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--matrix", str(FIXTURE)]
+    for extra, line in (
+        (["--cache", str(afile)], f"--cache {afile}"),
+        (["--cache", str(tmp_path / "c"), "--json", str(tmp_path)], f"--json {tmp_path}: is a directory"),
+        (["--cache", str(tmp_path / "c"), "--json", str(afile / "x.json")], f"--json {afile / 'x.json'}"),
+    ):
+        assert bisect_cli.main(argv + extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert line in err and len(err.splitlines()) == 1, err
+    assert fake["pins"] == [] and fake["runs"] == []

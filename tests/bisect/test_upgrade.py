@@ -281,3 +281,19 @@ def test_defect6_a_bump_given_twice_equal_to_the_base_or_not_on_the_index_is_ref
         err = capsys.readouterr().err.strip()
         assert line in err and len(err.splitlines()) == 1, (bumps, err)
     assert faked["pins"] == [], "nothing may be installed or run on the base before the target is checked"
+
+
+def test_defect15_unusable_json_and_cache_paths_are_one_line_before_the_run(faked, tmp_path, capsys) -> None:
+    """Issue 17 defect 15: ``--json DIR`` was an IsADirectoryError after the whole run, ``--cache FILE`` a
+    FileExistsError traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    argv = ["peft==0.14.0", "--combo", "old", "--matrix", str(FIXTURE)]
+    for extra, line in (
+        (["--cache", str(tmp_path / "c"), "--json", str(tmp_path)], f"--json {tmp_path}: is a directory"),
+        (["--cache", str(afile)], f"--cache {afile}"),
+    ):
+        assert upgrade.main(argv + extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert line in err and len(err.splitlines()) == 1, err
+    assert faked["pins"] == []
