@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller, days_between, parse_pins
+from fsdp_matrix.bisect.paths import usable_dir, writable_file
 from fsdp_matrix.bisect.releases import release_candidates
 from fsdp_matrix.bisect.runner import LaunchRunner, OneCell
 from fsdp_matrix.bisect.search import BisectResult, Step, bisect, install_bound
@@ -60,6 +62,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version(option: str, value: str) -> Version:
+    try:
+        return Version(value)
+    except InvalidVersion:
+        raise EnvError(f"{option} {value!r}: not a version (e.g. 0.13.2)") from None
+
+
 def _reason(step: Step) -> str:
     # an installer's reason comes last in its output
     return clip(clip(step.reason, lines=1, tail=True), 90)
@@ -93,7 +102,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         matrix = load_matrix(args.matrix)
         combo = matrix.combo(args.combo) if args.combo else matrix.newest("cpu")
         cell = find_cell(matrix, args.cell, args.device, args.world_size)
-        args.cache.mkdir(parents=True, exist_ok=True)
+        for option, value in (("--old", args.old), ("--new", args.new)):
+            if value is not None and not args.by_date:
+                _version(option, value)
+        if args.by_date:
+            days_between(*args.by_date)
+        if args.json:
+            writable_file(args.json)
+        usable_dir(args.cache)
         pins = parse_pins(args.pin)
         if args.package and canonicalize_name(args.package) in pins:
             raise EnvError(

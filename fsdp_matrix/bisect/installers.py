@@ -161,8 +161,15 @@ class PinnedInstaller:
         return Prepared(venv) if report.ok else Prepared(None, report.message)
 
 
+def _day(text: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(text)
+    except (TypeError, ValueError) as exc:
+        raise EnvError(f"--by-date {text!r}: expected a date YYYY-MM-DD ({exc})") from None
+
+
 def days_between(old: str, new: str) -> List[str]:
-    start, end = dt.date.fromisoformat(old), dt.date.fromisoformat(new)
+    start, end = _day(old), _day(new)
     if start > end:
         raise EnvError(f"--by-date: {old} is after {new}")
     return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]

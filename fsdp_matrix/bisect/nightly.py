@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from packaging.version import InvalidVersion, Version
 
+from fsdp_matrix.bisect.paths import usable_dir, writable_file
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import PACKAGES, Combo, Matrix, Pins, load_matrix
 from fsdp_matrix.report.diff import ReportInputError, compare, load_report, render
@@ -60,7 +61,7 @@ def check_upgrade(base: Combo, bumps: Dict[str, str], cases: List[str], args: ar
 
     matrix = load_matrix(args.matrix)
     cells = [c.key for c in expand(matrix, args.device, args.world_size, cases=cases)]
-    args.cache.mkdir(parents=True, exist_ok=True)
+    usable_dir(args.cache)
     installer = PinnedInstaller(base, "peft", args.cache, device=args.device)
     with Heartbeat(f"upgrade {base.id}", "starting") as beat:
         runner = LaunchRunner(
@@ -104,7 +105,10 @@ def upgrade_section(column: str, base: Combo, bumps: Dict[str, str], result: Dic
 def nightly(args: argparse.Namespace) -> int:
     try:
         old, new = load_report(args.previous), load_report(args.new)
-    except ReportInputError as exc:
+        for path, what in ((args.json, "--json"), (args.summary, "--summary")):
+            if path:
+                writable_file(path, what)
+    except (ReportInputError, MatrixError) as exc:
         print(f"nightly: {exc}", file=sys.stderr)
         return 2
     diff = compare(old, new)

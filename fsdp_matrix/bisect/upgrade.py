@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from fsdp_matrix.bisect.installers import PinnedInstaller, parse_pins
+from fsdp_matrix.bisect.paths import usable_dir, writable_file
 from fsdp_matrix.bisect.releases import release_candidates
 from fsdp_matrix.bisect.search import CellsRunner, Outcome, Prepared, Step, Untestable, bisect_cells
 from fsdp_matrix.cells import expand
@@ -311,7 +312,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for case in cases or []:
             matrix.case(case)
         cells = [c.key for c in expand(matrix, args.device, args.world_size, cases=cases)]
-        args.cache.mkdir(parents=True, exist_ok=True)
+        if args.json:
+            writable_file(args.json)
+        usable_dir(args.cache)
         installer = PinnedInstaller(base, "peft", args.cache, device=args.device)
         with Heartbeat("upgrade", "starting") as beat:
             runner = LaunchRunner(

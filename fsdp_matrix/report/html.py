@@ -208,6 +208,14 @@ def _tail(text: str) -> str:
     return clip(text, TRACE_LIMIT, tail=True)
 
 
+def _when(stamp: float) -> str:
+    # a hand-edited or foreign record may hold NaN or a stamp out of the platform's range
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+    except (ValueError, OverflowError, OSError):
+        return "unknown time"
+
+
 def _pane(anchor: str, col: Column, row: Row, rec: Record) -> str:
     obs = rec.observed
     fields = [
@@ -226,7 +234,7 @@ def _pane(anchor: str, col: Column, row: Row, rec: Record) -> str:
             "run",
             esc(
                 f"{rec.device}, world size {rec.world_size}, {rec.duration_s:.1f}s, host {rec.host}, "
-                f"run {rec.run_id or '-'}, at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(rec.finished_at))}"
+                f"run {rec.run_id or '-'}, at {_when(rec.finished_at)}"
             ),
         ),
         ("params", "<code>" + esc(json.dumps(rec.params, sort_keys=True, default=str)) + "</code>"),
