@@ -182,3 +182,17 @@ def test_defect15_unusable_cache_and_json_paths_are_one_line_before_anything_run
         err = capsys.readouterr().err.strip()
         assert line in err and len(err.splitlines()) == 1, err
     assert fake["pins"] == [] and fake["runs"] == []
+
+
+def test_defect17_a_cell_skipped_on_the_combo_is_said_before_installing_anything(fake, capsys) -> None:
+    """Issue 17 defect 17: both ends were installed, the cell was skipped in both, and the answer was "no candidate
+    between peft 0.13.2 and 0.14.0 could be installed"."""
+    skip = Path(__file__).parent / "fixtures" / "bisect_skip_matrix.yaml"
+    argv = [CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--combo", "old", "--matrix", str(skip)]
+    assert bisect_cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the cell is skipped on this combo: this fixture's cells need transformers 5" in err
+    assert len(err.splitlines()) == 1 and fake["pins"] == [] and fake["runs"] == []
+    # on a combo where it runs, the same matrix bisects as usual
+    assert bisect_cli.main(argv[:-3] + ["current", "--matrix", str(skip)]) in (0, 1)
+    assert fake["pins"]
