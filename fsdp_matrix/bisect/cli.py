@@ -7,7 +7,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -17,10 +17,11 @@ from fsdp_matrix.bisect.paths import usable_dir, writable_file
 from fsdp_matrix.bisect.releases import release_candidates
 from fsdp_matrix.bisect.runner import LaunchRunner, OneCell
 from fsdp_matrix.bisect.search import BisectResult, Step, bisect, install_bound
-from fsdp_matrix.cells import find_cell
+from fsdp_matrix.cells import Cell, find_cell, unmet_requirement
 from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import EnvError, MatrixError
-from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.expectations import expected_for
+from fsdp_matrix.matrix import Matrix, load_matrix
 from fsdp_matrix.progress import Heartbeat
 
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "fsdp-matrix-bisect"
@@ -67,6 +68,24 @@ def _version(option: str, value: str) -> Version:
         return Version(value)
     except InvalidVersion:
         raise EnvError(f"{option} {value!r}: not a version (e.g. 0.13.2)") from None
+
+
+def _skipped(matrix: Matrix, cell: Cell, ends: Sequence[Mapping[str, str]]) -> Optional[str]:
+    """Why the cell is skipped at both ends (the same for every candidate, as a run would record it), or None.
+
+    Without ends (``--by-date``: the versions float) only what needs no versions is known: device and world size.
+    """
+    case = matrix.case(cell.case)
+    reason = unmet_requirement(case.requires, cell)
+    if reason or not ends:
+        return reason
+    reasons = []
+    for pins in ends:
+        expected = expected_for(case, cell, pins)
+        if expected.kind != "skip":
+            return None
+        reasons.append(f"{expected.reason} [{expected.source}]")
+    return "; ".join(dict.fromkeys(reasons))
 
 
 def _reason(step: Step) -> str:
@@ -117,6 +136,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"{canonicalize_name(args.package)} is the package being bisected (its range is --old .. --new)"
             )
         base = PinnedInstaller(combo, args.package or "peft", args.cache, pins, args.device)
+        skipped = _skipped(matrix, cell, [base.pins_for(v) for v in (args.old, args.new)] if not args.by_date else [])
+        if skipped:
+            raise EnvError(f"{cell.key}: the cell is skipped on this combo: {skipped}")
         # each step's results and launch logs stay under the cache (cache/runs), for a look at a surprising step
         launches = LaunchRunner(
             args.cache,
