@@ -126,9 +126,16 @@ def render_html(grid: Grid) -> str:
         body.append(
             '<ul class="att">'
             + "".join(
+                f'<li>{_swatch("env-error")} <a href="#{anchors[(f.column.id, f.rows[0].key)]}">'
+                f"{len(f.rows)} cell{'s' if len(f.rows) != 1 else ''}</a> in <b>{f.column.number}</b> "
+                f"{esc(f.column.label)} could not run: {esc(f.reason)}. "
+                f"Fix that, then: <code>{esc(f.rerun)}</code></li>"
+                for f in grid.env_failures()
+            )
+            + "".join(
                 f'<li>{_swatch(rec.verdict)} <a href="#{anchors[(col.id, row.key)]}"><code>{esc(row.key)}</code></a> '
                 f"in <b>{col.number}</b> {esc(col.label)}: {esc(rec.line)}</li>"
-                for row, col, rec in items
+                for row, col, rec in grid.attention_cells()
             )
             + "</ul>"
         )
