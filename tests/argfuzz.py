@@ -1,0 +1,50 @@
+"""Shared pieces of the Hypothesis tests over the commands' arguments: run ``python -m fsdp_matrix CMD ...`` in
+process and hold it to the contract for a malformed argument list: a non-zero exit, one line on stderr, and no
+traceback (an exception other than SystemExit escaping ``main`` fails the test with its own traceback)."""
+
+from __future__ import annotations
+
+import io
+import string
+from contextlib import redirect_stderr, redirect_stdout
+from typing import List, Tuple
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from fsdp_matrix import cli
+
+FUZZ = settings(
+    deadline=None,  # a guard against hangs is the pytest timeout on each test, not a speed assertion per example
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+# free text as a user (or a script with a bad variable) may pass it: any character but "/", so that a path built
+# from it stays inside its temp dir (a bare "/" or "x/../../.." would make a report walk the whole disk)
+words = st.text(st.characters(blacklist_characters="/", blacklist_categories=("Cs",)), max_size=40)
+tokens = st.one_of(
+    words,
+    st.sampled_from(["", " ", "-", "--", "-1", "0", "nan", "inf", "1e999", "\n", "a\nb", "\x00", "\u202e", "é" * 300]),
+    st.text(string.ascii_letters + string.digits + ".*=<>!~,;@ -_", max_size=30),
+)
+
+
+def run(argv: List[str]) -> Tuple[int, str, str]:
+    """Exit code, stdout and stderr of ``python -m fsdp_matrix *argv``."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = cli.main(list(argv))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_error(argv: List[str]) -> str:
+    code, out, err = run(argv)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code != 0, f"exit 0 for {argv!r}: {out[-500:]!r}"
+    assert len(lines) == 1, f"{len(lines)} lines on stderr for {argv!r}: {err[-1500:]!r}"
+    assert "Traceback" not in err + out, f"traceback for {argv!r}"
+    return lines[0]
