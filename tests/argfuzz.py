@@ -5,6 +5,7 @@ traceback (an exception other than SystemExit escaping ``main`` fails the test w
 from __future__ import annotations
 
 import io
+import os
 import string
 from contextlib import redirect_stderr, redirect_stdout
 from typing import List, Tuple
@@ -15,6 +16,8 @@ from hypothesis import strategies as st
 from fsdp_matrix import cli
 
 FUZZ = settings(
+    # 100 per command in `nox -s tests`; FSDP_MATRIX_FUZZ_EXAMPLES=2000 for a deeper search
+    max_examples=int(os.environ.get("FSDP_MATRIX_FUZZ_EXAMPLES", "100")),
     deadline=None,  # a guard against hangs is the pytest timeout on each test, not a speed assertion per example
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

@@ -23,12 +23,13 @@ from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.matrix import Matrix, load_matrix
 from fsdp_matrix.progress import Heartbeat
+from fsdp_matrix.usage import OneLineParser, flat, positive_seconds
 
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "fsdp-matrix-bisect"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="fsdp-matrix bisect",
         description=(
             "Find the first release (or day) at which a cell's observed outcome changes: a bug appearing or a fix "
@@ -59,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--world-size", type=int, default=None, help="ranks (default: from the cell id, else 2)")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where step envs live (reused across runs)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds one step's run may take")
+    p.add_argument("--timeout", type=positive_seconds, default=900, help="seconds one step's run may take")
     return p
 
 
@@ -115,11 +116,11 @@ def _progress(step: Step) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
-    if not args.by_date and not (args.package and args.old and args.new):
+    if not args.by_date and None in (args.package, args.old, args.new):
         parser().error("give --package, --old and --new (or --by-date OLD_DATE NEW_DATE)")
     try:
         matrix = load_matrix(args.matrix)
-        combo = matrix.combo(args.combo) if args.combo else matrix.newest("cpu")
+        combo = matrix.combo(args.combo) if args.combo is not None else matrix.newest("cpu")
         cell = find_cell(matrix, args.cell, args.device, args.world_size)
         for option, value in (("--old", args.old), ("--new", args.new)):
             if value is not None and not args.by_date:
@@ -176,7 +177,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             result = bisect(dated or base, runner, candidates, what, on_step=ended, on_start=started)
     except MatrixError as exc:
-        print(f"fsdp-matrix bisect: {exc}", file=sys.stderr)
+        print(f"fsdp-matrix bisect: {flat(exc)}", file=sys.stderr)
         return 2
     print(table(result))
     print(result.answer)

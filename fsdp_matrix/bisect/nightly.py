@@ -25,6 +25,7 @@ from fsdp_matrix.bisect.paths import usable_dir, writable_file
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import PACKAGES, Combo, Matrix, Pins, load_matrix
 from fsdp_matrix.report.diff import ReportInputError, compare, load_report, render
+from fsdp_matrix.usage import OneLineParser, flat
 from fsdp_matrix.verdicts import Verdict
 
 ABOUT_THE_BUG = frozenset(
@@ -109,7 +110,7 @@ def nightly(args: argparse.Namespace) -> int:
             if path:
                 writable_file(path, what)
     except (ReportInputError, MatrixError) as exc:
-        print(f"nightly: {exc}", file=sys.stderr)
+        print(f"nightly: {flat(exc)}", file=sys.stderr)
         return 2
     diff = compare(old, new)
     text = render(diff, "last night", "tonight")
@@ -155,7 +156,7 @@ def nightly(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from fsdp_matrix.bisect.cli import DEFAULT_CACHE
 
-    p = argparse.ArgumentParser(prog="python -m fsdp_matrix nightly", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m fsdp_matrix nightly", description=__doc__.split("\n\n")[0])
     p.add_argument("previous", type=Path, help="last night's report.json (or results dir)")
     p.add_argument("new", type=Path, help="tonight's")
     p.add_argument("--summary", type=Path, help="append the Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
@@ -164,4 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--world-size", type=int, default=2)
-    return nightly(p.parse_args(argv))
+    args = p.parse_args(argv)
+    try:
+        return nightly(args)
+    except MatrixError as exc:
+        print(f"nightly: {flat(exc)}", file=sys.stderr)
+        return 2

@@ -32,6 +32,7 @@ from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.matrix import Combo, load_matrix
 from fsdp_matrix.progress import Heartbeat, fmt_seconds
 from fsdp_matrix.report.style import symbol
+from fsdp_matrix.usage import OneLineParser, flat, positive_seconds
 from fsdp_matrix.verdicts import Verdict
 
 Pins = Dict[str, str]
@@ -286,7 +287,7 @@ def render(result: UpgradeResult) -> str:
 def parser() -> argparse.ArgumentParser:
     from fsdp_matrix.bisect.cli import DEFAULT_CACHE
 
-    p = argparse.ArgumentParser(prog="fsdp-matrix upgrade", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="fsdp-matrix upgrade", description=__doc__.split("\n\n")[0])
     p.add_argument("bumps", nargs="+", metavar="NAME==VERSION", help="the versions to upgrade to")
     p.add_argument("--combo", help="base combo (default: the newest cpu combo)")
     p.add_argument("--cases", action="append", default=[], help="case ids, comma-separated (default: all)")
@@ -296,7 +297,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--pre", action="store_true", help="let pre-releases be bisection candidates")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where envs and their records live (reused)")
-    p.add_argument("--timeout", type=float, default=3600, help="seconds one launch may take")
+    p.add_argument("--timeout", type=positive_seconds, default=3600, help="seconds one launch may take")
     return p
 
 
@@ -307,7 +308,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         bumps = parse_pins(args.bumps, "upgrade")
         matrix = load_matrix(args.matrix)
-        base = matrix.combo(args.combo) if args.combo else matrix.newest("cpu")
+        base = matrix.combo(args.combo) if args.combo is not None else matrix.newest("cpu")
         cases = [c for text in args.cases for c in text.split(",") if c] or None
         for case in cases or []:
             matrix.case(case)
@@ -328,7 +329,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             )
             result = run_upgrade(base, bumps, cells, installer, runner, pre=args.pre, beat=beat)
     except MatrixError as exc:
-        print(f"fsdp-matrix upgrade: {exc}", file=sys.stderr)
+        print(f"fsdp-matrix upgrade: {flat(exc)}", file=sys.stderr)
         return 2
     print(render(result), flush=True)
     if args.json:

@@ -9,7 +9,6 @@ means upstream fixed something, and matrix.yaml wants updating.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from fsdp_matrix.report.grid import load_grid
 from fsdp_matrix.report.json import REPORT_SCHEMA, to_json
 from fsdp_matrix.report.style import symbol
 from fsdp_matrix.report.text import one_line
+from fsdp_matrix.usage import OneLineParser, flat
 from fsdp_matrix.verdicts import Verdict
 
 Key = Tuple[str, str]
@@ -190,7 +190,7 @@ def render(diff: ReportDiff, old_name: str = "OLD", new_name: str = "NEW") -> st
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m fsdp_matrix diff OLD NEW``; argv excludes 'diff'. 1 on an alert (a new REGRESSION, a passing cell
     that now needs attention), 2 on unreadable input."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m fsdp_matrix diff", description="Cells whose verdict changed between two reports."
     )
     parser.add_argument("old", type=Path, help="report.json, results dir or cells.jsonl of the earlier run")
@@ -199,7 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         old, new = load_report(args.old), load_report(args.new)
     except ReportInputError as exc:
-        print(f"diff: {exc}", file=sys.stderr)
+        print(f"diff: {flat(exc)}", file=sys.stderr)
         return 2
     diff = compare(old, new)
     sys.stdout.write(render(diff, str(args.old), str(args.new)))
