@@ -201,7 +201,8 @@ class OneCell:
 
 def _no_record(cells: Sequence[str], got: Launched) -> str:
     which = cells[0] if len(cells) == 1 else "any cell"
-    return f"no record for {which} (exit {got.exit_code}): {got.tail}"
+    why = "the backstop --timeout ran out" if got.timed_out else f"exit {got.exit_code}"
+    return f"no record for {which} ({why}): {got.tail}"
 
 
 def _kill_launch(proc: subprocess.Popen, results: Path) -> None:

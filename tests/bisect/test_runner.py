@@ -194,3 +194,13 @@ def test_no_record_at_all_is_untestable(tmp_path: Path) -> None:
     (env / "bin" / "python").chmod(0o755)
     with pytest.raises(Untestable, match="torchrun died"):
         LaunchRunner(tmp_path / "cache", say=lambda s: None).run_cells(env, "x", ["case/a-ws2"])
+
+
+def test_several_cells_whose_launch_hits_the_backstop_are_untestable(tmp_path: Path) -> None:
+    env = tmp_path / "env-slow"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text("#!/bin/sh\nsleep 30\n")
+    (env / "bin" / "python").chmod(0o755)
+    runner = LaunchRunner(tmp_path / "cache", timeout=1, resume=False, say=lambda s: None)
+    with pytest.raises(Untestable, match="backstop --timeout ran out"):
+        runner.run_cells(env, "x", ["case/a-ws2", "case/b-ws2"])
