@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -25,6 +26,8 @@ from fsdp_matrix.matrix import Matrix, load_matrix
 from fsdp_matrix.progress import Heartbeat
 from fsdp_matrix.usage import OneLineParser, flat, positive_seconds
 
+_PROJECT = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
+"""A valid project name (PEP 508)."""
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "fsdp-matrix-bisect"
 
 
@@ -131,11 +134,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             writable_file(args.json)
         usable_dir(args.cache)
         pins = parse_pins(args.pin)
-        if args.package and canonicalize_name(args.package) in pins:
-            raise EnvError(
-                f"--pin {canonicalize_name(args.package)}=={pins[canonicalize_name(args.package)]}: "
-                f"{canonicalize_name(args.package)} is the package being bisected (its range is --old .. --new)"
-            )
+        if args.package is not None:
+            if not _PROJECT.match(args.package):
+                raise EnvError(f"--package {args.package!r}: not a package name")
+            name = canonicalize_name(args.package)
+            if name in pins:
+                raise EnvError(
+                    f"--pin {name}=={pins[name]}: {name} is the package being bisected (its range is --old .. --new)"
+                )
         base = PinnedInstaller(combo, args.package or "peft", args.cache, pins, args.device)
         skipped = _skipped(matrix, cell, [base.pins_for(v) for v in (args.old, args.new)] if not args.by_date else [])
         if skipped:

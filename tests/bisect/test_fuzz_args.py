@@ -117,6 +117,7 @@ def _bisect_cases(paths: Dict[str, str]) -> st.SearchStrategy[List[str]]:
         ),
         words.map(lambda t: base + ["--" + t.replace("=", "") + "-bogus"]),
         st.sampled_from(BAD_SECONDS).map(lambda t: base + ["--timeout", t]),
+        no_dash.filter(lambda t: t not in RELEASES).map(lambda t: _replace(base, "--package", t)),
     )
 
 
