@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import string
+from collections import Counter
 from contextlib import redirect_stderr, redirect_stdout
 from typing import List, Tuple
 
@@ -33,6 +34,10 @@ tokens = st.one_of(
 )
 
 
+TRIED: Counter = Counter()
+"""Examples checked per command in this process: each test says how many it tried (``pytest -s`` shows it)."""
+
+
 def run(argv: List[str]) -> Tuple[int, str, str]:
     """Exit code, stdout and stderr of ``python -m fsdp_matrix *argv``."""
     out, err = io.StringIO(), io.StringIO()
@@ -45,9 +50,16 @@ def run(argv: List[str]) -> Tuple[int, str, str]:
 
 
 def assert_one_line_error(argv: List[str]) -> str:
+    TRIED[argv[0]] += 1
     code, out, err = run(argv)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code != 0, f"exit 0 for {argv!r}: {out[-500:]!r}"
     assert len(lines) == 1, f"{len(lines)} lines on stderr for {argv!r}: {err[-1500:]!r}"
     assert "Traceback" not in err + out, f"traceback for {argv!r}"
     return lines[0]
+
+
+def tried(command: str) -> None:
+    """Say how many examples were checked, and fail if none was: a property that never ran proves nothing."""
+    print(f"\n{command}: {TRIED[command]} malformed argument lists, each one line, non-zero exit, no traceback")
+    assert TRIED[command] > 0

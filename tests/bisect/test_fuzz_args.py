@@ -20,7 +20,7 @@ from fsdp_matrix.bisect.installers import PinnedInstaller
 from fsdp_matrix.bisect.releases import Release, candidates_between
 from fsdp_matrix.bisect.runner import LaunchRunner, OneCell
 from fsdp_matrix.report.json import REPORT_SCHEMA
-from tests.argfuzz import FUZZ, assert_one_line_error, tokens, words
+from tests.argfuzz import FUZZ, assert_one_line_error, tokens, tried, words
 
 FIXTURE = str(Path(__file__).parent / "fixtures" / "bisect_matrix.yaml")
 CELL = "no-split-modules/shape_plain-ws2"
@@ -129,6 +129,7 @@ def test_bisect_malformed_arguments_give_one_line(paths, faked) -> None:
         assert_one_line_error(["bisect", *argv])
 
     check()
+    tried("bisect")
     assert faked == []
 
 
@@ -164,6 +165,7 @@ def test_upgrade_malformed_arguments_give_one_line(paths, faked) -> None:
         assert_one_line_error(["upgrade", *argv])
 
     check()
+    tried("upgrade")
     assert faked == []
 
 
@@ -198,3 +200,4 @@ def test_nightly_malformed_arguments_give_one_line(paths, faked, tmp_path: Path)
         assert_one_line_error(["nightly", *argv])
 
     check()
+    tried("nightly")

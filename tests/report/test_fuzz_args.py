@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fsdp_matrix.records import append
-from tests.argfuzz import FUZZ, assert_one_line_error, tokens, words
+from tests.argfuzz import FUZZ, assert_one_line_error, tokens, tried, words
 from tests.report.samples import make_record
 
 
@@ -52,6 +52,7 @@ def test_diff_malformed_arguments_give_one_line(inputs) -> None:
         assert_one_line_error(["diff", *argv])
 
     check()
+    tried("diff")
 
 
 @pytest.mark.timeout(600)
@@ -73,3 +74,4 @@ def test_report_malformed_arguments_give_one_line(inputs) -> None:
         assert_one_line_error(["report", *argv])
 
     check()
+    tried("report")
