@@ -4,28 +4,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller, days_between, parse_pins
+from fsdp_matrix.bisect.paths import usable_dir, writable_file
 from fsdp_matrix.bisect.releases import release_candidates
-from fsdp_matrix.bisect.runner import CellRunner
+from fsdp_matrix.bisect.runner import LaunchRunner, OneCell
 from fsdp_matrix.bisect.search import BisectResult, Step, bisect, install_bound
-from fsdp_matrix.cells import find_cell
+from fsdp_matrix.cells import Cell, find_cell, unmet_requirement
 from fsdp_matrix.clip import clip
-from fsdp_matrix.errors import MatrixError
-from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.errors import EnvError, MatrixError
+from fsdp_matrix.expectations import expected_for
+from fsdp_matrix.matrix import Matrix, load_matrix
 from fsdp_matrix.progress import Heartbeat
 from fsdp_matrix.runner import options
 from fsdp_matrix.runner.options import CONCRETE_DEVICE
+from fsdp_matrix.usage import OneLineParser, flat, positive_seconds
 
+_PROJECT = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
+"""A valid project name (PEP 508)."""
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "fsdp-matrix-bisect"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = options.Parser(
+    p = OneLineParser(
         prog="fsdp-matrix bisect",
         description=(
             "Find the first release (or day) at which a cell's observed outcome changes: a bug appearing or a fix "
@@ -55,8 +64,33 @@ def parser() -> argparse.ArgumentParser:
     # launch options, declared once (runner/options.py); the world size defaults to the cell id's
     options.add_arguments(p.add_argument, ("matrix", "device", "world_size"), choices=CONCRETE_DEVICE)
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where step envs live (reused across runs)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds one step's run may take")
+    p.add_argument("--timeout", type=positive_seconds, default=900, help="seconds one step's run may take")
     return p
+
+
+def _version(option: str, value: str) -> Version:
+    try:
+        return Version(value)
+    except InvalidVersion:
+        raise EnvError(f"{option} {value!r}: not a version (e.g. 0.13.2)") from None
+
+
+def _skipped(matrix: Matrix, cell: Cell, ends: Sequence[Mapping[str, str]]) -> Optional[str]:
+    """Why the cell is skipped at both ends (the same for every candidate, as a run would record it), or None.
+
+    Without ends (``--by-date``: the versions float) only what needs no versions is known: device and world size.
+    """
+    case = matrix.case(cell.case)
+    reason = unmet_requirement(case.requires, cell)
+    if reason or not ends:
+        return reason
+    reasons = []
+    for pins in ends:
+        expected = expected_for(case, cell, pins)
+        if expected.kind != "skip":
+            return None
+        reasons.append(f"{expected.reason} [{expected.source}]")
+    return "; ".join(dict.fromkeys(reasons))
 
 
 def _reason(step: Step) -> str:
@@ -86,17 +120,44 @@ def _progress(step: Step) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
-    if not args.by_date and not (args.package and args.old and args.new):
+    if not args.by_date and None in (args.package, args.old, args.new):
         parser().error("give --package, --old and --new (or --by-date OLD_DATE NEW_DATE)")
     try:
         matrix = load_matrix(args.matrix)
-        combo = matrix.combo(args.combo) if args.combo else matrix.newest("cpu")
+        combo = matrix.combo(args.combo) if args.combo is not None else matrix.newest("cpu")
         cell = find_cell(matrix, args.cell, args.device, args.world_size)
-        args.cache.mkdir(parents=True, exist_ok=True)
-        base = PinnedInstaller(combo, args.package or "peft", args.cache, parse_pins(args.pin), args.device)
-        # each step's results and launch logs stay under the cache, for a look at a surprising step
-        (args.cache / "runs").mkdir(exist_ok=True)
-        runner = CellRunner(cell.key, args.device, cell.world_size, args.matrix, args.timeout, args.cache / "runs")
+        for option, value in (("--old", args.old), ("--new", args.new)):
+            if value is not None and not args.by_date:
+                _version(option, value)
+        if args.by_date:
+            days_between(*args.by_date)
+        if args.json:
+            writable_file(args.json)
+        usable_dir(args.cache)
+        pins = parse_pins(args.pin)
+        if args.package is not None:
+            if not _PROJECT.match(args.package):
+                raise EnvError(f"--package {args.package!r}: not a package name")
+            name = canonicalize_name(args.package)
+            if name in pins:
+                raise EnvError(
+                    f"--pin {name}=={pins[name]}: {name} is the package being bisected (its range is --old .. --new)"
+                )
+        base = PinnedInstaller(combo, args.package or "peft", args.cache, pins, args.device)
+        skipped = _skipped(matrix, cell, [base.pins_for(v) for v in (args.old, args.new)] if not args.by_date else [])
+        if skipped:
+            raise EnvError(f"{cell.key}: the cell is skipped on this combo: {skipped}")
+        # each step's results and launch logs stay under the cache (cache/runs), for a look at a surprising step
+        launches = LaunchRunner(
+            args.cache,
+            matrix=args.matrix,
+            device=args.device,
+            world_size=cell.world_size,
+            timeout=args.timeout,
+            resume=False,
+            say=lambda text: None,
+        )
+        runner = OneCell(launches, cell.key)
         dated: Optional[DatedInstaller] = None
         if args.by_date:
             candidates: List[str] = days_between(*args.by_date)
@@ -123,7 +184,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             result = bisect(dated or base, runner, candidates, what, on_step=ended, on_start=started)
     except MatrixError as exc:
-        print(f"fsdp-matrix bisect: {exc}", file=sys.stderr)
+        print(f"fsdp-matrix bisect: {flat(exc)}", file=sys.stderr)
         return 2
     print(table(result))
     print(result.answer)

@@ -19,6 +19,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix import envs
 from fsdp_matrix.bisect.search import Prepared
@@ -50,24 +51,35 @@ def bytecode_on_import() -> Iterator[None]:
 
 def harness_root() -> Path:
     """The fsdp-matrix checkout to install (editable) into each step env, so the step runs this very workload."""
-    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
+    # installers.py is fsdp_matrix/bisect/installers.py: the checkout is three levels up
+    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
         if (root / "pyproject.toml").is_file() and (root / "fsdp_matrix" / "bisect" / "__init__.py").is_file():
             return root
     raise EnvError("cannot find the fsdp-matrix checkout to install into step envs: run from the repo root")
 
 
-def parse_pins(pins: Sequence[str]) -> Dict[str, str]:
-    """``NAME==VERSION`` strings to a name -> version map."""
+def parse_pins(pins: Sequence[str], what: str = "--pin") -> Dict[str, str]:
+    """``NAME==VERSION`` strings to a name -> version map; a name given twice (in any spelling) or a version that
+    is not exact (``0.14.*``) is refused: the last one would otherwise win, or the install would float."""
     out: Dict[str, str] = {}
     for text in pins:
         try:
             req = Requirement(text)
         except InvalidRequirement:
-            raise EnvError(f"--pin {text!r}: expected NAME==VERSION") from None
+            raise EnvError(f"{what} {text!r}: expected NAME==VERSION, an exact version") from None
         specs = list(req.specifier)
         if len(specs) != 1 or specs[0].operator != "==":
-            raise EnvError(f"--pin {text!r}: expected NAME==VERSION")
-        out[canonicalize_name(req.name)] = specs[0].version
+            raise EnvError(f"{what} {text!r}: expected NAME==VERSION, an exact version")
+        try:
+            exact = "*" not in specs[0].version and Version(specs[0].version) is not None
+        except InvalidVersion:
+            exact = False
+        if not exact:
+            raise EnvError(f"{what} {text!r}: expected NAME==VERSION, an exact version such as {req.name}==1.2.3")
+        name = canonicalize_name(req.name)
+        if name in out:
+            raise EnvError(f"{what} {text!r}: {name} given twice")
+        out[name] = specs[0].version
     return out
 
 
@@ -149,8 +161,15 @@ class PinnedInstaller:
         return Prepared(venv) if report.ok else Prepared(None, report.message)
 
 
+def _day(text: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(text)
+    except (TypeError, ValueError) as exc:
+        raise EnvError(f"--by-date {text!r}: expected a date YYYY-MM-DD ({exc})") from None
+
+
 def days_between(old: str, new: str) -> List[str]:
-    start, end = dt.date.fromisoformat(old), dt.date.fromisoformat(new)
+    start, end = _day(old), _day(new)
     if start > end:
         raise EnvError(f"--by-date: {old} is after {new}")
     return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]

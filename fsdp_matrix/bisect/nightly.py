@@ -2,11 +2,13 @@
 
 1. diff the two reports (``report.diff``): which cells changed verdict, and which combos' versions moved;
 2. for every combo whose versions moved (a floating ``newest`` picking up a release) and that has a cell whose
-   verdict changed, run the upgrade check from last night's versions to tonight's on the changed cells' cases:
-   which package, and which release of it, changed each cell;
+   verdict changed between two verdicts about the bug (not env-error, crash, hang or skipped), run the upgrade
+   check from last night's versions to tonight's on the changed cells' cases: which package, and which release of
+   it, changed each cell;
 3. write both to the step summary (``$GITHUB_STEP_SUMMARY``) and stdout.
 
-Exit 1 on a new REGRESSION (as ``diff``), 2 when a report cannot be read.
+Exit 1 on an alert (as ``diff``: a new REGRESSION, or a passing cell that now needs attention), 2 when a report
+cannot be read.
 """
 
 from __future__ import annotations
@@ -19,11 +21,26 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from packaging.version import InvalidVersion, Version
 
+from fsdp_matrix.bisect.paths import usable_dir, writable_file
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import PACKAGES, Combo, Matrix, Pins, load_matrix
 from fsdp_matrix.report.diff import ReportInputError, compare, load_report, render
 from fsdp_matrix.runner import options
 from fsdp_matrix.runner.options import CONCRETE_DEVICE
+from fsdp_matrix.usage import OneLineParser, flat
+from fsdp_matrix.verdicts import Verdict
+
+ABOUT_THE_BUG = frozenset(
+    v.value
+    for v in (
+        Verdict.REPRODUCED,
+        Verdict.FIX_HOLDS,
+        Verdict.REGRESSION,
+        Verdict.UNEXPECTED_FIX,
+        Verdict.DIFFERENT_ERROR,
+    )
+)
+"""Verdicts that say something about the bug; a change between two of them is worth an upgrade check."""
 
 
 def _public(version: Optional[str]) -> Optional[str]:
@@ -40,14 +57,14 @@ def _versions(report: Dict[str, Any]) -> Dict[str, Dict[str, Optional[str]]]:
 def check_upgrade(base: Combo, bumps: Dict[str, str], cases: List[str], args: argparse.Namespace) -> Dict[str, Any]:
     """The real upgrade check (installs envs, runs cells); the nightly test replaces it with a fake."""
     from fsdp_matrix.bisect.installers import PinnedInstaller
-    from fsdp_matrix.bisect.launch import LaunchRunner
+    from fsdp_matrix.bisect.runner import LaunchRunner
     from fsdp_matrix.bisect.upgrade import run_upgrade
     from fsdp_matrix.cells import expand
     from fsdp_matrix.progress import Heartbeat
 
     matrix = load_matrix(args.matrix)
     cells = [c.key for c in expand(matrix, args.device, args.world_size, cases=cases)]
-    args.cache.mkdir(parents=True, exist_ok=True)
+    usable_dir(args.cache)
     installer = PinnedInstaller(base, "peft", args.cache, device=args.device)
     with Heartbeat(f"upgrade {base.id}", "starting") as beat:
         runner = LaunchRunner(
@@ -91,15 +108,23 @@ def upgrade_section(column: str, base: Combo, bumps: Dict[str, str], result: Dic
 def nightly(args: argparse.Namespace) -> int:
     try:
         old, new = load_report(args.previous), load_report(args.new)
-    except ReportInputError as exc:
-        print(f"nightly: {exc}", file=sys.stderr)
+        for path, what in ((args.json, "--json"), (args.summary, "--summary")):
+            if path:
+                writable_file(path, what)
+    except (ReportInputError, MatrixError) as exc:
+        print(f"nightly: {flat(exc)}", file=sys.stderr)
         return 2
     diff = compare(old, new)
     text = render(diff, "last night", "tonight")
     summary = ["## Changes since the previous night", "", "```", text.rstrip(), "```", ""]
     print(text, flush=True)
     before, after = _versions(old), _versions(new)
-    changes = diff.regressions + diff.unexpected_fixes + diff.changed
+    # env-error, crash, hang and skipped say nothing about the bug: bisecting them would reinstall and fail again
+    changes = [
+        c
+        for c in diff.regressions + diff.broken + diff.unexpected_fixes + diff.changed
+        if c.new in ABOUT_THE_BUG and (c.old is None or c.old in ABOUT_THE_BUG)
+    ]
     matrix = load_matrix(args.matrix)
     report: List[Dict[str, Any]] = []
     for column in sorted(set(before) & set(after)):
@@ -127,13 +152,13 @@ def nightly(args: argparse.Namespace) -> int:
             fh.write(out + "\n")
     if args.json:
         args.json.write_text(json.dumps({"diff": text, "upgrades": report}, indent=1, default=str))
-    return 1 if diff.regressions else 0
+    return 1 if diff.alerts else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from fsdp_matrix.bisect.cli import DEFAULT_CACHE
 
-    p = options.Parser(prog="python -m fsdp_matrix nightly", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m fsdp_matrix nightly", description=__doc__.split("\n\n")[0])
     p.add_argument("previous", type=Path, help="last night's report.json (or results dir)")
     p.add_argument("new", type=Path, help="tonight's")
     p.add_argument("--summary", type=Path, help="append the Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
@@ -143,4 +168,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     options.add_arguments(
         p.add_argument, ("matrix", "device", "world_size"), choices=CONCRETE_DEVICE, defaults={"world_size": 2}
     )
-    return nightly(p.parse_args(argv))
+    args = p.parse_args(argv)
+    try:
+        return nightly(args)
+    except MatrixError as exc:
+        print(f"nightly: {flat(exc)}", file=sys.stderr)
+        return 2

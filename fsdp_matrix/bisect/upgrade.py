@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from fsdp_matrix.bisect.installers import PinnedInstaller, parse_pins
+from fsdp_matrix.bisect.paths import usable_dir, writable_file
 from fsdp_matrix.bisect.releases import release_candidates
 from fsdp_matrix.bisect.search import CellsRunner, Outcome, Prepared, Step, Untestable, bisect_cells
 from fsdp_matrix.cells import expand
@@ -33,6 +34,7 @@ from fsdp_matrix.progress import Heartbeat, fmt_seconds
 from fsdp_matrix.report.style import symbol
 from fsdp_matrix.runner import options
 from fsdp_matrix.runner.options import CONCRETE_DEVICE
+from fsdp_matrix.usage import OneLineParser, flat, positive_seconds
 from fsdp_matrix.verdicts import Verdict
 
 Pins = Dict[str, str]
@@ -129,7 +131,12 @@ def run_upgrade(
     unknown = [k for k in bumps if k not in base_pins]
     if unknown:
         raise EnvError(f"{', '.join(unknown)}: not pinned by combo {base.id} (bump one of {', '.join(base_pins)})")
-    bumps = {k: v for k, v in bumps.items() if v != base_pins[k]}
+    for pkg, version in bumps.items():
+        if Version(version).public == Version(base_pins[pkg]).public:
+            raise EnvError(f"{pkg}=={version} is already the base's pin: nothing to upgrade")
+    # the target's releases are checked before anything runs on the base (a typo would cost a whole base run)
+    for pkg, version in bumps.items():
+        candidates(pkg, version, version, pre)
     target_pins = {**base_pins, **bumps}
     result = UpgradeResult(
         {"combo": base.id, "pins": base_pins},
@@ -175,28 +182,46 @@ def run_upgrade(
         groups[(next(iter(bumps)), "base")] = changed
     elif changed:
         unexplained = list(changed)
+        unbuilt: List[str] = []
         for context in ("base", "target"):
             for pkg in bumps:
-                if not unexplained:
+                # on the base, one package that changes a cell alone explains it: stop once every cell has one. A
+                # cell left for the target needs several bumps together, and reverting each of them tells
+                if not unexplained or (
+                    context == "base" and all(any(c in g for g in groups.values()) for c in unexplained)
+                ):
                     break
                 if context == "base":
                     pins, ref = {**base_pins, pkg: bumps[pkg]}, before
                 else:
                     pins, ref = {**target_pins, pkg: base_pins[pkg]}, after
-                seen = _verdicts(env_run(pins, f"{context} with {pkg} {pins[pkg]} only", unexplained))
+                what = f"{context} with {pkg} {pins[pkg]} only"
+                try:
+                    seen = _verdicts(env_run(pins, what, unexplained))
+                except EnvError as exc:
+                    # e.g. a new peft that needs a new transformers: this context cannot tell, the next one may
+                    say(f"{exc}: not attributable in that context")
+                    unbuilt.append(what)
+                    continue
                 moved = [c for c in unexplained if c in seen and seen[c] != ref[c]]
                 if moved:
                     groups[(pkg, context)] = moved
             unexplained = [c for c in unexplained if not any(c in g for g in groups.values())]
         for cell in unexplained:
-            by_cell[cell].answer = "no single bumped package changes it alone: the bumps act together"
+            why = f" ({', '.join(unbuilt)}: the env cannot be built)" if unbuilt else ""
+            by_cell[cell].answer = f"no single bumped package changes it alone: the bumps act together{why}"
 
     bound = 2 + (0 if len(bumps) == 1 else len({tuple(sorted(p.items())) for p in _attribution_pins(bumps, base_pins)}))
     for (pkg, context), group in groups.items():
         held = base_pins if context == "base" else {**target_pins, pkg: base_pins[pkg]}
         low = runs[tuple(sorted(held.items()))]
         high = runs[tuple(sorted({**held, pkg: bumps[pkg]}.items()))]
-        cands = _ordered(pkg, base_pins[pkg], bumps[pkg], pre, candidates)
+        try:
+            cands = _ordered(pkg, base_pins[pkg], bumps[pkg], pre, candidates)
+        except EnvError as exc:
+            for cell in group:
+                by_cell[cell].answer = "; ".join(filter(None, [by_cell[cell].answer, f"cannot bisect {pkg}: {exc}"]))
+            continue
         bound += math.ceil(math.log2(len(cands))) if len(cands) > 1 else 0
         others = "" if len(bumps) == 1 else f" (others held at the {context})"
         say(f"bisecting {pkg} over {len(cands)} releases {cands[0]} .. {cands[-1]}{others} for {len(group)} cells")
@@ -254,7 +279,7 @@ def render(result: UpgradeResult) -> str:
         out.append(f"  untestable {cell}: {why}")
     out.append(
         f"installs: {result.installs} envs ({result.installed} installed, {result.installs - result.installed} "
-        f"reused), bound {result.install_bound}; {result.launches} launches; {fmt_seconds(result.wall_s)}"
+        f"reused), bound {result.install_bound} plus skips; {result.launches} launches; {fmt_seconds(result.wall_s)}"
     )
     if result.regressions:
         out.append(f"REGRESSION in {len(result.regressions)} cells: " + ", ".join(c.cell for c in result.regressions))
@@ -264,7 +289,7 @@ def render(result: UpgradeResult) -> str:
 def parser() -> argparse.ArgumentParser:
     from fsdp_matrix.bisect.cli import DEFAULT_CACHE
 
-    p = options.Parser(prog="fsdp-matrix upgrade", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="fsdp-matrix upgrade", description=__doc__.split("\n\n")[0])
     p.add_argument("bumps", nargs="+", metavar="NAME==VERSION", help="the versions to upgrade to")
     p.add_argument("--combo", help="base combo (default: the newest cpu combo)")
     p.add_argument("--cases", action="append", default=[], help="case ids, comma-separated (default: all)")
@@ -275,22 +300,25 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--pre", action="store_true", help="let pre-releases be bisection candidates")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where envs and their records live (reused)")
-    p.add_argument("--timeout", type=float, default=3600, help="seconds one launch may take")
+    p.add_argument("--timeout", type=positive_seconds, default=3600, help="seconds one launch may take")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from fsdp_matrix.bisect.launch import LaunchRunner
+    from fsdp_matrix.bisect.runner import LaunchRunner
 
     args = parser().parse_intermixed_args(argv)
     try:
+        bumps = parse_pins(args.bumps, "upgrade")
         matrix = load_matrix(args.matrix)
-        base = matrix.combo(args.combo) if args.combo else matrix.newest("cpu")
+        base = matrix.combo(args.combo) if args.combo is not None else matrix.newest("cpu")
         cases = [c for text in args.cases for c in text.split(",") if c] or None
         for case in cases or []:
             matrix.case(case)
         cells = [c.key for c in expand(matrix, args.device, args.world_size, cases=cases)]
-        args.cache.mkdir(parents=True, exist_ok=True)
+        if args.json:
+            writable_file(args.json)
+        usable_dir(args.cache)
         installer = PinnedInstaller(base, "peft", args.cache, device=args.device)
         with Heartbeat("upgrade", "starting") as beat:
             runner = LaunchRunner(
@@ -302,9 +330,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 say=beat.say,
                 status=beat.update,
             )
-            result = run_upgrade(base, parse_pins(args.bumps), cells, installer, runner, pre=args.pre, beat=beat)
+            result = run_upgrade(base, bumps, cells, installer, runner, pre=args.pre, beat=beat)
     except MatrixError as exc:
-        print(f"fsdp-matrix upgrade: {exc}", file=sys.stderr)
+        print(f"fsdp-matrix upgrade: {flat(exc)}", file=sys.stderr)
         return 2
     print(render(result), flush=True)
     if args.json:

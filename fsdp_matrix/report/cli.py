@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from fsdp_matrix.report.json import to_json
 from fsdp_matrix.report.junit import junit_name, junit_xml
 from fsdp_matrix.report.markdown import append_step_summary, render_markdown
 from fsdp_matrix.report.text import one_line, render_text
+from fsdp_matrix.usage import OneLineParser, flat
 
 FORMATS = ("text", "md", "html", "json", "junit")
 
@@ -51,13 +51,13 @@ def _matrix_for(path: Optional[Path]) -> Optional[Matrix]:
         try:
             return load_matrix(DEFAULT_MATRIX, check_repros=False)
         except MatrixError as exc:
-            print(f"report: ignoring {DEFAULT_MATRIX} for ordering: {exc}", file=sys.stderr)
+            print(f"report: ignoring {DEFAULT_MATRIX} for ordering: {flat(exc)}", file=sys.stderr)
     return None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m fsdp_matrix report RESULTS [--out DIR] [--matrix FILE] [--format F ...]``; argv excludes 'report'."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m fsdp_matrix report", description="Combine cells.jsonl records into one grid of cells x combos."
     )
     parser.add_argument("results", type=Path, help="results dir (every cells.jsonl under it) or one cells.jsonl")
@@ -74,21 +74,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         grid = load_grid(args.results, _matrix_for(args.matrix))
     except (OSError, MatrixError) as exc:
-        print(f"report: {exc}", file=sys.stderr)
+        print(f"report: {flat(exc)}", file=sys.stderr)
         return 2
-    for skip in grid.skipped:
-        print(f"report: {one_line(str(skip))}", file=sys.stderr)
     if not grid.rows:
+        # one line: what is wrong with the input, with the first unreadable line as the example
+        first = f", e.g. {one_line(str(grid.skipped[0]), 200)}" if grid.skipped else ""
         print(
-            f"report: no cell records in {args.results}" + (f"; {grid.skipped_text()}" if grid.skipped else ""),
+            f"report: no cell records in {flat(args.results)}"
+            + (f"; {grid.skipped_text()}{first}" if grid.skipped else ""),
             file=sys.stderr,
         )
         return 2
+    for skip in grid.skipped:
+        print(f"report: {one_line(str(skip))}", file=sys.stderr)
     out = args.out or (args.results if args.results.is_dir() else args.results.parent)
     try:
         paths = write_reports(grid, out, args.formats or FORMATS)
     except OSError as exc:
-        print(f"report: cannot write to {out}: {exc}", file=sys.stderr)
+        print(f"report: cannot write to {flat(out)}: {flat(exc)}", file=sys.stderr)
         return 2
     sys.stdout.write(render_text(grid))
     if args.formats is None or "md" in args.formats:

@@ -1,12 +1,14 @@
 """Diff of two reports (e.g. last night's and tonight's): which cells changed verdict, and is any a new REGRESSION.
 
-An entry is (combo column, case/cell). A cell that is REGRESSION in NEW and was not in OLD (another verdict, or no
-record at all: a new combo or cell) is a new regression, and only that makes the exit code 1.
+An entry is (combo column, case/cell). The alerts, which make the exit code 1: a cell that is REGRESSION in NEW and
+was not in OLD (another verdict, or no record at all: a new combo or cell), and a cell that passed in OLD (reproduced
+or fix-holds) and now needs attention (crash, hang, env-error, DIFFERENT-ERROR): a fix that used to hold and now
+segfaults is as much a broken night as a REGRESSION. An UNEXPECTED-FIX is listed on its own, without an alert: it
+means upstream fixed something, and matrix.yaml wants updating.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from fsdp_matrix.report.grid import load_grid
 from fsdp_matrix.report.json import REPORT_SCHEMA, to_json
 from fsdp_matrix.report.style import symbol
 from fsdp_matrix.report.text import one_line
+from fsdp_matrix.usage import OneLineParser, flat
 from fsdp_matrix.verdicts import Verdict
 
 Key = Tuple[str, str]
@@ -51,6 +54,8 @@ class ReportDiff:
 
     regressions: List[Change] = field(default_factory=list)
     """REGRESSION in NEW and not in OLD (including entries new in NEW)."""
+    broken: List[Change] = field(default_factory=list)
+    """Passed in OLD (reproduced or fix-holds); crash, hang, env-error or DIFFERENT-ERROR in NEW."""
     unexpected_fixes: List[Change] = field(default_factory=list)
     """UNEXPECTED-FIX in NEW and not in OLD: upstream changed, update matrix.yaml."""
     changed: List[Change] = field(default_factory=list)
@@ -64,7 +69,14 @@ class ReportDiff:
 
     @property
     def empty(self) -> bool:
-        return not (self.regressions or self.unexpected_fixes or self.changed or self.added or self.removed)
+        return not (
+            self.regressions or self.broken or self.unexpected_fixes or self.changed or self.added or self.removed
+        )
+
+    @property
+    def alerts(self) -> List[Change]:
+        """What fails a nightly: new regressions, and passing cells that now need attention."""
+        return self.regressions + self.broken
 
 
 def load_report(path: Path) -> Dict[str, Any]:
@@ -107,6 +119,14 @@ def _versions(report: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     return {c["id"]: c.get("versions") or {} for c in report.get("columns", [])}
 
 
+def _passed(verdict: Optional[str]) -> Optional[bool]:
+    """Whether a verdict passed; None for no record or a verdict this version does not know."""
+    try:
+        return Verdict(verdict).passed if verdict is not None else None
+    except ValueError:
+        return None
+
+
 def compare(old: Dict[str, Any], new: Dict[str, Any]) -> ReportDiff:
     before, after = _entries(old), _entries(new)
     diff = ReportDiff()
@@ -120,6 +140,8 @@ def compare(old: Dict[str, Any], new: Dict[str, Any]) -> ReportDiff:
             diff.regressions.append(change)
         elif now == Verdict.UNEXPECTED_FIX.value:
             diff.unexpected_fixes.append(change)
+        elif _passed(was) and _passed(now) is False and Verdict(now).needs_attention:
+            diff.broken.append(change)
         elif was is None:
             diff.added.append(change)
         elif now is None:
@@ -151,6 +173,7 @@ def render(diff: ReportDiff, old_name: str = "OLD", new_name: str = "NEW") -> st
         out += ["Versions changed:"] + [f"  {v}" for v in diff.versions]
     groups = (
         ("NEW REGRESSIONS", diff.regressions),
+        ("Passing cells that now need attention", diff.broken),
         ("New unexpected fixes (update matrix.yaml)", diff.unexpected_fixes),
         ("Other verdict changes", diff.changed),
         ("Cells added", diff.added),
@@ -165,8 +188,9 @@ def render(diff: ReportDiff, old_name: str = "OLD", new_name: str = "NEW") -> st
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m fsdp_matrix diff OLD NEW``; argv excludes 'diff'. 1 on a new REGRESSION, 2 on unreadable input."""
-    parser = argparse.ArgumentParser(
+    """``python -m fsdp_matrix diff OLD NEW``; argv excludes 'diff'. 1 on an alert (a new REGRESSION, a passing cell
+    that now needs attention), 2 on unreadable input."""
+    parser = OneLineParser(
         prog="python -m fsdp_matrix diff", description="Cells whose verdict changed between two reports."
     )
     parser.add_argument("old", type=Path, help="report.json, results dir or cells.jsonl of the earlier run")
@@ -175,8 +199,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         old, new = load_report(args.old), load_report(args.new)
     except ReportInputError as exc:
-        print(f"diff: {exc}", file=sys.stderr)
+        print(f"diff: {flat(exc)}", file=sys.stderr)
         return 2
     diff = compare(old, new)
     sys.stdout.write(render(diff, str(args.old), str(args.new)))
-    return 1 if diff.regressions else 0
+    return 1 if diff.alerts else 0

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from fsdp_matrix.cells import expand_case
-from fsdp_matrix.matrix import PACKAGES, Matrix
+from fsdp_matrix.matrix import PACKAGES, Combo, Matrix
 from fsdp_matrix.records import Record, Skipped, iter_records, latest
 from fsdp_matrix.report.style import CODES, MISSING, STYLES, needs_attention, severity
 
+ENV_ERROR = "env-error"
 LOCAL = "(local)"
 """Column id of records without a combo (a plain pytest run); combo ids cannot start with '(' so it never clashes."""
 _SHORT = {"torch": "torch", "peft": "peft", "transformers": "tf", "accelerate": "acc", "bitsandbytes": "bnb"}
@@ -56,6 +57,20 @@ class Row:
         return f"{self.case}/{self.cell}"
 
 
+@dataclass(frozen=True)
+class EnvFailure:
+    """The cells of one combo that got env-error for one reason: reported once, not once per cell."""
+
+    column: Column
+    """The combo."""
+    reason: str
+    """The installer's (or torchrun's) message."""
+    rows: Tuple[Row, ...]
+    """The cells it cost, in grid order."""
+    rerun: str
+    """The command that runs them again once the cause is fixed (``--resume`` re-runs env-error cells only)."""
+
+
 @dataclass
 class Grid:
     """Rows (cells) by columns (combos); an entry is the newest record or missing."""
@@ -74,6 +89,8 @@ class Grid:
     """Where the records were read from."""
     skipped: List[Skipped] = field(default_factory=list)
     """Lines of cells.jsonl that are not records (torn by a killed run, wrong-typed): every renderer counts them."""
+    sessions: Dict[str, str] = field(default_factory=dict)
+    """Column id -> the nox session that runs that combo, for the combos of matrix.yaml."""
 
     def skipped_text(self) -> str:
         """``2 lines of cells.jsonl could not be read``, or empty when every line was a record."""
@@ -101,6 +118,26 @@ class Grid:
         ]
         return sorted(hits, key=lambda h: severity(h[2].verdict))  # stable: grid order within a verdict
 
+    def attention_cells(self) -> List[Tuple[Row, Column, Record]]:
+        """``attention()`` less the env-error entries, which ``env_failures`` reports once per combo and reason."""
+        return [hit for hit in self.attention() if hit[2].verdict != ENV_ERROR]
+
+    def env_failures(self) -> List[EnvFailure]:
+        """The env-error entries grouped by combo and reason, in column order."""
+        groups: Dict[Tuple[str, str], List[Row]] = {}
+        for row, col, rec in self.attention():
+            if rec.verdict == ENV_ERROR:
+                reason = rec.observed.error_message or rec.observed.error_type or rec.line or "no reason recorded"
+                groups.setdefault((col.id, reason), []).append(row)
+        cols = {c.id: c for c in self.columns}
+        out = [EnvFailure(cols[cid], reason, tuple(rows), self._rerun(cid)) for (cid, reason), rows in groups.items()]
+        return sorted(out, key=lambda f: f.column.number)
+
+    def _rerun(self, column: str) -> str:
+        if column in self.sessions:
+            return f'nox -s "{self.sessions[column]}" -- --resume'
+        return "the same run again with --resume"
+
 
 def build_grid(
     records: Iterable[Record], matrix: Optional[Matrix] = None, source: str = "", skipped: Iterable[Skipped] = ()
@@ -121,7 +158,13 @@ def build_grid(
         [c.id for c in matrix.combos if c.id not in by_col] if matrix else [],
         source,
         list(skipped),
+        {c.id: f"{_session(c)}({c.id})" for c in matrix.combos} if matrix else {},
     )
+
+
+def _session(combo: Combo) -> str:
+    # as noxfile.py names its sessions: newest for floating combos, torch for the torch axis, matrix otherwise
+    return "newest" if combo.floating else ("torch" if "torch" in combo.tags else "matrix")
 
 
 def _natural(name: str) -> Tuple[Any, ...]:

@@ -126,9 +126,16 @@ def render_html(grid: Grid) -> str:
         body.append(
             '<ul class="att">'
             + "".join(
+                f'<li>{_swatch("env-error")} <a href="#{anchors[(f.column.id, f.rows[0].key)]}">'
+                f"{len(f.rows)} cell{'s' if len(f.rows) != 1 else ''}</a> in <b>{f.column.number}</b> "
+                f"{esc(f.column.label)} could not run: {esc(f.reason)}. "
+                f"Fix that, then: <code>{esc(f.rerun)}</code></li>"
+                for f in grid.env_failures()
+            )
+            + "".join(
                 f'<li>{_swatch(rec.verdict)} <a href="#{anchors[(col.id, row.key)]}"><code>{esc(row.key)}</code></a> '
                 f"in <b>{col.number}</b> {esc(col.label)}: {esc(rec.line)}</li>"
-                for row, col, rec in items
+                for row, col, rec in grid.attention_cells()
             )
             + "</ul>"
         )
@@ -208,6 +215,14 @@ def _tail(text: str) -> str:
     return clip(text, TRACE_LIMIT, tail=True)
 
 
+def _when(stamp: float) -> str:
+    # a hand-edited or foreign record may hold NaN or a stamp out of the platform's range
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+    except (ValueError, OverflowError, OSError):
+        return "unknown time"
+
+
 def _pane(anchor: str, col: Column, row: Row, rec: Record) -> str:
     obs = rec.observed
     fields = [
@@ -226,7 +241,7 @@ def _pane(anchor: str, col: Column, row: Row, rec: Record) -> str:
             "run",
             esc(
                 f"{rec.device}, world size {rec.world_size}, {rec.duration_s:.1f}s, host {rec.host}, "
-                f"run {rec.run_id or '-'}, at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(rec.finished_at))}"
+                f"run {rec.run_id or '-'}, at {_when(rec.finished_at)}"
             ),
         ),
         ("params", "<code>" + esc(json.dumps(rec.params, sort_keys=True, default=str)) + "</code>"),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Dict
 
@@ -29,7 +30,8 @@ def record_summary(rec: Record) -> Dict[str, Any]:
         "duration_s": rec.duration_s,
         "run_id": rec.run_id,
         "host": rec.host,
-        "finished_at": rec.finished_at,
+        # NaN or infinity would make report.json invalid JSON for strict readers
+        "finished_at": rec.finished_at if math.isfinite(rec.finished_at) else None,
     }
 
 

@@ -9,7 +9,7 @@ from typing import Dict, Optional
 
 from fsdp_matrix.report.grid import Grid
 from fsdp_matrix.report.style import CODES, legend, needs_attention, symbol
-from fsdp_matrix.report.text import one_line, summary_line
+from fsdp_matrix.report.text import cells_text, one_line, summary_line
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|~&])")
 
@@ -45,10 +45,17 @@ def render_markdown(grid: Grid) -> str:
         out += ["", "Combos in matrix.yaml with no record: " + md_escape(", ".join(grid.unrun))]
     items = grid.attention()
     out += ["", f"### Needs attention ({len(items)})" if items else "### Needs attention: nothing", ""]
+    for failure in grid.env_failures():
+        col = failure.column
+        out.append(
+            f"- **{md_escape(symbol('env-error'))}** env-error in {col.number} \\({md_escape(col.id)}\\): "
+            f"{cells_text(len(failure.rows))} could not run: {md_escape(failure.reason)}. "
+            f"Fix that, then: {md_escape(failure.rerun)}"
+        )
     out += [
         f"- **{md_escape(symbol(rec.verdict))}** {md_escape(rec.verdict)} in {col.number} "
         f"\\({md_escape(col.id)}\\) {md_escape(row.key)}: {md_escape(rec.line)}"
-        for row, col, rec in items
+        for row, col, rec in grid.attention_cells()
     ]
     return "\n".join(out) + "\n"
 

@@ -71,11 +71,22 @@ def render_text(grid: Grid, width: int = 3) -> str:
         out.append(f"Not read: {grid.skipped_text()} (each is named on stderr by `python -m fsdp_matrix report`)")
     items = grid.attention()
     out += ["", f"Needs attention ({len(items)}):" if items else "Needs attention: nothing."]
+    for failure in grid.env_failures():
+        col = failure.column
+        out.append(
+            f"  {symbol('env-error'):<3}[{col.number} {shown(col.id)}] {cells_text(len(failure.rows))} could not run: "
+            f"{one_line(failure.reason)}"
+        )
+        out.append(f"       fix that, then: {shown(failure.rerun)}")
     out += [
         f"  {symbol(rec.verdict):<3}[{col.number} {shown(col.id)}] {shown(row.key)}: {one_line(rec.line)}"
-        for row, col, rec in items
+        for row, col, rec in grid.attention_cells()
     ]
     return "\n".join(out) + "\n"
+
+
+def cells_text(n: int) -> str:
+    return f"{n} cell{'s' if n != 1 else ''}"
 
 
 def _counts_text(grid: Grid) -> str:

@@ -23,7 +23,6 @@ from typing import (
     Iterable,
     List,
     Literal,
-    NoReturn,
     Optional,
     Sequence,
     get_args,
@@ -31,6 +30,8 @@ from typing import (
 )
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fsdp_matrix.usage import OneLineParser
 
 CELL_TIMEOUT_S = 180.0
 """The one default of the cell timeout, for every command and for ``Launcher``."""
@@ -207,8 +208,5 @@ def to_argv(opts: LaunchOptions, names: Optional[Sequence[str]] = None) -> List[
     return out
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (``prog: error: message``), not usage text followed by the message."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+Parser = OneLineParser
+"""argparse whose errors are one line (``prog: error: message (see prog --help)``): the one usage-error style."""

@@ -10,7 +10,7 @@ import pytest
 
 from fsdp_matrix.bisect import cli as bisect_cli
 from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller
-from fsdp_matrix.bisect.runner import CellRunner
+from fsdp_matrix.bisect.runner import OneCell
 from fsdp_matrix.bisect.search import Outcome, Prepared
 from fsdp_matrix.matrix import load_matrix
 
@@ -29,12 +29,12 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List]:
         seen["pins"].append(dict(pins))
         return Prepared(Path(f"/envs/{pins['peft']}"))
 
-    def run(self: CellRunner, env: Path, candidate: str) -> Outcome:
-        seen["runs"].append((self.cell, self.world_size, candidate))
+    def run(self: OneCell, env: Path, candidate: str) -> Outcome:
+        seen["runs"].append((self.cell, self.runner.world_size, candidate))
         return BUG if env.name < "0.14.0" else Outcome("ok")
 
     monkeypatch.setattr(PinnedInstaller, "install", install)
-    monkeypatch.setattr(CellRunner, "run", run)
+    monkeypatch.setattr(OneCell, "run", run)
     monkeypatch.setattr(bisect_cli, "release_candidates", lambda name, old, new, pre: PEFT)
     return seen
 
@@ -87,7 +87,7 @@ def test_bisect_prints_table_answer_and_writes_json(fake, tmp_path: Path, capsys
 
 
 def test_no_change_exits_zero_and_says_so(fake, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.setattr(CellRunner, "run", lambda self, env, c: BUG)
+    monkeypatch.setattr(OneCell, "run", lambda self, env, c: BUG)
     assert (
         bisect_cli.main([CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--matrix", str(FIXTURE)])
         == 0
@@ -141,3 +141,58 @@ def test_by_date_reports_the_day_and_what_changed(
     assert data["package"] == "date" and data["changed_packages"] == ["peft 0.13.2 -> 0.14.0"]
     assert len(data["steps"]) <= 2 + 5  # 31 days: ceil(log2 31) + 2
     assert all(p["torch"] == "2.13.0+cpu" for p in fake["pins"])
+
+
+def test_defect6_a_pin_on_the_bisected_package_is_refused(fake, capsys) -> None:
+    """Issue 17 defect 6: ``--pin peft==0.12.0 --package peft`` was ignored without a word."""
+    argv = [CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--matrix", str(FIXTURE)]
+    assert bisect_cli.main(argv + ["--pin", "PEFT==0.12.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "peft is the package being bisected" in err and len(err.splitlines()) == 1
+    assert fake["pins"] == []
+
+
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (["--package", "peft", "--old", "abc", "--new", "0.15.2"], "--old 'abc': not a version"),
+        (["--package", "peft", "--old", "0.13.2", "--new", "0.15.x"], "--new '0.15.x': not a version"),
+        (["--by-date", "2024-13-01", "2025-01-01"], "--by-date '2024-13-01': expected a date YYYY-MM-DD"),
+        (["--by-date", "2024-12-01", "yesterday"], "--by-date 'yesterday': expected a date YYYY-MM-DD"),
+    ],
+)
+def test_defect15_bad_versions_and_dates_are_one_line(fake, capsys, extra, line) -> None:
+    """Issue 17 defect 15: ``--old abc`` ended in an InvalidVersion traceback, ``--by-date 2024-13-01`` in
+    ``ValueError: month must be in 1..12``."""
+    assert bisect_cli.main([CELL, *extra, "--matrix", str(FIXTURE)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert line in err and len(err.splitlines()) == 1 and fake["pins"] == []
+
+
+def test_defect15_unusable_cache_and_json_paths_are_one_line_before_anything_runs(fake, tmp_path, capsys) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    argv = [CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--matrix", str(FIXTURE)]
+    for extra, line in (
+        (["--cache", str(afile)], f"--cache {afile}"),
+        (["--cache", str(tmp_path / "c"), "--json", str(tmp_path)], f"--json {tmp_path}: is a directory"),
+        (["--cache", str(tmp_path / "c"), "--json", str(afile / "x.json")], f"--json {afile / 'x.json'}"),
+    ):
+        assert bisect_cli.main(argv + extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert line in err and len(err.splitlines()) == 1, err
+    assert fake["pins"] == [] and fake["runs"] == []
+
+
+def test_defect17_a_cell_skipped_on_the_combo_is_said_before_installing_anything(fake, capsys) -> None:
+    """Issue 17 defect 17: both ends were installed, the cell was skipped in both, and the answer was "no candidate
+    between peft 0.13.2 and 0.14.0 could be installed"."""
+    skip = Path(__file__).parent / "fixtures" / "bisect_skip_matrix.yaml"
+    argv = [CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--combo", "old", "--matrix", str(skip)]
+    assert bisect_cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the cell is skipped on this combo: this fixture's cells need transformers 5" in err
+    assert len(err.splitlines()) == 1 and fake["pins"] == [] and fake["runs"] == []
+    # on a combo where it runs, the same matrix bisects as usual
+    assert bisect_cli.main(argv[:-3] + ["current", "--matrix", str(skip)]) in (0, 1)
+    assert fake["pins"]

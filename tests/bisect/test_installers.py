@@ -21,6 +21,16 @@ def test_parse_pins() -> None:
             parse_pins([bad])
 
 
+def test_defect6_parse_pins_refuses_a_package_given_twice_and_inexact_versions() -> None:
+    """Issue 17 defect 6: the last duplicate won silently, and ``peft==0.14.*`` passed as a pin."""
+    for twice in (["peft==0.14.0", "peft==0.13.2"], ["PEFT==0.13.2", "Peft==0.14.0"]):
+        with pytest.raises(EnvError, match="peft given twice"):
+            parse_pins(twice)
+    for inexact in ("peft==0.14.*", "peft==abc"):
+        with pytest.raises(EnvError, match="exact version"):
+            parse_pins([inexact])
+
+
 def test_pins_for_overrides_in_order(tmp_path: Path) -> None:
     combo = load_matrix(FIXTURE).combo("old")
     inst = PinnedInstaller(combo, "peft", tmp_path, {"transformers": "4.47.1", "peft": "0.1.0"})
@@ -51,3 +61,13 @@ def test_changes_between_resolutions(tmp_path: Path) -> None:
         "d2": {"peft": "0.14.0", "torch": "2.13.0+cpu", "hf-xet": "1.0.0", "tokenizers": "0.20.3"},
     }
     assert dated.changes("d1", "d2") == ["hf-xet - -> 1.0.0", "peft 0.13.2 -> 0.14.0"]
+
+
+def test_defect12_the_checkout_is_found_from_any_working_directory(tmp_path: Path, monkeypatch) -> None:
+    """Issue 17 defect 12: since installers.py moved into bisect/, its parent's parent is the package dir, so
+    upgrade, bisect and the nightly's upgrade check worked only from the repo root (the cwd fallback)."""
+    from fsdp_matrix.bisect.installers import harness_root
+
+    monkeypatch.chdir(tmp_path)
+    assert harness_root() == Path(__file__).resolve().parents[2]
+    assert PinnedInstaller(load_matrix(FIXTURE).combo("old"), "peft", tmp_path).harness[1] == str(harness_root())

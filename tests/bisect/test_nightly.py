@@ -107,3 +107,34 @@ def test_unreadable_report_is_exit_2(tmp_path, upgrades) -> None:
     old = night(tmp_path / "old.json", NIGHT1, {CELL_FIX: "fix-holds"})
     (tmp_path / "bad.json").write_text("{}")
     assert run(tmp_path, old, tmp_path / "bad.json")[0] == 2
+
+
+def test_defect9_a_fix_that_now_crashes_fails_the_night(tmp_path, upgrades) -> None:
+    """Issue 17 defect 9: fix-holds -> crash, with the versions unchanged, exited 0."""
+    old = night(tmp_path / "old.json", NIGHT1, {CELL_FIX: "fix-holds", CELL_SAME: "reproduced"})
+    new = night(tmp_path / "new.json", NIGHT1, {CELL_FIX: "crash", CELL_SAME: "hang"})
+    code, summary = run(tmp_path, old, new)
+    assert code == 1 and "Passing cells that now need attention (2)" in summary
+
+
+@pytest.mark.parametrize("tonight", ["env-error", "crash", "hang", "skipped"])
+def test_defect10_verdicts_not_about_the_bug_run_no_upgrade_check(tmp_path, upgrades, tonight) -> None:
+    """Issue 17 defect 10: an env-error night (e.g. a floating combo that cannot be installed) ran the upgrade check,
+    which reinstalled last night's env, ran every cell and failed for the same reason. Only changes about the bug
+    (reproduced, fix-holds, REGRESSION, UNEXPECTED-FIX, DIFFERENT-ERROR on both nights) are worth bisecting."""
+    moved = {**NIGHT1, "peft": "0.99.0"}
+    old = night(tmp_path / "old.json", NIGHT1, {CELL_FIX: "fix-holds", CELL_SAME: "reproduced"})
+    new = night(tmp_path / "new.json", moved, {CELL_FIX: tonight, CELL_SAME: tonight})
+    run(tmp_path, old, new)
+    assert upgrades == []
+    # and back: last night's env-error is no evidence either
+    back = night(tmp_path / "back.json", NIGHT1, {CELL_FIX: "REGRESSION", CELL_SAME: "fix-holds"})
+    run(tmp_path, new, back)
+    assert upgrades == []
+
+
+def test_defect10_a_different_error_still_runs_the_upgrade_check(tmp_path, upgrades) -> None:
+    old = night(tmp_path / "old.json", NIGHT1, {CELL_FIX: "reproduced"})
+    new = night(tmp_path / "new.json", {**NIGHT1, "peft": "0.22.1"}, {CELL_FIX: "DIFFERENT-ERROR"})
+    run(tmp_path, old, new)
+    assert [u["cases"] for u in upgrades] == [["no-split-modules"]]

@@ -11,8 +11,9 @@ import pytest
 
 from fsdp_matrix.bisect import upgrade
 from fsdp_matrix.bisect.installers import InstallLog, PinnedInstaller
-from fsdp_matrix.bisect.launch import LaunchRunner
+from fsdp_matrix.bisect.runner import LaunchRunner
 from fsdp_matrix.bisect.search import Outcome, Prepared
+from fsdp_matrix.errors import EnvError
 from fsdp_matrix.matrix import load_matrix
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bisect_matrix.yaml"
@@ -30,14 +31,16 @@ def v(text: str) -> tuple:
 class FakeInstaller:
     """Hands out one fake env per pin set and logs it the way PinnedInstaller does."""
 
-    def __init__(self, combo, broken: Sequence[str] = ()) -> None:
+    def __init__(self, combo, broken: Sequence[str] = (), unbuildable: Callable[[Dict[str, str]], bool] = None) -> None:
         self.combo, self.broken = combo, set(broken)
+        self.unbuildable = unbuildable or (lambda pins: False)
         self.log: List[InstallLog] = []
         self.pins_of: Dict[Path, Dict[str, str]] = {}
 
     def install(self, pins, extra) -> Prepared:
-        self.log.append(InstallLog(dict(pins), pins["peft"] not in self.broken, False, 0.0))
-        if pins["peft"] in self.broken:
+        bad = pins["peft"] in self.broken or self.unbuildable(pins)
+        self.log.append(InstallLog(dict(pins), not bad, False, 0.0))
+        if bad:
             return Prepared(None, f"peft {pins['peft']}: no wheel for this Python")
         env = Path(f"/envs/{len(self.pins_of)}")
         self.pins_of[env] = dict(pins)
@@ -61,12 +64,15 @@ class FakeRunner:
 
 
 def candidates(package: str, old: str, new: str, pre: bool) -> List[str]:
+    for end in (old, new):  # as release_candidates: both ends must be releases on the index
+        if end not in RELEASES[package]:
+            raise EnvError(f"{package} {end} is not an installable release on the configured indexes")
     return [r for r in RELEASES[package] if v(old) <= v(r) <= v(new)]
 
 
-def check(base: str, bumps: Dict[str, str], verdict: Verdicts, cells: Sequence[str], broken=()):
+def check(base: str, bumps: Dict[str, str], verdict: Verdicts, cells: Sequence[str], broken=(), unbuildable=None):
     combo = load_matrix(FIXTURE).combo(base)
-    installer = FakeInstaller(combo, broken)
+    installer = FakeInstaller(combo, broken, unbuildable)
     runner = FakeRunner(installer, verdict)
     result = upgrade.run_upgrade(combo, bumps, cells, installer, runner, candidates=candidates)
     return result, installer, runner
@@ -149,6 +155,44 @@ def test_several_bumps_each_cell_is_pinned_on_its_package() -> None:
     assert len(installer.log) == result.installs <= result.install_bound
 
 
+def test_defect2_an_attribution_env_that_cannot_be_built_falls_through_and_keeps_the_diff() -> None:
+    """Issue 17 defect 2: peft 0.17.1 needs transformers >= 4.49, so "base with peft 0.17.1 only" cannot be built.
+    That context cannot attribute the cell; the revert-alone context can, and the base/target diff is kept."""
+
+    def verdict(cell: str, pins: Dict[str, str]) -> str:
+        return "fix-holds" if cell == CELLS[0] and v(pins["peft"]) >= v("0.15.0") else "reproduced"
+
+    def unbuildable(pins: Dict[str, str]) -> bool:
+        return v(pins["peft"]) >= v("0.17.0") and v(pins["transformers"]) < v("4.49.0")
+
+    bumps = {"peft": "0.17.1", "transformers": "4.49.0"}
+    result, installer, _ = check("old", bumps, verdict, CELLS, unbuildable=unbuildable)
+    (c,) = result.changed
+    assert (c.cell, c.base_verdict, c.target_verdict) == (CELLS[0], "reproduced", "fix-holds")
+    assert c.first_changed == {"peft": "0.15.0"} and c.last_unchanged == {"peft": "0.14.0"}
+    assert "others held at the target" in c.answer
+    # with two bumps both attribution envs are "one bumped alone": neither can be built, the diff stays
+    mixed = {("0.17.1", "4.46.3"), ("0.13.2", "4.49.0")}
+    alone, _, _ = check("old", bumps, verdict, CELLS, unbuildable=lambda p: (p["peft"], p["transformers"]) in mixed)
+    (c,) = alone.changed
+    assert c.first_changed == {} and "the bumps act together" in c.answer
+
+
+def test_review24_attribution_stops_once_every_changed_cell_is_explained() -> None:
+    """Review item 24: after peft alone explained every changed cell, "base with transformers 4.49.0 only" was
+    still installed and run; and the installs line gave its bound without "plus skips"."""
+
+    def verdict(cell: str, pins: Dict[str, str]) -> str:
+        return "fix-holds" if cell == CELLS[0] and v(pins["peft"]) >= v("0.15.0") else "reproduced"
+
+    bumps = {"peft": "0.17.1", "transformers": "4.49.0"}
+    result, installer, _ = check("old", bumps, verdict, CELLS, broken=["0.15.1"])
+    base = load_matrix(FIXTURE).combo("old").pins.model_dump()
+    assert {**base, "transformers": "4.49.0"} not in [log.pins for log in installer.log]
+    assert result.changed[0].first_changed == {"peft": "0.15.0"}
+    assert f"bound {result.install_bound} plus skips" in upgrade.render(result)
+
+
 def test_no_change_installs_only_base_and_target() -> None:
     result, installer, _ = check("old", {"peft": "0.17.1"}, peft_rule({}), CELLS)
     assert result.changed == [] and result.installs == 2
@@ -214,8 +258,42 @@ def test_cli_prints_changes_writes_json_and_exits_1_on_a_regression(faked, tmp_p
     assert data["installs"] == 2 and data["install_bound"] == 3
 
 
-def test_cli_exits_0_without_a_regression_and_checks_cases(faked, tmp_path, capsys) -> None:
+def test_cli_checks_cases(faked, tmp_path, capsys) -> None:
     argv = ["peft==0.14.0", "--combo", "old", "--matrix", str(FIXTURE), "--cache", str(tmp_path)]
-    assert upgrade.main(argv + ["--cases", "no-split-modules", "peft==0.13.2"]) == 0  # no bump left: no change
+    assert upgrade.main(argv + ["--cases", "no-split-modules"]) == 1
     assert upgrade.main(argv + ["--cases", "no-such-case"]) == 2
     assert "no case 'no-such-case'" in capsys.readouterr().err
+
+
+def test_defect6_a_bump_given_twice_equal_to_the_base_or_not_on_the_index_is_refused_before_the_base_runs(
+    faked, tmp_path, capsys
+) -> None:
+    """Issue 17 defect 6: these printed "0 changed" and exited 0, or failed only after the base run."""
+    argv = ["--combo", "old", "--matrix", str(FIXTURE), "--cache", str(tmp_path)]
+    for bumps, line in (
+        (["peft==0.13.2"], "peft==0.13.2 is already the base's pin"),
+        (["peft==0.14.0", "peft==0.13.2"], "peft given twice"),
+        (["PEFT==0.13.2", "Peft==0.14.0"], "peft given twice"),
+        (["peft==0.14.*"], "exact version"),
+        (["peft==0.99.0"], "peft 0.99.0 is not an installable release"),
+    ):
+        assert upgrade.main(bumps + argv) == 2, bumps
+        err = capsys.readouterr().err.strip()
+        assert line in err and len(err.splitlines()) == 1, (bumps, err)
+    assert faked["pins"] == [], "nothing may be installed or run on the base before the target is checked"
+
+
+def test_defect15_unusable_json_and_cache_paths_are_one_line_before_the_run(faked, tmp_path, capsys) -> None:
+    """Issue 17 defect 15: ``--json DIR`` was an IsADirectoryError after the whole run, ``--cache FILE`` a
+    FileExistsError traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    argv = ["peft==0.14.0", "--combo", "old", "--matrix", str(FIXTURE)]
+    for extra, line in (
+        (["--cache", str(tmp_path / "c"), "--json", str(tmp_path)], f"--json {tmp_path}: is a directory"),
+        (["--cache", str(afile)], f"--cache {afile}"),
+    ):
+        assert upgrade.main(argv + extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert line in err and len(err.splitlines()) == 1, err
+    assert faked["pins"] == []

@@ -101,3 +101,21 @@ def test_unreadable_input_exits_2_with_one_line(tmp_path, capsys):
         assert diff.main([str(bad), str(good)]) == 2, bad
         err = capsys.readouterr().err
         assert err.startswith("diff: ") and len(err.strip().splitlines()) == 2  # one line per call
+
+
+def test_defect9_a_passing_cell_that_now_needs_attention_is_an_alert(tmp_path, capsys):
+    """Issue 17 defect 9: fix-holds -> crash, hang, env-error, DIFFERENT-ERROR was "Other verdict changes", exit 0."""
+    old = [make_record(f"{n}-ws2", "fix-holds") for n in "abcd"] + [make_record("e-ws2", "reproduced")]
+    old += [make_record("f-ws2", "REGRESSION"), make_record("g-ws2", "reproduced")]
+    new = [make_record("a-ws2", "crash"), make_record("b-ws2", "hang"), make_record("c-ws2", "env-error")]
+    new += [make_record("d-ws2", "DIFFERENT-ERROR"), make_record("e-ws2", "hang"), make_record("f-ws2", "crash")]
+    new += [make_record("g-ws2", "skipped")]
+    result = diff.compare(
+        diff.load_report(_results(tmp_path, "old", old)), diff.load_report(_results(tmp_path, "new", new))
+    )
+    assert [c.cell for c in result.broken] == [f"dora/{n}-ws2" for n in "abcde"]
+    # a cell that was already failing, or is skipped now, is a change but no alert
+    assert [c.cell for c in result.changed] == ["dora/f-ws2", "dora/g-ws2"]
+    assert diff.main([str(tmp_path / "old"), str(tmp_path / "new")]) == 1
+    out = capsys.readouterr().out
+    assert "Passing cells that now need attention (5):" in out and "dora/a-ws2: F fix-holds -> !C crash" in out

@@ -96,3 +96,18 @@ def test_rank_fields_of_a_record_in_memory_are_escaped():
     ]
     page = render_html(build_grid([rec], parse_matrix(MATRIX)))
     assert "<script" not in page and "&lt;script&gt;alert(&#x27;rank&#x27;)" in page
+
+
+def test_defect15_a_record_with_a_nan_or_infinite_finished_at_is_reported(tmp_path, capsys):
+    """Issue 17 defect 15: ``report`` on a record with ``finished_at: NaN`` ended in ``ValueError: Invalid value NaN``
+    from time.localtime."""
+    from fsdp_matrix.records import append
+    from fsdp_matrix.report import cli as report_cli
+    from tests.report.samples import make_record
+
+    for n, when in enumerate((float("nan"), float("inf"), 1e300)):
+        append(tmp_path / "res" / "cur", make_record(f"t{n}-ws2", "fix-holds", finished_at=when))
+    assert report_cli.main([str(tmp_path / "res"), "--out", str(tmp_path / "out")]) == 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert page.count("at unknown time") == 3
+    json.loads((tmp_path / "out" / "report.json").read_text(), parse_constant=lambda c: 1 / 0)  # strict JSON

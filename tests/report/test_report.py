@@ -240,3 +240,29 @@ def test_text_report_shows_no_terminal_escape_from_any_record_field(tmp_path, ca
     for name, text in outputs.items():
         assert not [c for c in text if c not in "\n" and (ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0)], name
     assert "\\x1b[2J" in outputs["render_text"]  # shown, not dropped: a reader can still see what was there
+
+
+def test_defect20_an_env_that_cannot_be_installed_is_reported_once_per_combo():
+    """Issue 17 defect 20: a combo whose env cannot be installed gave "Needs attention (202)" and one line per cell;
+    it is one line per combo (the reason and the command that re-runs it), in the terminal, markdown and HTML."""
+    from dataclasses import replace
+
+    from fsdp_matrix.records import env_error
+    from fsdp_matrix.report.html import render_html
+
+    why = "refusing to download a CUDA build of torch 2.1.2: point pip or uv at a CPU build"
+    broken = [
+        replace(make_record(cell, "env-error", "old", case=case), observed=env_error(why), line=f"env-error ({why})")
+        for case, cell in (("zeta", "lora-ws2"), ("zeta", "dora-ws2"), ("alpha", "lora-ws2"))
+    ]
+    grid = build_grid(broken + [make_record("dora-ws2", "REGRESSION", "new", case="zeta")], parse_matrix(MATRIX))
+    fix = 'nox -s "matrix(old)" -- --resume'
+    text = report_text.render_text(grid).split("Needs attention", 1)[1]
+    md = markdown.render_markdown(grid).split("### Needs attention", 1)[1]
+    page = render_html(grid)
+    attention = page.split("<h2>Needs attention", 1)[1].split('<section class="pane"', 1)[0]
+    for name, out in (("text", text), ("markdown", md), ("html", attention)):
+        assert out.count("CUDA build of torch 2.1.2") == 1, name
+        assert "3 cells" in out, name
+        assert out.count("zeta/dora-ws2") == 1, name  # the REGRESSION's own line; the env-error cells are counted
+    assert fix in text and md.count(markdown.md_escape(fix)) == 1 and html.escape(fix) in attention
