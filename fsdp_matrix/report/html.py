@@ -208,7 +208,8 @@ def _expected_text(rec: Record) -> str:
         exp = Expected.from_json(rec.expected)
     except TypeError:
         return json.dumps(rec.expected, default=str)
-    return exp.describe() + (f"  [rule {exp.rule}: {exp.source}]" if exp.source else "")
+    which = f"platform {exp.platform}" if exp.platform else f"rule {exp.rule}"
+    return exp.describe() + (f"  [{which}: {exp.source}]" if exp.source else "")
 
 
 def _tail(text: str) -> str:

@@ -111,3 +111,14 @@ def test_defect15_a_record_with_a_nan_or_infinite_finished_at_is_reported(tmp_pa
     page = (tmp_path / "out" / "report.html").read_text()
     assert page.count("at unknown time") == 3
     json.loads((tmp_path / "out" / "report.json").read_text(), parse_constant=lambda c: 1 / 0)  # strict JSON
+
+
+def test_a_platform_skip_names_its_platform_rule_not_a_case_rule():
+    from fsdp_matrix.report.html import _expected_text
+
+    import dataclasses
+
+    expected = {"kind": "skip", "reason": "no FSDP2 here", "source": "observed", "platform": "fsdp2-no-cpu"}
+    rec = dataclasses.replace(sample_records()[0], expected=expected)
+    text = _expected_text(rec)
+    assert "[platform fsdp2-no-cpu: observed]" in text and "rule None" not in text
