@@ -15,6 +15,7 @@ from fsdp_matrix.cells import expand_case
 from fsdp_matrix.matrix import PACKAGES, Matrix
 from fsdp_matrix.records import Record, Skipped, iter_records, latest
 from fsdp_matrix.report.style import CODES, MISSING, STYLES, needs_attention, severity
+from fsdp_matrix.sources import shown
 
 LOCAL = "(local)"
 """Column id of records without a combo (a plain pytest run); combo ids cannot start with '(' so it never clashes."""
@@ -136,7 +137,9 @@ def _column(cid: str, number: int, recs: List[Record]) -> Column:
     if cid == LOCAL:
         named = [f"{p} {newest.versions[p]}" for p in ("peft", "transformers") if newest.versions.get(p)]
         label = " / ".join(named) or LOCAL
-    return Column(cid, number, label, dict(newest.versions), len(distinct) > 1)
+    # a source build shows its commit next to the version: peft 0.18.0.dev0 @ 04d41cb
+    versions = {k: shown(v, newest.sources.get(k)) for k, v in newest.versions.items()}
+    return Column(cid, number, label, versions, len(distinct) > 1)
 
 
 def _row_order(matrix: Optional[Matrix], rows: set):

@@ -18,6 +18,7 @@ from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.records import Observed, Record
 from fsdp_matrix.runner.launcher import CellRun, Launcher
 from fsdp_matrix.runner.protocol import Task
+from fsdp_matrix.sources import env_sources, rule_versions
 from fsdp_matrix.verdicts import Verdict, judge
 
 KEPT_ON_RESUME = frozenset(
@@ -72,10 +73,12 @@ def make_record(
     duration_s: float,
     combo: Optional[str],
     run_id: Optional[str],
+    sources: Optional[Dict[str, Dict]] = None,
 ) -> Record:
     """The record of one cell: what was expected, what was observed, and the verdict ``judge`` gives the pair.
 
     ``versions`` is what the env really holds (never the pins alone), so a record read later says what ran.
+    ``sources`` defaults to the source builds of this interpreter's env (fsdp_matrix.sources).
     """
     judgement = judge(expected, observed.status, observed.error_type, observed.error_message, observed.location)
     return Record(
@@ -92,6 +95,7 @@ def make_record(
         line=judgement.line,
         combo=combo,
         run_id=run_id,
+        sources=env_sources(versions=versions) if sources is None else sources,
     )
 
 
@@ -135,7 +139,10 @@ class Session:
         return self.combo is not None or rec.versions == dict(self.versions)
 
     def expected(self, cell: Cell) -> Expected:
-        return expected_for(self.matrix.case(cell.case), cell, self.versions)
+        # a source build is judged as its release base (fsdp_matrix.sources.rule_versions)
+        return expected_for(
+            self.matrix.case(cell.case), cell, rule_versions(self.versions, env_sources(versions=self.versions))
+        )
 
     def prefetch(self, cells: List[Cell]) -> None:
         """Queue every cell that will run, so ranks go from one to the next without waiting for the caller."""
