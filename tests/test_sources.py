@@ -155,8 +155,9 @@ def test_env_sources_drops_a_package_reinstalled_since(tmp_path: Path) -> None:
 
 
 def _installed(venv: Path) -> str:
+    code = "import toypkg, pathlib; print(pathlib.Path(toypkg.__file__).read_text())"
     return subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import toypkg, pathlib; print(pathlib.Path(toypkg.__file__).read_text())"],
+        [str(venv / "bin" / "python"), "-c", code],
         capture_output=True,
         text=True,
         check=True,
