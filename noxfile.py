@@ -31,8 +31,9 @@ import nox
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from fsdp_matrix import envs  # noqa: E402
+from fsdp_matrix import envs, sources  # noqa: E402
 from fsdp_matrix.cells import expand  # noqa: E402
+from fsdp_matrix.errors import EnvError  # noqa: E402
 from fsdp_matrix.matrix import Combo, load_matrix  # noqa: E402
 from fsdp_matrix.records import append, env_error  # noqa: E402
 
@@ -61,6 +62,7 @@ def _options(posargs):
     p.add_argument("--world-size", default=None)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--pre", action="store_true", help="newest: let pre-releases count")
+    p.add_argument("--pin", action="append", default=[], help="NAME=PATH_OR_URL[@REF]: build NAME from source")
     return p.parse_known_args(posargs)
 
 
@@ -79,8 +81,15 @@ def _env_error_records(combo: Combo, results: Path, device: str, world_size: int
         append(results, make_record(cell, expected, observed, versions, 0.0, combo.id, "env-error"))
 
 
-def _prepare(session: nox.Session, combo: Combo, device: str, extra=()) -> envs.EnvReport:
+def _prepare(session: nox.Session, combo: Combo, device: str, extra=(), pins=()) -> envs.EnvReport:
     start = time.monotonic()
+    # --pin NAME=PATH_OR_URL[@REF]: the source replaces the combo's pin, resolved with the other pins (not --no-deps)
+    try:
+        built = sources.resolve_pins(list(pins))
+    except EnvError as exc:
+        return envs.EnvReport(False, str(exc))
+    if built:
+        session.log(f"env {combo.id}: {sources.overlay_line(combo.pins.model_dump(), built)}")
     report = envs.prepare(
         Path(session.virtualenv.location),
         combo.pins.model_dump(),
@@ -90,6 +99,7 @@ def _prepare(session: nox.Session, combo: Combo, device: str, extra=()) -> envs.
         stamp_extra=_stamp_extra(),
         allow_cuda_build=combo.allow_cuda_build,
         label=combo.id,
+        sources=built,
     )
     what = "reused" if report.reused else f"installed in {report.install_s:.1f}s"
     session.log(
@@ -110,7 +120,7 @@ def _run_combo(
         session.skip(f"{combo.id} is not tagged 'cpu' or 'torch' (this run is on {device})")
     results = Path(opts.results or results_root) / combo.id
     world_size = int(opts.world_size or 2)
-    report = _prepare(session, combo, device, extra)
+    report = _prepare(session, combo, device, extra, opts.pin)
     if not report.ok:
         # the pins stand in for what is installed: the record says what this combo was meant to be
         _env_error_records(

@@ -313,3 +313,21 @@ def pr_number(subject: str) -> Optional[int]:
     """The PR number a squash-merge subject ends with: ``Fix X (#2167)`` -> 2167."""
     match = _PR.search(subject)
     return int(match.group(1)) if match else None
+
+
+def resolve_pins(texts: List[str], cache: Optional[Path] = None) -> Dict[str, Resolved]:
+    """``--pin NAME=PATH_OR_URL[@REF]`` (repeatable) resolved once per run: the same commit for every combo."""
+    out: Dict[str, Resolved] = {}
+    for text in texts:
+        name, pin = parse_pin_arg(text)
+        out[name] = resolve(pin, cache)
+    return out
+
+
+def overlay_line(pins: Mapping[str, str], resolved: Mapping[str, Resolved]) -> str:
+    """``peft==0.13.2 replaced by /clone@v0.14.0 (de88c70, rules of 0.14.0)`` for each source pin."""
+    return "; ".join(
+        f"{name}=={pins.get(name, '-')} replaced by {src.url}{'@' + src.ref if src.ref else ''} "
+        f"({src.short()}, rules of {src.release or 'no release'})"
+        for name, src in resolved.items()
+    )
