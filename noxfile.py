@@ -131,7 +131,10 @@ def _run_combo(
             report.message,
             {**combo.pins.model_dump(), **{k: v for k, v in report.versions.items() if v}},
         )
-        session.error(f"env-error for {combo.id}: {report.message.splitlines()[0]}")
+        first = report.message.splitlines()[0] if report.message else ""
+        if opts.pin and report.message.startswith(("install failed", "import failed")):
+            first = sources.failure_line(sources.resolve_pins(opts.pin), report.message)
+        session.error(f"env-error for {combo.id}: {first}")
     args = [
         "python",
         "-m",

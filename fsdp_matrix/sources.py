@@ -331,3 +331,11 @@ def overlay_line(pins: Mapping[str, str], resolved: Mapping[str, Resolved]) -> s
         f"({src.short()}, rules of {src.release or 'no release'})"
         for name, src in resolved.items()
     )
+
+
+def failure_line(resolved: Mapping[str, Resolved], message: str) -> str:
+    """One line for an env with source pins that could not be built or resolved: the refs and the last error line
+    (uv's conflict explanation, or the build backend's error)."""
+    lines = [line.strip(" │╰─▶×") for line in message.splitlines() if line.strip(" │╰─▶×")]
+    refs = ", ".join(f"{n} {s.url}{'@' + s.ref if s.ref else ''} ({s.short()})" for n, s in resolved.items())
+    return f"{refs}: {lines[-1] if lines else 'install failed'}"

@@ -197,3 +197,16 @@ def test_env_stamp_keys_on_commit_and_dirty_hash(toy, tmp_path: Path) -> None:
         assert prepare(str(repo)).reused
     finally:
         git(repo, "checkout", "--", ".")
+
+
+def test_a_pin_that_cannot_be_built_is_one_line_naming_the_ref_and_the_last_error(toy, tmp_path: Path) -> None:
+    repo, shas = toy  # c3's pyproject.toml does not parse
+    venv = tmp_path / "venv"
+    subprocess.run(["uv", "venv", "--quiet", str(venv)], check=True, timeout=120)
+    got = sources.resolve_pins([f"toypkg={repo}@{shas['c3']}"], tmp_path / "src")
+    report = envs.prepare(venv, {}, sources=got, imports=("toypkg",), label="toy")
+    assert not report.ok
+    line = sources.failure_line(got, report.message)
+    print(line)
+    assert line.startswith(f"toypkg {repo}@{shas['c3']} ({shas['c3'][:7]}): ") and "\n" not in line
+    assert line.endswith("unclosed table, expected `]`")  # the TOML parser's error on c3's pyproject.toml
