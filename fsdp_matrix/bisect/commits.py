@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.utils import canonicalize_name
 
@@ -101,7 +101,12 @@ def parser() -> argparse.ArgumentParser:
         prog="fsdp-matrix bisect --git",
         description="Find the first commit of a package whose build changes a cell's observed outcome.",
     )
-    p.add_argument("cell", help="CASE/CELL (or a cell id unique across cases)")
+    p.add_argument(
+        "cells",
+        nargs="+",
+        metavar="CELL",
+        help="CASE/CELL (or a cell id unique across cases); several cells share every step",
+    )
     p.add_argument("--package", required=True, help="package built from the repository, e.g. peft")
     p.add_argument("--git", required=True, metavar="REPO", help="local clone (path) or git URL of the package")
     p.add_argument("--good", required=True, metavar="REF", help="ref whose outcome is the reference, e.g. v0.13.2")
@@ -156,7 +161,10 @@ def _main(args: argparse.Namespace, start: float) -> int:
     repo = repository(pin, cache / "sources")
     matrix = load_matrix(args.matrix)
     combo = matrix.combo(args.combo) if args.combo else matrix.newest("cpu")
-    cell = find_cell(matrix, args.cell, args.device, args.world_size)
+    cells = [find_cell(matrix, ref, args.device, args.world_size).key for ref in args.cells]
+    sizes = {find_cell(matrix, c, args.device, args.world_size).world_size for c in cells}
+    if len(sizes) > 1:
+        raise EnvError(f"cells {', '.join(cells)}: one launch per step needs one world size, got {sorted(sizes)}")
     good = rev(repo, args.good)
     merge_base, line = first_parent_line(repo, args.good, args.bad)
     commits = {c.sha: c for c in describe(repo, list(dict.fromkeys([good, *line])))}
@@ -164,10 +172,11 @@ def _main(args: argparse.Namespace, start: float) -> int:
         PinnedInstaller(combo, package, cache, parse_pins(args.pin), args.device), pin, cache / "sources"
     )
     bound = install_bound(len(line))
+    off_line = good != merge_base
     print(
-        f"bisecting {cell.key} on combo {combo.id} over {len(line)} first-parent commits of {package} "
+        f"bisecting {', '.join(cells)} on combo {combo.id} over {len(line)} first-parent commits of {package} "
         f"({merge_base[:10]} = merge base of {args.good} and {args.bad} .. {args.bad} = {line[-1][:10]}); "
-        f"at most {bound} installs plus skips" + ("" if good == merge_base else f", plus {args.good} itself"),
+        f"at most {bound} installs plus skips" + (f", plus {args.good} itself" if off_line else ""),
         flush=True,
     )
     with Heartbeat("bisect", "starting") as beat:
@@ -176,89 +185,108 @@ def _main(args: argparse.Namespace, start: float) -> int:
             cache,
             matrix=args.matrix,
             device=args.device,
-            world_size=cell.world_size,
+            world_size=sizes.pop(),
             timeout=args.timeout,
             say=lambda text: None,
             status=beat.update,
             label=lambda sha: f"{package} {sha[:10]}",
         )
 
-        def started(candidate: str, cells: Sequence[str]) -> None:
+        def started(candidate: str, todo: Sequence[str]) -> None:
             what = f"step {len(steps) + 1}: {package} {candidate[:10]}"
-            beat.update(f"{what}: installing, then running the cell", say=True)
+            beat.update(f"{what}: installing, then running {len(todo)} cell(s)", say=True)
 
         def ended(step: Step) -> None:
             steps.append(step)
-            seen = step.outcomes.get(cell.key)
-            what = seen.describe() if seen else f"skipped: {clip(clip(step.reason, lines=1, tail=True), 90)}"
+            seen = sorted({o.describe() for o in step.outcomes.values()})
+            what = " | ".join(seen) if seen else f"skipped: {clip(clip(step.reason, lines=1, tail=True), 90)}"
             print(f"  [{len(steps)}] {step.candidate[:10]} {what} ({step.seconds:.0f}s)", flush=True)
 
         hooks = dict(same=same_observation, on_step=ended, on_start=started)
         known: Dict[int, Dict[str, Outcome]] = {}
-        reference: Optional[Outcome] = None
-        if good != merge_base:
+        references: Dict[str, Outcome] = {}
+        if off_line:
             # GOOD sits off the line (a patch release): the merge base must behave like it, or the line cannot answer
-            ends = bisect_cells(installer, runner, [good, merge_base], [cell.key], package, **hooks)
-            ref_step = next((s for s in ends.steps if s.candidate == good), None)
-            base_step = next((s for s in ends.steps if s.candidate == merge_base), None)
-            reference = ref_step.outcomes.get(cell.key) if ref_step else None
-            at_base = base_step.outcomes.get(cell.key) if base_step else None
-            if reference is None:
-                print(f"{args.good} ({good[:10]}) could not be tested: {ref_step.reason if ref_step else ''}")
+            bisect_cells(installer, runner, [good, merge_base], cells, package, **hooks)
+            at = {s.candidate: s for s in steps}
+            references = dict(at[good].outcomes) if good in at else {}
+            at_base = dict(at[merge_base].outcomes) if merge_base in at else {}
+            untested = [c for c in cells if c not in references]
+            if untested:
+                print(f"{args.good} ({good[:10]}) could not be tested for {', '.join(untested)}: {at[good].reason}")
                 return 1
-            if at_base is not None and not same_observation(at_base, reference):
+            unlike = [c for c in cells if c in at_base and not same_observation(at_base[c], references[c])]
+            for cell in unlike:
                 print(
-                    f"the merge base {merge_base[:10]} does not behave like {args.good}: {reference.describe()} at "
-                    f"{args.good}, {at_base.describe()} at the merge base. The change is on {args.good}'s branch, "
-                    "not on the first-parent line to BAD: bisect that branch instead (--good MERGE_BASE --bad "
-                    f"{args.good}); stopping."
+                    f"{cell}: the merge base {merge_base[:10]} does not behave like {args.good}: "
+                    f"{references[cell].describe()} at {args.good}, {at_base[cell].describe()} at the merge base. "
+                    f"The change is on {args.good}'s branch, not on the first-parent line to {args.bad}: bisect "
+                    f"that branch instead (--good {merge_base[:10]} --bad {args.good}); stopping."
                 )
-                _write(args, cell.key, combo.id, None, steps, line, merge_base, start, installer, reference)
+            if unlike:
+                _write(args, cells, combo.id, {}, {}, steps, line, merge_base, start, installer)
                 return 1
-            if at_base is not None:
-                known = {0: {cell.key: at_base}}
-        found = bisect_cells(installer, runner, line, [cell.key], package, known=known, **hooks)
-    answer = found.cells[cell.key]
-    print(table(commits, line, steps, answer, cell.key))
-    first = commits.get(answer.first_changed or "")
-    summary = answer.answer.replace(answer.first_changed or "\0", (answer.first_changed or "")[:10]).replace(
-        answer.last_unchanged or "\0", (answer.last_unchanged or "")[:10]
-    )
-    print(summary)
-    if first:
-        pr = f" (PR #{first.pr})" if first.pr else ""
-        print(f"first changed commit: {first.sha} {first.subject!r}, {first.date}{pr}")
-        print(f"last unchanged commit: {answer.last_unchanged}")
+            known = {0: at_base}
+        found = bisect_cells(installer, runner, line, cells, package, known=known, **hooks)
+    firsts: Dict[str, Optional[Commit]] = {}
+    for cell in cells:
+        answer = found.cells[cell]
+        if len(cells) > 1:
+            print(f"{cell}:")
+        print(table(commits, line, steps, answer, cell))
+        short = answer.answer
+        for sha in filter(None, [answer.first_changed, answer.last_unchanged, *answer.untestable]):
+            short = short.replace(sha, sha[:10])
+        print(short)
+        first = firsts[cell] = commits.get(answer.first_changed or "")
+        if first:
+            pr = f" (PR #{first.pr})" if first.pr else ""
+            print(f"first changed commit: {first.sha} {first.subject!r}, {first.date}{pr}")
+            print(f"last unchanged commit: {answer.last_unchanged}")
     installs = sum(1 for entry in installer.base.log if not entry.reused)
     print(
         f"{len(steps)} steps, {installs} installs (bound {bound} over {len(line)} commits"
-        + ("" if good == merge_base else f", +1 for {args.good} off the line")
+        + (f", +1 for {args.good} off the line" if off_line else "")
         + f"), {(time.monotonic() - start) / 60:.1f} min",
         flush=True,
     )
-    _write(args, cell.key, combo.id, answer, steps, line, merge_base, start, installer, reference, first, summary)
-    return 0 if answer.first_changed or answer.answer.startswith("no change") else 1
+    _write(args, cells, combo.id, found.cells, firsts, steps, line, merge_base, start, installer, references)
+    done = all(a.first_changed or a.answer.startswith("no change") for a in found.cells.values())
+    return 0 if done else 1
 
 
-def _write(  # noqa: PLR0913  (one JSON document, from the pieces main holds)
+def _answer_json(answer: Optional[CellAnswer], first: Optional[Commit], reference: Optional[Outcome]) -> Dict:
+    reference = reference or (answer.reference if answer else None)
+    return {
+        "first_changed": answer.first_changed if answer else None,
+        "last_unchanged": answer.last_unchanged if answer else None,
+        "untestable": answer.untestable if answer else [],
+        "commit": asdict(first) if first else None,
+        "answer": answer.answer if answer else "the merge base does not behave like GOOD",
+        "reference": asdict(reference) if reference else None,
+    }
+
+
+def _write(  # one JSON document, from the pieces main holds
     args: argparse.Namespace,
-    cell: str,
+    cells: List[str],
     combo: str,
-    answer: Optional[CellAnswer],
+    answers: Mapping[str, CellAnswer],
+    firsts: Mapping[str, Optional[Commit]],
     steps: List[Step],
     line: List[str],
     merge_base: str,
     start: float,
     installer: CommitInstaller,
-    reference: Optional[Outcome],
-    first: Optional[Commit] = None,
-    text: str = "",
+    references: Optional[Mapping[str, Outcome]] = None,
 ) -> None:
-    """The JSON the issue asks for: first_changed, last_unchanged, commit: {sha, subject, date, pr}, and the steps."""
+    """The JSON: first_changed, last_unchanged, commit: {sha, subject, date, pr} (of the first cell, and per cell
+    under ``cells``), and every step with each cell's outcome."""
     if not args.json:
         return
+    per_cell = {c: _answer_json(answers.get(c), firsts.get(c), (references or {}).get(c)) for c in cells}
     data = {
-        "cell": cell,
+        "cell": cells[0],
         "combo": combo,
         "package": canonicalize_name(args.package),
         "repo": args.git,
@@ -266,17 +294,14 @@ def _write(  # noqa: PLR0913  (one JSON document, from the pieces main holds)
         "bad": args.bad,
         "merge_base": merge_base,
         "commits": len(line),
-        "first_changed": answer.first_changed if answer else None,
-        "last_unchanged": answer.last_unchanged if answer else None,
-        "untestable": answer.untestable if answer else [],
-        "commit": asdict(first) if first else None,
-        "answer": text or "the merge base does not behave like GOOD",
-        "reference": asdict(reference or answer.reference) if (reference or (answer and answer.reference)) else None,
+        **per_cell[cells[0]],
+        "cells": per_cell,
         "steps": [
             {
                 "commit": s.candidate,
                 "installed": s.installed,
-                "outcome": asdict(s.outcomes[cell]) if cell in s.outcomes else None,
+                "outcome": asdict(s.outcomes[cells[0]]) if cells[0] in s.outcomes else None,
+                "outcomes": {c: asdict(o) for c, o in s.outcomes.items()},
                 "reason": s.reason,
                 "seconds": round(s.seconds, 1),
             }

@@ -47,15 +47,16 @@ def toy(tmp_path_factory: pytest.TempPathFactory):
                 "title": "the toy package's bug",
                 "report": "tests/sources_support.py",
                 "repro": "toy_case.py",
-                "grids": [{"toy": ["plain"]}],
+                "grids": [{"toy": ["plain", "twin"]}],
                 "expect": [{"error": {"type": "RuntimeError", "match": "toy bug present"}, "source": "the toy repo"}],
             }
         ],
     }
     (root / "matrix.yaml").write_text(yaml.safe_dump(matrix))
     (root / "toy_case.py").write_text(TOY_CASE)
-    cell = expand(load_matrix(root / "matrix.yaml"), "cpu", 2)[0].key
-    return root, shas, cell
+    cells = [c.key for c in expand(load_matrix(root / "matrix.yaml"), "cpu", 2)]
+    assert len(cells) == 2
+    return root, shas, cells
 
 
 def test_first_parent_line_starts_at_the_merge_base(toy) -> None:
@@ -72,8 +73,8 @@ def test_first_parent_line_starts_at_the_merge_base(toy) -> None:
     assert commits[0].date.startswith("2024-01-01T00:00:00")
 
 
-def _bisect(root: Path, cell: str, good: str, bad: str, out: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "fsdp_matrix", "bisect", cell, "--package", "toypkg", "--git", str(root / "toypkg")]
+def _bisect(root: Path, cells: List[str], good: str, bad: str, out: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "fsdp_matrix", "bisect", *cells, "--package", "toypkg", "--git", str(root / "toypkg")]
     cmd += ["--good", good, "--bad", bad, "--combo", "toy", "--matrix", str(root / "matrix.yaml")]
     cmd += ["--cache", str(root / "cache"), "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
@@ -84,9 +85,9 @@ def _bisect(root: Path, cell: str, good: str, bad: str, out: Path) -> subprocess
 @pytest.mark.bisect
 @pytest.mark.timeout(1300)
 def test_commit_bisect_finds_the_fixing_commit_and_skips_one_that_does_not_build(toy) -> None:
-    root, shas, cell = toy
+    root, shas, cells = toy
     out = root / "bisect.json"
-    proc = _bisect(root, cell, "v0.1.1", "v0.2.0", out)
+    proc = _bisect(root, cells, "v0.1.1", "v0.2.0", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     # GOOD (v0.1.1) is off the line: it is tested, then the merge base c0, which behaves like it
@@ -110,30 +111,34 @@ def test_commit_bisect_finds_the_fixing_commit_and_skips_one_that_does_not_build
     assert result["installs"] <= install_bound(6) + 1  # +1: GOOD off the line
     assert f"first changed commit: {shas['c4']} 'Fix the toy bug (#42)'" in proc.stdout
     assert "(PR #42)" in proc.stdout and "<- first changed" in proc.stdout
+    # both cells changed at the same commit and shared every step: one install per commit, both cells in its launch
+    assert [result["cells"][c]["first_changed"] for c in cells] == [shas["c4"], shas["c4"]]
+    assert all(set(s["outcomes"]) == set(cells) for s in result["steps"] if s["installed"])
 
     # run again: every step env and every record is reused, nothing is installed or launched
-    again = _bisect(root, cell, "v0.1.1", "v0.2.0", root / "again.json")
+    again = _bisect(root, cells, "v0.1.1", "v0.2.0", root / "again.json")
     assert again.returncode == 0
     assert json.loads((root / "again.json").read_text())["installs"] == 0
-    assert "running 1 cells" not in again.stdout
+    assert "launch starting" not in again.stdout + again.stderr
 
 
 @pytest.mark.bisect
 @pytest.mark.timeout(900)
 def test_a_merge_base_that_does_not_behave_like_good_stops_the_bisect(toy) -> None:
-    root, shas, cell = toy
+    root, shas, cells = toy
     out = root / "stop.json"
-    proc = _bisect(root, cell, "v0.1.2", "v0.2.0", out)  # v0.1.2 has the fix backported; the merge base has the bug
+    # v0.1.2 has the fix backported; the merge base has the bug
+    proc = _bisect(root, cells[:1], "v0.1.2", "v0.2.0", out)
     assert proc.returncode == 1
-    assert f"the merge base {shas['c0'][:10]} does not behave like v0.1.2" in proc.stdout
+    assert f"{cells[0]}: the merge base {shas['c0'][:10]} does not behave like v0.1.2" in proc.stdout
     result = json.loads(out.read_text())
     assert result["first_changed"] is None and [s["commit"] for s in result["steps"]] == [shas["v0.1.2"], shas["c0"]]
 
 
 def test_refuses_torch_from_source_in_one_line(toy) -> None:
-    root, _, cell = toy
+    root, _, cells = toy
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdp_matrix", "bisect", cell, "--package", "torch", "--git", str(root / "toypkg")]
+        [sys.executable, "-m", "fsdp_matrix", "bisect", cells[0], "--package", "torch", "--git", str(root / "toypkg")]
         + ["--good", "v0.1.0", "--bad", "v0.2.0", "--matrix", str(root / "matrix.yaml")],
         cwd=ROOT,
         capture_output=True,
