@@ -339,3 +339,12 @@ def failure_line(resolved: Mapping[str, Resolved], message: str) -> str:
     lines = [line.strip(" │╰─▶×") for line in message.splitlines() if line.strip(" │╰─▶×")]
     refs = ", ".join(f"{n} {s.url}{'@' + s.ref if s.ref else ''} ({s.short()})" for n, s in resolved.items())
     return f"{refs}: {lines[-1] if lines else 'install failed'}"
+
+
+def changed_note(sources: Mapping[str, Mapping]) -> str:
+    """What a verdict that differs from the rules means for a source build: the change is not in a release yet."""
+    built = ", ".join(
+        f"{name} {src.get('commit', '')[:7]} judged as {src.get('release') or 'no release'}"
+        for name, src in sorted(sources.items())
+    )
+    return f"changed on main, not released yet ({built})"

@@ -210,3 +210,26 @@ def test_a_pin_that_cannot_be_built_is_one_line_naming_the_ref_and_the_last_erro
     print(line)
     assert line.startswith(f"toypkg {repo}@{shas['c3']} ({shas['c3'][:7]}): ") and "\n" not in line
     assert line.endswith("unclosed table, expected `]`")  # the TOML parser's error on c3's pyproject.toml
+
+
+def test_a_source_build_is_judged_as_its_release_base_and_the_record_says_so(monkeypatch, tmp_path: Path) -> None:
+    from fsdp_matrix.cells import find_cell
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.records import Observed
+    from fsdp_matrix.runner import session as session_mod
+
+    matrix = load_matrix()
+    cell = find_cell(matrix, "no-split-modules/lora-orig0-cls_env_unset-shape_plain-ws2", "cpu", 2)
+    versions = {"torch": "2.13.0", "peft": "0.13.3.dev0", "transformers": "4.46.3", "accelerate": "1.1.1"}
+    main_after_013 = {"peft": {"url": "/c", "ref": "main", "commit": "7717550a08", "dirty": None, "release": "0.13.0"}}
+    monkeypatch.setattr(session_mod, "env_sources", lambda versions=None: main_after_013)
+    run = session_mod.Session(matrix, None, tmp_path, versions)  # type: ignore[arg-type]
+    expected = run.expected(cell)
+    assert expected.kind == "error"  # 0.13.3.dev0 matches no rule; as 0.13.0 it matches the seed-003 error rule
+    rec = session_mod.make_record(cell, expected, Observed(status="ok"), versions, 1.0, "old", "r")
+    assert rec.verdict == "UNEXPECTED-FIX" and rec.versions["peft"] == "0.13.3.dev0"
+    assert rec.sources == main_after_013 and rec.schema == 2
+    assert rec.line.endswith("[changed on main, not released yet (peft 7717550 judged as 0.13.0)]")
+    released = {"peft": {**main_after_013["peft"], "release": "0.14.0"}}
+    monkeypatch.setattr(session_mod, "env_sources", lambda versions=None: released)
+    assert session_mod.Session(matrix, None, tmp_path, versions).expected(cell).kind == "ok"  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.records import Observed, Record
 from fsdp_matrix.runner.launcher import CellRun, Launcher
 from fsdp_matrix.runner.protocol import Task
-from fsdp_matrix.sources import env_sources, rule_versions
+from fsdp_matrix.sources import changed_note, env_sources, rule_versions
 from fsdp_matrix.verdicts import Verdict, judge
 
 KEPT_ON_RESUME = frozenset(
@@ -81,6 +81,10 @@ def make_record(
     ``sources`` defaults to the source builds of this interpreter's env (fsdp_matrix.sources).
     """
     judgement = judge(expected, observed.status, observed.error_type, observed.error_message, observed.location)
+    sources = env_sources(versions=versions) if sources is None else sources
+    line = judgement.line
+    if sources and not judgement.verdict.passed and observed.status in ("ok", "error"):
+        line += f" [{changed_note(sources)}]"  # rules are for releases; a source build is judged as its release base
     return Record(
         case=cell.case,
         cell=cell.id,
@@ -92,10 +96,10 @@ def make_record(
         observed=observed,
         verdict=judgement.verdict.value,
         duration_s=round(duration_s, 3),
-        line=judgement.line,
+        line=line,
         combo=combo,
         run_id=run_id,
-        sources=env_sources(versions=versions) if sources is None else sources,
+        sources=sources,
     )
 
 
