@@ -224,7 +224,10 @@ def _archive(repo: Path, commit: str, dest: Path) -> None:
                 raise EnvError(f"git archive {commit} in {repo} failed (exit {proc.returncode})")
             fh.seek(0)
             with tarfile.open(fileobj=fh) as tar:
-                tar.extractall(tmp, filter="tar")
+                if hasattr(tarfile, "tar_filter"):  # Python >= 3.10.12 / 3.11.4: no absolute paths or links out
+                    tar.extractall(tmp, filter="tar")
+                else:
+                    tar.extractall(tmp)  # git archive of a commit: paths stay inside the tree
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
