@@ -122,13 +122,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _last_line(reason: str) -> str:
+    # an installer's reason ends with its most specific line; uv draws a tree in front of it
+    lines = [line.strip(" │├╰─▶×") for line in reason.splitlines() if line.strip(" │├╰─▶×")]
+    return lines[-1] if lines else reason
+
+
 def table(commits: Dict[str, Commit], order: List[str], steps: List[Step], answer: CellAnswer, cell: str) -> str:
     """One row per tested commit, in line order (GOOD off the line first)."""
     rows = [("#", "commit", "subject", "outcome", "seconds")]
     index = {sha: i for i, sha in enumerate(order)}
     for step in sorted(steps, key=lambda s: index.get(s.candidate, -1)):
         seen = step.outcomes.get(cell)
-        what = seen.describe() if seen else f"skipped: {clip(clip(step.reason, lines=1, tail=True), 70)}"
+        what = seen.describe() if seen else f"skipped: {clip(_last_line(step.reason), 70)}"
         mark = {answer.first_changed: " <- first changed", answer.last_unchanged: " <- last unchanged"}
         position = str(index[step.candidate]) if step.candidate in index else "good"
         subject = clip(commits[step.candidate].subject, 50) if step.candidate in commits else ""
@@ -199,7 +205,7 @@ def _main(args: argparse.Namespace, start: float) -> int:
         def ended(step: Step) -> None:
             steps.append(step)
             seen = sorted({o.describe() for o in step.outcomes.values()})
-            what = " | ".join(seen) if seen else f"skipped: {clip(clip(step.reason, lines=1, tail=True), 90)}"
+            what = " | ".join(seen) if seen else f"skipped: {clip(_last_line(step.reason), 90)}"
             print(f"  [{len(steps)}] {step.candidate[:10]} {what} ({step.seconds:.0f}s)", flush=True)
 
         hooks = dict(same=same_observation, on_step=ended, on_start=started)
@@ -243,9 +249,11 @@ def _main(args: argparse.Namespace, start: float) -> int:
             pr = f" (PR #{first.pr})" if first.pr else ""
             print(f"first changed commit: {first.sha} {first.subject!r}, {first.date}{pr}")
             print(f"last unchanged commit: {answer.last_unchanged}")
-    installs = sum(1 for entry in installer.base.log if not entry.reused)
+    installs, failed = _installs(installer)
     print(
-        f"{len(steps)} steps, {installs} installs (bound {bound} over {len(line)} commits"
+        f"{len(steps)} steps, {installs} installs"
+        + (f" + {failed} that did not build or import" if failed else "")
+        + f" (bound {bound} over {len(line)} commits"
         + (f", +1 for {args.good} off the line" if off_line else "")
         + f"), {(time.monotonic() - start) / 60:.1f} min",
         flush=True,
@@ -253,6 +261,13 @@ def _main(args: argparse.Namespace, start: float) -> int:
     _write(args, cells, combo.id, found.cells, firsts, steps, line, merge_base, start, installer, references)
     done = all(a.first_changed or a.answer.startswith("no change") for a in found.cells.values())
     return 0 if done else 1
+
+
+def _installs(installer: CommitInstaller) -> Tuple[int, int]:
+    """(envs installed, install attempts that failed): a reused env is no install; a commit that does not build is
+    tried again on every run, as git bisect skip would."""
+    log = installer.base.log
+    return sum(1 for e in log if e.ok and not e.reused), sum(1 for e in log if not e.ok)
 
 
 def _answer_json(answer: Optional[CellAnswer], first: Optional[Commit], reference: Optional[Outcome]) -> Dict:
@@ -307,7 +322,8 @@ def _write(  # one JSON document, from the pieces main holds
             }
             for s in steps
         ],
-        "installs": sum(1 for entry in installer.base.log if not entry.reused),
+        "installs": _installs(installer)[0],
+        "failed_installs": _installs(installer)[1],
         "install_bound": install_bound(len(line)),
         "minutes": round((time.monotonic() - start) / 60, 2),
     }

@@ -108,7 +108,7 @@ def test_commit_bisect_finds_the_fixing_commit_and_skips_one_that_does_not_build
         "pr": 42,
     }
     assert tested[shas["c4"]]["outcome"]["status"] == "ok"
-    assert result["installs"] <= install_bound(6) + 1  # +1: GOOD off the line
+    assert result["installs"] <= install_bound(6) + 1 and result["failed_installs"] == 1  # +1: GOOD off the line
     assert f"first changed commit: {shas['c4']} 'Fix the toy bug (#42)'" in proc.stdout
     assert "(PR #42)" in proc.stdout and "<- first changed" in proc.stdout
     # both cells changed at the same commit and shared every step: one install per commit, both cells in its launch
@@ -118,7 +118,8 @@ def test_commit_bisect_finds_the_fixing_commit_and_skips_one_that_does_not_build
     # run again: every step env and every record is reused, nothing is installed or launched
     again = _bisect(root, cells, "v0.1.1", "v0.2.0", root / "again.json")
     assert again.returncode == 0
-    assert json.loads((root / "again.json").read_text())["installs"] == 0
+    again_json = json.loads((root / "again.json").read_text())
+    assert (again_json["installs"], again_json["failed_installs"]) == (0, 1)  # c3 is tried again: it still fails
     assert "launch starting" not in again.stdout + again.stderr
 
 
