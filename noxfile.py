@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from fsdp_matrix import envs  # noqa: E402
-from fsdp_matrix.envs import failed  # noqa: E402
+from fsdp_matrix.envs import failed, sources  # noqa: E402
 from fsdp_matrix.errors import EnvError, MatrixError  # noqa: E402
 from fsdp_matrix.matrix import Combo, load_matrix  # noqa: E402
 
@@ -66,6 +66,7 @@ def _options(posargs):
     options.add_arguments(p.add_argument, ("results", "device", "world_size", "resume"), defaults=dict.fromkeys(
         ("results", "device"), None))  # fmt: skip
     p.add_argument("--pre", action="store_true", help="newest: let pre-releases count")
+    p.add_argument("--pin", action="append", default=[], help="NAME=PATH_OR_URL[@REF]: build NAME from source")
     opts, rest = p.parse_known_args(posargs)
     if opts.device == "auto":
         opts.device = None
@@ -90,8 +91,15 @@ def _env_error_records(
     session.log(f"env {combo.id}: {len(cells)} env-error records in {results}" + (f" ({note})" if note else ""))
 
 
-def _prepare(session: nox.Session, combo: Combo, device: str, extra=()) -> envs.EnvReport:
+def _prepare(session: nox.Session, combo: Combo, device: str, extra=(), pins=()) -> envs.EnvReport:
     start = time.monotonic()
+    # --pin NAME=PATH_OR_URL[@REF]: the source replaces the combo's pin, resolved with the other pins (not --no-deps)
+    try:
+        built = sources.resolve_pins(list(pins))
+    except EnvError as exc:
+        return envs.EnvReport(False, str(exc))
+    if built:
+        session.log(f"env {combo.id}: {sources.overlay_line(combo.pins.model_dump(), built)}")
     report = envs.prepare(
         Path(session.virtualenv.location),
         combo.pins.model_dump(),
@@ -101,6 +109,7 @@ def _prepare(session: nox.Session, combo: Combo, device: str, extra=()) -> envs.
         stamp_extra=_stamp_extra(),
         allow_cuda_build=combo.allow_cuda_build,
         label=combo.id,
+        sources=built,
     )
     what = "reused" if report.reused else f"installed in {report.install_s:.1f}s"
     if not report.ok:
@@ -123,7 +132,7 @@ def _run_combo(
         session.skip(f"{combo.id} is not tagged 'cpu' or 'torch' (this run is on {device})")
     results = Path(opts.results or results_root) / combo.id
     world_size = int(opts.world_size or 2)
-    report = _prepare(session, combo, device, extra)
+    report = _prepare(session, combo, device, extra, opts.pin)
     if not report.ok:
         # the pins stand in for what is installed: the record says what this combo was meant to be
         _env_error_records(
@@ -136,7 +145,10 @@ def _run_combo(
             {**combo.pins.model_dump(), **{k: v for k, v in report.versions.items() if v}},
             rest,
         )
-        session.error(f"env-error for {combo.id}: {report.message.splitlines()[0]}")
+        first = report.message.splitlines()[0] if report.message else ""
+        if opts.pin and report.message.startswith(("install failed", "import failed")):
+            first = sources.failure_line(sources.resolve_pins(opts.pin), report.message)
+        session.error(f"env-error for {combo.id}: {first}")
     args = [
         "python",
         "-m",

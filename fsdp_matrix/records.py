@@ -21,7 +21,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-SCHEMA = 1
+SCHEMA = 2
+"""2: ``sources`` (packages built from a git ref or a checkout). 1: no ``sources``."""
 RECORDS_FILE = "cells.jsonl"
 
 
@@ -119,6 +120,9 @@ class Record:
     """Machine that ran it."""
     finished_at: float = field(default_factory=time.time)
     """Unix time the record was written."""
+    sources: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    """Packages built from source instead of a release: ``{pkg: {url, ref, commit, dirty, release}}``. ``versions``
+    still holds the installed version string; ``release`` is the release tag the rules judged the build as."""
     schema: int = SCHEMA
     """Record format version."""
 

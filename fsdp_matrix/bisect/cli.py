@@ -119,6 +119,11 @@ def _progress(step: Step) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--git" or a.startswith("--git=") for a in argv):
+        from fsdp_matrix.bisect import commits  # the commit bisect: --git REPO --good REF --bad REF
+
+        return commits.main(argv)
     args = parser().parse_args(argv)
     if not args.by_date and None in (args.package, args.old, args.new):
         parser().error("give --package, --old and --new (or --by-date OLD_DATE NEW_DATE)")

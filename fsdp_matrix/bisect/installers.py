@@ -24,6 +24,7 @@ from packaging.version import InvalidVersion, Version
 from fsdp_matrix import envs
 from fsdp_matrix.bisect.search import Prepared
 from fsdp_matrix.clip import clip
+from fsdp_matrix.envs.sources import Resolved
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.matrix import PACKAGES, Combo
 
@@ -138,7 +139,14 @@ class PinnedInstaller:
         key = envs.requirements_hash([f"{k}=={v}" for k, v in pins.items()] + list(extra) + [self.python_key])
         return self.cache / f"env-{key}"
 
-    def install(self, pins: Mapping[str, str], extra: Sequence[str]) -> Prepared[Path]:
+    def install(
+        self,
+        pins: Mapping[str, str],
+        extra: Sequence[str],
+        sources: Optional[Mapping[str, Resolved]] = None,
+        imports: Sequence[str] = envs.DEFAULT_IMPORTS,
+    ) -> Prepared[Path]:
+        """``sources``: packages built from a commit (bisect/commits.py); their pin is only a name for the env."""
         venv = self.venv_for(pins, extra)
         start = time.monotonic()
         changed = ", ".join(f"{k} {v}" for k, v in pins.items() if self.combo.pins.model_dump().get(k) != v)
@@ -154,6 +162,8 @@ class PinnedInstaller:
                     device=self.device,
                     allow_cuda_build=self.combo.allow_cuda_build,
                     label=label,
+                    imports=imports,
+                    sources=sources,
                 )
         except (EnvError, OSError, subprocess.SubprocessError) as exc:
             report = envs.EnvReport(False, str(exc))

@@ -19,6 +19,7 @@ from filelock import FileLock
 
 from fsdp_matrix.envs.check import DEFAULT_IMPORTS, import_check, inspect_env, mismatches
 from fsdp_matrix.envs.installer import install
+from fsdp_matrix.envs.sources import Resolved, write_env_sources
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.progress import Heartbeat
 
@@ -101,8 +102,12 @@ def prepare(
     allow_cuda_build: bool = False,
     label: str = "",
     imports: Sequence[str] = DEFAULT_IMPORTS,
+    sources: Optional[Mapping[str, Resolved]] = None,
 ) -> EnvReport:
     """Install pins (+ extra + harness requirements) into ``venv`` unless its stamp says they are there; verify.
+
+    ``sources`` replaces the pins of those packages with source builds (``envs.sources``): their requirement is
+    the snapshot of a commit, so the stamp keys on the commit and dirty hash, and their version is not checked.
 
     Never raises for a broken env: an install, a verification or an import that fails (or times out, or finds no
     interpreter) gives a report that is not ok, with the reason.
@@ -110,9 +115,8 @@ def prepare(
     # two runs at once must not install into one env together; the second waits, then finds the stamp current
     with FileLock(str(venv) + ".fsdp-matrix.lock"):
         try:
-            return _prepare(
-                venv, pins, extra, harness, device, exclude_newer, stamp_extra, allow_cuda_build, label, imports
-            )
+            args = (venv, pins, extra, harness, device, exclude_newer, stamp_extra, allow_cuda_build, label, imports)
+            return _prepare(*args, sources)
         except EnvError as exc:
             return EnvReport(False, str(exc))
 
@@ -128,9 +132,15 @@ def _prepare(
     allow_cuda_build: bool,
     label: str,
     imports: Sequence[str],
+    sources: Optional[Mapping[str, Resolved]] = None,
 ) -> EnvReport:
     python = venv / "bin" / "python"
-    requirements = [f"{k}=={v}" for k, v in pins.items()] + list(extra) + list(harness)
+    # a source build replaces its pin; only its presence is verified (its version is whatever the commit says)
+    sources = dict(sources or {})
+    requirements = [sources[k].requirement if k in sources else f"{k}=={v}" for k, v in pins.items()]
+    requirements += [s.requirement for k, s in sources.items() if k not in pins]
+    pins = {k: v for k, v in pins.items() if k not in sources}
+    requirements += list(extra) + list(harness)
     stamp_key = (
         requirements
         + ([f"exclude-newer={exclude_newer}"] if exclude_newer else [])
@@ -139,8 +149,8 @@ def _prepare(
     )
     start = time.monotonic()
     if is_current(venv, stamp_key):
-        state = inspect_env(python, list(pins))
-        wrong = _problems(state, pins)
+        state = inspect_env(python, list(pins) + list(sources))
+        wrong = _problems(state, pins) + _missing(state, sources)
         if not wrong:
             return EnvReport(True, "", state["versions"], 0.0, time.monotonic() - start, reused=True)
         # something changed the env behind the stamp's back (a hand install, an old interrupted run): reinstall
@@ -162,13 +172,13 @@ def _prepare(
         if not result.ok:
             return EnvReport(False, f"install failed: {result.output}", install_s=install_s)
         verify_start = time.monotonic()
-        state = inspect_env(python, list(pins))
+        state = inspect_env(python, list(pins) + list(sources))
         versions, broken = state["versions"], state["broken"]
         if not broken or attempt:
             break
         # files missing under a distribution uv counts as installed: an install cut off half way; rewrite those
         reinstall = [a for name in broken for a in ("--reinstall-package", name)]
-    wrong = _problems(state, pins)
+    wrong = _problems(state, pins) + _missing(state, sources)
     if wrong:
         return EnvReport(
             False,
@@ -181,8 +191,13 @@ def _prepare(
         error = import_check(python, imports)
     if error:
         return EnvReport(False, f"import failed: {error}", versions, install_s, time.monotonic() - verify_start)
+    write_env_sources(venv, sources, versions)
     write_stamp(venv, stamp_key, versions)
     return EnvReport(True, "", versions, install_s, time.monotonic() - verify_start)
+
+
+def _missing(state: Mapping[str, Dict], sources: Mapping[str, object]) -> List[str]:
+    return [f"{name}: the source build is not installed" for name in sources if not state["versions"].get(name)]
 
 
 def _problems(state: Mapping[str, Dict], pins: Mapping[str, str]) -> List[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from fsdp_matrix.cells import expand_case
+from fsdp_matrix.envs.sources import shown
 from fsdp_matrix.matrix import PACKAGES, Combo, Matrix
 from fsdp_matrix.records import Record, Skipped, iter_records, latest
 from fsdp_matrix.report.style import CODES, MISSING, STYLES, needs_attention, severity
@@ -179,7 +180,9 @@ def _column(cid: str, number: int, recs: List[Record]) -> Column:
     if cid == LOCAL:
         named = [f"{p} {newest.versions[p]}" for p in ("peft", "transformers") if newest.versions.get(p)]
         label = " / ".join(named) or LOCAL
-    return Column(cid, number, label, dict(newest.versions), len(distinct) > 1)
+    # a source build shows its commit next to the version: peft 0.18.0.dev0 @ 04d41cb
+    versions = {k: shown(v, newest.sources.get(k)) for k, v in newest.versions.items()}
+    return Column(cid, number, label, versions, len(distinct) > 1)
 
 
 def _row_order(matrix: Optional[Matrix], rows: set):

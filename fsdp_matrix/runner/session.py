@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 from fsdp_matrix import records
 from fsdp_matrix.cells import Cell, unmet_requirement
+from fsdp_matrix.envs.sources import changed_note, env_sources, rule_versions
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.records import Observed, Record
@@ -72,12 +73,18 @@ def make_record(
     duration_s: float,
     combo: Optional[str],
     run_id: Optional[str],
+    sources: Optional[Dict[str, Dict]] = None,
 ) -> Record:
     """The record of one cell: what was expected, what was observed, and the verdict ``judge`` gives the pair.
 
     ``versions`` is what the env really holds (never the pins alone), so a record read later says what ran.
+    ``sources`` defaults to the source builds of this interpreter's env (fsdp_matrix.envs.sources).
     """
     judgement = judge(expected, observed.status, observed.error_type, observed.error_message, observed.location)
+    sources = env_sources(versions=versions) if sources is None else sources
+    line = judgement.line
+    if sources and not judgement.verdict.passed and observed.status in ("ok", "error"):
+        line += f" [{changed_note(sources)}]"  # rules are for releases; a source build is judged as its release base
     return Record(
         case=cell.case,
         cell=cell.id,
@@ -89,9 +96,10 @@ def make_record(
         observed=observed,
         verdict=judgement.verdict.value,
         duration_s=round(duration_s, 3),
-        line=judgement.line,
+        line=line,
         combo=combo,
         run_id=run_id,
+        sources=sources,
     )
 
 
@@ -135,7 +143,10 @@ class Session:
         return self.combo is not None or rec.versions == dict(self.versions)
 
     def expected(self, cell: Cell) -> Expected:
-        return expected_for(self.matrix.case(cell.case), cell, self.versions)
+        # a source build is judged as its release base (fsdp_matrix.envs.sources.rule_versions)
+        return expected_for(
+            self.matrix.case(cell.case), cell, rule_versions(self.versions, env_sources(versions=self.versions))
+        )
 
     def prefetch(self, cells: List[Cell]) -> None:
         """Queue every cell that will run, so ranks go from one to the next without waiting for the caller."""

@@ -114,9 +114,9 @@ def test_defect15_a_record_with_a_nan_or_infinite_finished_at_is_reported(tmp_pa
 
 
 def test_a_platform_skip_names_its_platform_rule_not_a_case_rule():
-    from fsdp_matrix.report.html import _expected_text
-
     import dataclasses
+
+    from fsdp_matrix.report.html import _expected_text
 
     expected = {"kind": "skip", "reason": "no FSDP2 here", "source": "observed", "platform": "fsdp2-no-cpu"}
     rec = dataclasses.replace(sample_records()[0], expected=expected)

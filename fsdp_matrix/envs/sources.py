@@ -1,0 +1,353 @@
+"""Source pins: a package under test built from a git ref or a local checkout instead of a release on an index.
+
+A source pin is a PEP 508 direct reference (``peft @ git+file:///clone@main``, ``git+https://host/peft@v0.14.0``,
+``file:///path/to/peft``) or the short form ``PATH``, ``PATH@REF``. It is resolved with git to a commit, then
+materialised as a snapshot directory named by what it holds, and uv installs that directory:
+
+- ``URL@REF`` / ``PATH@REF``: REF's tree (``git archive``), never the checkout's working state;
+- a bare ``PATH``: the working tree as it is, dirty or not; ``dirty`` is a hash of the tracked files and the
+  untracked files that are not ignored (``git ls-files -co --exclude-standard``).
+
+Because the snapshot's path holds the commit and the dirty hash, an env whose stamp keys on the requirement is
+reinstalled exactly when the branch moved or the tree changed. A remote URL is mirrored once into the cache (git
+fetch refreshes it) so that resolving, archiving and finding the release base are all local git commands.
+
+Rules are written for releases: a source build is judged as the newest release tag (``v*``, no pre-release) that
+is an ancestor of its commit, and its record says so (``sources.<pkg>.release``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+from urllib.parse import unquote, urlparse
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from fsdp_matrix.errors import EnvError
+
+SOURCE_PACKAGES = ("peft", "transformers", "accelerate", "trl")
+"""Pure-Python packages under test that build from source in seconds (any other pure-Python package works too)."""
+REFUSED = {"torch": "hours of C++/CUDA build", "bitsandbytes": "a native CUDA/CPU build"}
+SOURCES_FILE = "fsdp-matrix-sources.json"
+"""Written into an env next to its stamp: which packages came from which source (read back by records)."""
+_REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*@\s*(\S+)\s*$")
+_PR = re.compile(r"\(#(\d+)\)\s*$")
+
+
+@dataclass(frozen=True)
+class SourcePin:
+    """A package to build from a git repository or a local checkout."""
+
+    package: str
+    """Canonical package name."""
+    repo: str
+    """Where the source lives: a local path (absolute) or a git URL (https, ssh, file)."""
+    ref: Optional[str] = None
+    """Branch, tag or commit; None builds a local checkout's working tree as it is (a remote's default branch)."""
+
+    @property
+    def local(self) -> bool:
+        return not re.match(r"^[a-z+]+://", self.repo) or self.repo.startswith("file://")
+
+    def describe(self) -> str:
+        return f"{self.repo}@{self.ref}" if self.ref else self.repo
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A source pin resolved to one commit (and, for a dirty working tree, one content hash)."""
+
+    package: str
+    """Canonical package name."""
+    url: str
+    """The repository as given (a path or URL)."""
+    ref: Optional[str]
+    """The ref asked for; None for a working tree."""
+    commit: str
+    """Full SHA the build is from (HEAD of a working tree)."""
+    dirty: Optional[str] = None
+    """Hash of a working tree that differs from ``commit`` (tracked + untracked-not-ignored files); None if clean."""
+    release: Optional[str] = None
+    """The newest release tag that is an ancestor of ``commit``, as a version: what the rules judge it as."""
+    snapshot: str = ""
+    """The directory uv installs (under the cache, named by commit and dirty hash)."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.package}@{self.commit}" + (f"+{self.dirty}" if self.dirty else "")
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package} @ {Path(self.snapshot).as_uri()}"
+
+    def to_record(self) -> Dict[str, Any]:
+        return {"url": self.url, "ref": self.ref, "commit": self.commit, "dirty": self.dirty, "release": self.release}
+
+    def short(self) -> str:
+        return self.commit[:7] + ("+dirty" if self.dirty else "")
+
+
+def is_source(text: str) -> bool:
+    """True when a pin's value is a source (path, URL, direct reference), not a version."""
+    text = text.strip()
+    return "://" in text or "/" in text or text.startswith((".", "~")) or bool(_REQ.match(text))
+
+
+def _split_ref(text: str) -> Tuple[str, Optional[str]]:
+    # the ref follows the last '@' of the path part (user@host in ssh URLs comes before the path)
+    scheme, sep, rest = text.rpartition("://")
+    head, at, ref = rest.rpartition("@")
+    if at and "/" not in ref and head:
+        return scheme + sep + head, ref
+    return text, None
+
+
+def parse_source(package: str, text: str, base: Optional[Path] = None) -> SourcePin:
+    """``git+URL[@REF]``, ``file:///PATH``, ``PATH[@REF]`` or ``NAME @ <one of those>`` -> a SourcePin.
+
+    Raises EnvError (one line) for torch/bitsandbytes (native builds take hours here) or a missing path.
+    """
+    name = canonicalize_name(package)
+    match = _REQ.match(text)
+    if match:
+        if canonicalize_name(match.group(1)) != name:
+            raise EnvError(f"pin {package}: the direct reference names {match.group(1)!r}")
+        text = match.group(2)
+    if name in REFUSED:
+        raise EnvError(f"pin {package}={text}: {package} from source is refused ({REFUSED[name]}); pin a release")
+    where, ref = _split_ref(text.strip())
+    where = where.removeprefix("git+")
+    if where.startswith("file://"):
+        where = unquote(urlparse(where).path)
+    elif re.match(r"^[a-z+]+://", where):
+        return SourcePin(name, where, ref)
+    path = (Path(base or Path.cwd()) / Path(where).expanduser()).resolve()
+    if not path.exists():
+        raise EnvError(f"pin {package}={text}: no such path {path}")
+    return SourcePin(name, str(path), ref)
+
+
+def parse_pin_arg(text: str, base: Optional[Path] = None) -> Tuple[str, SourcePin]:
+    """``--pin peft=../peft@main`` or ``--pin 'peft @ git+file:///clone@v0.14.0'`` -> (name, SourcePin)."""
+    match = _REQ.match(text)
+    if match:
+        return canonicalize_name(match.group(1)), parse_source(match.group(1), text, base)
+    name, eq, value = text.partition("=")
+    if not eq or not name.strip() or not value.strip() or value.startswith("="):
+        raise EnvError(f"--pin {text!r}: expected NAME=PATH[@REF], NAME=git+URL[@REF] or 'NAME @ URL'")
+    return canonicalize_name(name.strip()), parse_source(name.strip(), value.strip(), base)
+
+
+def git(repo: Path | str, *args: str, check: bool = True, text: bool = True) -> str:
+    """stdout of ``git -C repo ARGS``; EnvError with git's last line when it fails."""
+    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=text, timeout=600)
+    if check and proc.returncode != 0:
+        err = (proc.stderr or "").strip().splitlines() if text else []
+        raise EnvError(f"git {' '.join(args[:3])} in {repo}: {err[-1] if err else f'exit {proc.returncode}'}")
+    return proc.stdout.strip() if text else proc.stdout
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("FSDP_MATRIX_SOURCE_CACHE") or Path(tempfile.gettempdir()) / "fsdp-matrix-sources")
+
+
+def repository(pin: SourcePin, cache: Path) -> Path:
+    """A local git dir for the pin: the path itself, or a mirror of a remote URL under the cache (fetched again)."""
+    if pin.local:
+        return Path(pin.repo)
+    mirror = cache / "git" / hashlib.sha256(pin.repo.encode()).hexdigest()[:16]
+    if (mirror / "HEAD").exists():
+        git(mirror, "fetch", "--quiet", "--prune", "--tags", "origin")
+    else:
+        mirror.parent.mkdir(parents=True, exist_ok=True)
+        git(mirror.parent, "clone", "--quiet", "--mirror", pin.repo, str(mirror))
+    return mirror
+
+
+def rev(repo: Path, ref: str) -> str:
+    """The full SHA ``ref`` names in ``repo`` (a branch, tag, remote branch or commit)."""
+    for candidate in (ref, f"origin/{ref}"):
+        sha = git(repo, "rev-parse", "--verify", "--quiet", f"{candidate}^{{commit}}", check=False)
+        if sha:
+            return sha
+    raise EnvError(f"{repo}: no commit named {ref!r}")
+
+
+def release_base(repo: Path, commit: str, pattern: str = "v[0-9]*") -> Optional[str]:
+    """The newest release tag (no pre- or dev release) that is an ancestor of ``commit``, as a version string."""
+    best: Optional[Version] = None
+    for tag in git(repo, "tag", "--merged", commit, "--list", pattern).split():
+        try:
+            version = Version(tag.lstrip("v"))
+        except InvalidVersion:
+            continue
+        if not (version.is_prerelease or version.is_devrelease) and (best is None or version > best):
+            best = version
+    return str(best) if best else None
+
+
+def working_files(repo: Path) -> List[str]:
+    """Tracked files plus untracked files that are not ignored, as git lists them (deleted tracked files left out)."""
+    out = git(repo, "ls-files", "-z", "-co", "--exclude-standard", text=False)
+    names = sorted({n.decode() for n in out.split(b"\0") if n})
+    return [n for n in names if os.path.lexists(repo / n)]
+
+
+def tree_hash(repo: Path, files: List[str]) -> str:
+    digest = hashlib.sha256()
+    for name in files:
+        path = repo / name
+        data = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+        mode = b"x" if os.access(path, os.X_OK) and not path.is_symlink() else b"-"
+        digest.update(name.encode() + b"\0" + mode + hashlib.sha256(data).digest())
+    return digest.hexdigest()[:16]
+
+
+def _archive(repo: Path, commit: str, dest: Path) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    try:
+        with tempfile.TemporaryFile() as fh:
+            proc = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit], stdout=fh, timeout=600)
+            if proc.returncode != 0:
+                raise EnvError(f"git archive {commit} in {repo} failed (exit {proc.returncode})")
+            fh.seek(0)
+            with tarfile.open(fileobj=fh) as tar:
+                if hasattr(tarfile, "tar_filter"):  # Python >= 3.10.12 / 3.11.4: no absolute paths or links out
+                    tar.extractall(tmp, filter="tar")
+                else:
+                    tar.extractall(tmp)  # git archive of a commit: paths stay inside the tree
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _copy_tree(repo: Path, files: List[str], dest: Path) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    try:
+        for name in files:
+            target = tmp / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / name, target, follow_symlinks=False)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve(pin: SourcePin, cache: Optional[Path] = None) -> Resolved:
+    """Resolve the pin to a commit (+ dirty hash) and materialise its snapshot under the cache (reused if there)."""
+    cache = cache or default_cache()
+    repo = repository(pin, cache)
+    if not git(repo, "rev-parse", "--git-dir", check=False):
+        raise EnvError(f"{pin.package} source {pin.repo}: not a git repository")
+    dirty: Optional[str] = None
+    files: List[str] = []
+    if pin.ref is None and pin.local and git(repo, "rev-parse", "--is-bare-repository") == "false":
+        commit = rev(repo, "HEAD")
+        if git(repo, "status", "--porcelain", "--untracked-files=normal"):
+            files = working_files(repo)
+            dirty = tree_hash(repo, files)
+    else:
+        commit = rev(repo, pin.ref or "HEAD")
+    snapshot = cache / "src" / (f"{pin.package}-{commit[:12]}" + (f"-{dirty}" if dirty else ""))
+    if not snapshot.is_dir():
+        snapshot.parent.mkdir(parents=True, exist_ok=True)
+        if dirty:
+            _copy_tree(repo, files, snapshot)
+        else:
+            _archive(repo, commit, snapshot)
+    return Resolved(pin.package, pin.repo, pin.ref, commit, dirty, release_base(repo, commit), str(snapshot))
+
+
+def write_env_sources(venv: Path, resolved: Mapping[str, Resolved], versions: Mapping[str, Optional[str]]) -> None:
+    """Record in the env which packages came from which source (with the version that got installed); none: remove
+    the file, so a release installed over a source build is never reported as that source."""
+    if not resolved:
+        (venv / SOURCES_FILE).unlink(missing_ok=True)
+        return
+    data = {name: {**src.to_record(), "version": versions.get(name)} for name, src in resolved.items()}
+    tmp = venv / f"{SOURCES_FILE}.tmp"
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, venv / SOURCES_FILE)
+
+
+def env_sources(prefix: Optional[Path] = None, versions: Optional[Mapping[str, Optional[str]]] = None) -> Dict:
+    """``{pkg: {url, ref, commit, dirty, release}}`` of this env (``sys.prefix``); a package reinstalled since (its
+    version differs from what the source build installed) is left out."""
+    try:
+        data = json.loads((Path(prefix or sys.prefix) / SOURCES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for name, entry in data.items() if isinstance(data, dict) else ():
+        if versions is None or versions.get(name) == entry.get("version"):
+            out[name] = {k: v for k, v in entry.items() if k != "version"}
+    return out
+
+
+def rule_versions(versions: Mapping[str, Optional[str]], sources: Mapping[str, Mapping]) -> Dict[str, Optional[str]]:
+    """The versions rules are matched against: a source build counts as its release base (see the module doc)."""
+    out = dict(versions)
+    for name, src in sources.items():
+        if src.get("release"):
+            out[name] = src["release"]
+    return out
+
+
+def shown(version: Optional[str], source: Optional[Mapping]) -> Optional[str]:
+    """``0.18.0.dev0 @ 04d41cb`` for a source build, the version otherwise."""
+    if not source or not source.get("commit"):
+        return version
+    return f"{version or '?'} @ {source['commit'][:7]}" + ("+dirty" if source.get("dirty") else "")
+
+
+def pr_number(subject: str) -> Optional[int]:
+    """The PR number a squash-merge subject ends with: ``Fix X (#2167)`` -> 2167."""
+    match = _PR.search(subject)
+    return int(match.group(1)) if match else None
+
+
+def resolve_pins(texts: List[str], cache: Optional[Path] = None) -> Dict[str, Resolved]:
+    """``--pin NAME=PATH_OR_URL[@REF]`` (repeatable) resolved once per run: the same commit for every combo."""
+    out: Dict[str, Resolved] = {}
+    for text in texts:
+        name, pin = parse_pin_arg(text)
+        out[name] = resolve(pin, cache)
+    return out
+
+
+def overlay_line(pins: Mapping[str, str], resolved: Mapping[str, Resolved]) -> str:
+    """``peft==0.13.2 replaced by /clone@v0.14.0 (de88c70, rules of 0.14.0)`` for each source pin."""
+    return "; ".join(
+        f"{name}=={pins.get(name, '-')} replaced by {src.url}{'@' + src.ref if src.ref else ''} "
+        f"({src.short()}, rules of {src.release or 'no release'})"
+        for name, src in resolved.items()
+    )
+
+
+def failure_line(resolved: Mapping[str, Resolved], message: str) -> str:
+    """One line for an env with source pins that could not be built or resolved: the refs and the last error line
+    (uv's conflict explanation, or the build backend's error)."""
+    lines = [line.strip(" │╰─▶×") for line in message.splitlines() if line.strip(" │╰─▶×")]
+    refs = ", ".join(f"{n} {s.url}{'@' + s.ref if s.ref else ''} ({s.short()})" for n, s in resolved.items())
+    return f"{refs}: {lines[-1] if lines else 'install failed'}"
+
+
+def changed_note(sources: Mapping[str, Mapping]) -> str:
+    """What a verdict that differs from the rules means for a source build: the change is not in a release yet."""
+    built = ", ".join(
+        f"{name} {src.get('commit', '')[:7]} judged as {src.get('release') or 'no release'}"
+        for name, src in sorted(sources.items())
+    )
+    return f"changed on main, not released yet ({built})"

@@ -1,0 +1,236 @@
+"""Source pins on a toy git repository: parsing, resolving to a commit, dirty trees, release base, env stamps."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fsdp_matrix import envs
+from fsdp_matrix.envs import sources
+from fsdp_matrix.errors import EnvError
+from tests.sources_support import FIXED, git, make_toy_repo
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory):
+    repo = tmp_path_factory.mktemp("toy") / "toypkg"
+    return repo, make_toy_repo(repo)
+
+
+@pytest.mark.parametrize(
+    "text, repo, ref",
+    [
+        ("git+https://github.com/huggingface/peft@main", "https://github.com/huggingface/peft", "main"),
+        ("git+https://github.com/huggingface/peft", "https://github.com/huggingface/peft", None),
+        ("git+ssh://git@github.com/huggingface/peft@v0.14.0", "ssh://git@github.com/huggingface/peft", "v0.14.0"),
+        ("peft @ git+https://github.com/huggingface/peft@abc123", "https://github.com/huggingface/peft", "abc123"),
+    ],
+)
+def test_parse_remote_forms(text: str, repo: str, ref: str) -> None:
+    pin = sources.parse_source("peft", text)
+    assert (pin.package, pin.repo, pin.ref, pin.local) == ("peft", repo, ref, False)
+
+
+def test_parse_local_forms(toy, tmp_path: Path) -> None:
+    repo, _ = toy
+    for text, ref in [
+        (f"git+file://{repo}@v0.1.0", "v0.1.0"),
+        (f"file://{repo}", None),
+        (f"peft @ file://{repo}", None),
+        (str(repo), None),
+        (f"{repo}@main", "main"),
+    ]:
+        pin = sources.parse_source("peft", text)
+        assert (pin.repo, pin.ref, pin.local) == (str(repo), ref, True), text
+    name, pin = sources.parse_pin_arg("peft=../toypkg@v0.1.0", base=repo.parent / "elsewhere")
+    assert (name, pin.repo, pin.ref) == ("peft", str(repo), "v0.1.0")
+
+
+@pytest.mark.parametrize("package", ["torch", "bitsandbytes"])
+def test_torch_and_bitsandbytes_from_source_are_refused_in_one_line(package: str, toy) -> None:
+    with pytest.raises(EnvError, match=f"{package} from source is refused") as info:
+        sources.parse_pin_arg(f"{package}={toy[0]}")
+    assert "\n" not in str(info.value)
+
+
+def test_bad_pins_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(EnvError, match="no such path"):
+        sources.parse_source("peft", str(tmp_path / "missing"))
+    with pytest.raises(EnvError, match="expected NAME=PATH"):
+        sources.parse_pin_arg("peft")
+    with pytest.raises(EnvError, match="names 'trl'"):
+        sources.parse_source("peft", "trl @ git+https://x/y")
+
+
+def test_is_source() -> None:
+    assert not sources.is_source("0.14.0")
+    assert all(sources.is_source(t) for t in ("../peft", "git+https://x/y@main", "peft @ file:///p", "/abs"))
+
+
+def test_a_ref_resolves_to_its_commit_and_a_clean_snapshot(toy, tmp_path: Path) -> None:
+    repo, shas = toy
+    (repo / "toypkg" / "__init__.py").write_text("dirty\n")  # the working tree must not leak into REF's build
+    try:
+        got = sources.resolve(sources.parse_source("toypkg", f"{repo}@v0.2.0"), tmp_path)
+    finally:
+        git(repo, "checkout", "--", ".")
+    assert (got.commit, got.dirty, got.ref) == (shas["c5"], None, "v0.2.0")
+    snap = Path(got.snapshot)
+    assert (snap / "toypkg" / "__init__.py").read_text() == FIXED
+    assert not (snap / ".git").exists()
+    assert got.requirement == f"toypkg @ {snap.as_uri()}"
+    assert got.to_record() == {
+        "url": str(repo),
+        "ref": "v0.2.0",
+        "commit": shas["c5"],
+        "dirty": None,
+        "release": "0.2.0",
+    }
+
+
+def test_release_base_is_the_newest_release_tag_that_is_an_ancestor(toy) -> None:
+    repo, shas = toy
+    # c4 is after v0.1.0 on main; v0.1.1/v0.1.2 are on the release branch, not ancestors of c4
+    assert sources.release_base(repo, shas["c4"]) == "0.1.0"
+    assert sources.release_base(repo, shas["c5"]) == "0.2.0"
+    # v0.1.3rc1 is a pre-release: not a release base
+    assert sources.release_base(repo, shas["v0.1.2"]) == "0.1.2"
+
+
+def test_working_tree_hash_covers_tracked_and_untracked_not_ignored(toy, tmp_path: Path) -> None:
+    repo, shas = toy
+    pin = sources.parse_source("toypkg", str(repo))
+    clean = sources.resolve(pin, tmp_path)
+    assert (clean.commit, clean.dirty, clean.ref) == (shas["c5"], None, None)
+    try:
+        (repo / "notes.log").write_text("ignored\n")
+        assert sources.resolve(pin, tmp_path).dirty is None  # an ignored file does not make the tree dirty
+        (repo / "toypkg" / "extra.py").write_text("X = 1\n")
+        one = sources.resolve(pin, tmp_path)
+        assert one.dirty and one.commit == shas["c5"]
+        assert (Path(one.snapshot) / "toypkg" / "extra.py").read_text() == "X = 1\n"
+        assert not (Path(one.snapshot) / "notes.log").exists()
+        (repo / "notes.log").write_text("ignored, changed\n")
+        assert sources.resolve(pin, tmp_path).dirty == one.dirty
+        (repo / "README").write_text("changed\n")
+        two = sources.resolve(pin, tmp_path)
+        assert two.dirty not in (None, one.dirty) and two.snapshot != one.snapshot
+    finally:
+        (repo / "toypkg" / "extra.py").unlink(missing_ok=True)
+        (repo / "notes.log").unlink(missing_ok=True)
+        git(repo, "checkout", "--", ".")
+
+
+def test_unknown_ref_and_non_repository(toy, tmp_path: Path) -> None:
+    repo, _ = toy
+    with pytest.raises(EnvError, match="no commit named 'nope'"):
+        sources.resolve(sources.parse_source("toypkg", f"{repo}@nope"), tmp_path)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(EnvError, match="not a git repository"):
+        sources.resolve(sources.parse_source("toypkg", str(plain)), tmp_path / "cache")
+
+
+def test_rules_judge_a_source_build_as_its_release_and_reports_show_the_commit() -> None:
+    src = {"peft": {"commit": "04d41cb0123", "release": "0.17.1", "dirty": None}}
+    versions = {"peft": "0.18.0.dev0", "torch": "2.13.0"}
+    assert sources.rule_versions(versions, src) == {"peft": "0.17.1", "torch": "2.13.0"}
+    assert sources.shown("0.18.0.dev0", src["peft"]) == "0.18.0.dev0 @ 04d41cb"
+    assert sources.shown("0.18.0.dev0", {**src["peft"], "dirty": "ab"}) == "0.18.0.dev0 @ 04d41cb+dirty"
+    assert sources.shown("2.13.0", None) == "2.13.0"
+    assert (sources.pr_number("FIX fsdp_auto_wrap_policy for some models (#2167)"), sources.pr_number("x")) == (
+        2167,
+        None,
+    )
+
+
+def test_env_sources_drops_a_package_reinstalled_since(tmp_path: Path) -> None:
+    got = sources.Resolved("peft", "/p", "main", "a" * 40, None, "0.17.1", "/s")
+    sources.write_env_sources(tmp_path, {"peft": got}, {"peft": "0.18.0.dev0"})
+    assert sources.env_sources(tmp_path, {"peft": "0.18.0.dev0"})["peft"]["commit"] == "a" * 40
+    assert sources.env_sources(tmp_path, {"peft": "0.17.1"}) == {}
+    sources.write_env_sources(tmp_path, {}, {})
+    assert sources.env_sources(tmp_path) == {}
+
+
+def _installed(venv: Path) -> str:
+    code = "import toypkg, pathlib; print(pathlib.Path(toypkg.__file__).read_text())"
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_env_stamp_keys_on_commit_and_dirty_hash(toy, tmp_path: Path) -> None:
+    """Through uv for real: unchanged -> reuse; moved branch -> reinstall; changed dirty tree -> reinstall."""
+    repo, shas = toy
+    venv = tmp_path / "venv"
+    subprocess.run(["uv", "venv", "--quiet", str(venv)], check=True, timeout=120)
+    cache = tmp_path / "src"
+    git(repo, "branch", "-f", "feature", shas["c2"])
+
+    def prepare(text: str) -> envs.EnvReport:
+        src = sources.resolve(sources.parse_source("toypkg", text), cache)
+        report = envs.prepare(venv, {}, sources={"toypkg": src}, imports=("toypkg",), label="toy")
+        assert report.ok, report.message
+        return report
+
+    first = prepare(f"{repo}@feature")
+    assert not first.reused and first.versions["toypkg"] == "0.2.0.dev0" and "toy bug" in _installed(venv)
+    assert sources.env_sources(venv)["toypkg"]["commit"] == shas["c2"]
+    assert prepare(f"{repo}@feature").reused
+    git(repo, "branch", "-f", "feature", shas["c4"])  # the branch moved
+    moved = prepare(f"{repo}@feature")
+    assert not moved.reused and "return 42" in _installed(venv)
+    assert sources.env_sources(venv)["toypkg"]["commit"] == shas["c4"]
+    # a bare path: the working tree as it is, dirty or not
+    assert not prepare(str(repo)).reused
+    assert prepare(str(repo)).reused
+    try:
+        (repo / "toypkg" / "__init__.py").write_text("def behave():\n    return 'dirty'\n")
+        dirty = prepare(str(repo))
+        assert not dirty.reused and "'dirty'" in _installed(venv)
+        assert sources.env_sources(venv)["toypkg"]["dirty"]
+        assert prepare(str(repo)).reused
+    finally:
+        git(repo, "checkout", "--", ".")
+
+
+def test_a_pin_that_cannot_be_built_is_one_line_naming_the_ref_and_the_last_error(toy, tmp_path: Path) -> None:
+    repo, shas = toy  # c3's pyproject.toml does not parse
+    venv = tmp_path / "venv"
+    subprocess.run(["uv", "venv", "--quiet", str(venv)], check=True, timeout=120)
+    got = sources.resolve_pins([f"toypkg={repo}@{shas['c3']}"], tmp_path / "src")
+    report = envs.prepare(venv, {}, sources=got, imports=("toypkg",), label="toy")
+    assert not report.ok
+    line = sources.failure_line(got, report.message)
+    print(line)
+    assert line.startswith(f"toypkg {repo}@{shas['c3']} ({shas['c3'][:7]}): ") and "\n" not in line
+    assert line.endswith("unclosed table, expected `]`")  # the TOML parser's error on c3's pyproject.toml
+
+
+def test_a_source_build_is_judged_as_its_release_base_and_the_record_says_so(monkeypatch, tmp_path: Path) -> None:
+    from fsdp_matrix.cells import find_cell
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.records import Observed
+    from fsdp_matrix.runner import session as session_mod
+
+    matrix = load_matrix()
+    cell = find_cell(matrix, "no-split-modules/lora-orig0-cls_env_unset-shape_plain-ws2", "cpu", 2)
+    versions = {"torch": "2.13.0", "peft": "0.13.3.dev0", "transformers": "4.46.3", "accelerate": "1.1.1"}
+    main_after_013 = {"peft": {"url": "/c", "ref": "main", "commit": "7717550a08", "dirty": None, "release": "0.13.0"}}
+    monkeypatch.setattr(session_mod, "env_sources", lambda versions=None: main_after_013)
+    run = session_mod.Session(matrix, None, tmp_path, versions)  # type: ignore[arg-type]
+    expected = run.expected(cell)
+    assert expected.kind == "error"  # 0.13.3.dev0 matches no rule; as 0.13.0 it matches the seed-003 error rule
+    rec = session_mod.make_record(cell, expected, Observed(status="ok"), versions, 1.0, "old", "r")
+    assert rec.verdict == "UNEXPECTED-FIX" and rec.versions["peft"] == "0.13.3.dev0"
+    assert rec.sources == main_after_013 and rec.schema == 2
+    assert rec.line.endswith("[changed on main, not released yet (peft 7717550 judged as 0.13.0)]")
+    released = {"peft": {**main_after_013["peft"], "release": "0.14.0"}}
+    monkeypatch.setattr(session_mod, "env_sources", lambda versions=None: released)
+    assert session_mod.Session(matrix, None, tmp_path, versions).expected(cell).kind == "ok"  # type: ignore[arg-type]
