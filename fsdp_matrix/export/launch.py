@@ -23,14 +23,12 @@ def parse_args(argv: List[str], device: str, world_size: int) -> argparse.Namesp
 
 
 def relaunch(argv: List[str], device: str, world_size: int) -> int:
-    ranks = parse_args(argv, device, world_size).nproc_per_node
-    python = [sys.executable] + (["-I"] if sys.flags.isolated else [])
-    cmd = python + ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", sys.argv[0], *argv]
-    print("+ " + " ".join(cmd), flush=True)
+    n = parse_args(argv, device, world_size).nproc_per_node
+    cmd = [sys.executable] + (["-I"] if sys.flags.isolated else []) + ["-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={n}", sys.argv[0], *argv]
     # rank 0 writes its outcome here (torchrun would follow a rank's traceback with its own ChildFailedError), and
     # the ranks' scratch folder lives here too: both gone with it, however the ranks ended
     with tempfile.TemporaryDirectory(prefix="fsdp-repro-") as tmp:
-        outcome = Path(tmp) / "outcome"
-        env = {**os.environ, OUTCOME_ENV: str(outcome), SCRATCH_ENV: str(Path(tmp) / "scratch")}
-        code = subprocess.call(cmd, env=env)
+        outcome = Path(tmp, "outcome")
+        code = subprocess.call(cmd, env={**os.environ, OUTCOME_ENV: str(outcome), SCRATCH_ENV: f"{tmp}/scratch"})
         return code or int(not outcome.exists() or outcome.read_text() != "ok")

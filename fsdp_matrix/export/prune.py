@@ -15,17 +15,23 @@
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from fsdp_matrix.export.inline import _bound, _start
+from fsdp_matrix.export.simplify import pure_functions, simplify
 
 NOT_REPRODUCED = (
-    'raise RuntimeError("did not reproduce: the line above did not raise (this script keeps only the lines that ran '
-    'when it did)")'
+    'raise RuntimeError("not reproduced: no error above (the script keeps the lines that ran when it did)")'
 )
 """Appended after the statement that raised in the traced run; its continuation is not in the script."""
+
+
+LINE_LENGTH = 120
+"""Longest line a statement is joined onto."""
 
 
 @dataclass
@@ -72,8 +78,9 @@ class _Folder:
         arg = next((a for a in args if a.arg == "params"), None)
         if arg is None or not re.search(r"dict|mapping", ast.unparse(arg.annotation or ast.Constant("dict")), re.I):
             return False
-        return not any(isinstance(n, ast.Name) and n.id == "params" and not isinstance(n.ctx, ast.Load)
-                       for n in ast.walk(fn))
+        return not any(
+            isinstance(n, ast.Name) and n.id == "params" and not isinstance(n.ctx, ast.Load) for n in ast.walk(fn)
+        )
 
     def _lookup(self, node: ast.AST) -> Tuple[bool, Any]:
         def key(n: ast.AST) -> Optional[str]:
@@ -186,6 +193,9 @@ class _Emitter:
         out = self.raw(_start(node), _start(first_child) - 1, dedent)
         while out and (not out[-1].strip() or out[-1].lstrip().startswith("#")):
             out.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(out) > 1:
+            lead = out[0][: _indent(out[0])]
+            out = _one_line("\n".join(x[len(lead) :] for x in out) + "\n    pass", lead, skip_last=True) or out
         return out
 
     def leading(self, node: ast.stmt, dedent: int) -> List[str]:
@@ -235,6 +245,9 @@ class _Emitter:
         if isinstance(node, (ast.For, ast.While, ast.With)) and not getattr(node, "orelse", None):
             return self.header(node, node.body[0], dedent) + self.block(node.body, dedent, inner)
         out = self.raw(_start(node), node.end_lineno, dedent)
+        if len(out) > 1:
+            lead = out[0][: _indent(out[0])]
+            out = _one_line("\n".join(x[len(lead) :] for x in out), lead) or out
         if id(node) in self.stop_after and not hasattr(node, "body"):
             out.append(" " * (node.col_offset - dedent) + NOT_REPRODUCED)
         return out
@@ -245,7 +258,9 @@ class _Emitter:
         while True:
             branches.append((cur, cur.body))
             nxt = cur.orelse
-            elif_ = len(nxt) == 1 and isinstance(nxt[0], ast.If) and self.lines[nxt[0].lineno - 1].lstrip()[:4] == "elif"
+            elif_ = (
+                len(nxt) == 1 and isinstance(nxt[0], ast.If) and self.lines[nxt[0].lineno - 1].lstrip()[:4] == "elif"
+            )
             if elif_:
                 cur = nxt[0]
                 continue
@@ -284,6 +299,52 @@ class _Emitter:
                 out += head
             out += self.block(body, dedent, inner)
         return out
+
+
+def _one_line(source: str, lead: str, skip_last: bool = False) -> Optional[List[str]]:
+    """A statement spread over lines, unparsed onto one (its def line only, with ``skip_last``) when that fits in
+    LINE_LENGTH and no comment would be lost; None otherwise."""
+    if "#" in source:
+        return None
+    try:
+        text = ast.unparse(ast.parse(source))
+    except SyntaxError:
+        return None
+    lines = text.splitlines()[:-1] if skip_last else text.splitlines()
+    if len(lines) != 1 + sum(1 for x in lines if x.startswith("@")):
+        return None
+    filled = _fill(lines[-1], lead)
+    return [lead + x for x in lines[:-1]] + filled if filled else None
+
+
+def _fill(line: str, lead: str) -> Optional[List[str]]:
+    """``line`` broken after the commas of its outermost brackets so that every piece fits, continuation lines
+    indented by four; None when a piece is still too long."""
+    if len(lead + line) <= LINE_LENGTH:
+        return [lead + line]
+    cuts, depth = [], 0
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line).readline):
+            if tok.type == tokenize.OP and tok.string in "([{":
+                depth += 1
+            elif tok.type == tokenize.OP and tok.string in ")]}":
+                depth -= 1
+            elif tok.type == tokenize.OP and tok.string == "," and depth == 1:
+                cuts.append(tok.end[1])
+    except tokenize.TokenError:
+        return None
+    out, start, width = [], 0, LINE_LENGTH - len(lead)
+    for i, cut in enumerate(cuts + [len(line)]):
+        nxt = cuts[i + 1] if i + 1 < len(cuts) else len(line)
+        indent = "" if not out else "    "
+        if len(indent + line[start:nxt].strip()) > width or cut == len(line):
+            out.append(indent + line[start:cut].strip())
+            start = cut
+    if start < len(line):
+        out.append("    " + line[start:].strip())
+    if any(len(lead + x) > LINE_LENGTH for x in out):
+        return None
+    return [lead + x for x in out]
 
 
 def _names(text: str) -> List[str]:
@@ -358,19 +419,35 @@ def prune_body(
                 emitter.ran_lines = saved
         return texts[id(node)]
 
-    order: List[ast.stmt] = []
-    seen: Set[int] = set()
-    pending = [binders[n] for n in roots if n in binders]
-    names: Set[str] = set()
-    while pending:  # breadth by reading order: run, then what it reads first
-        node = pending.pop(0)
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        order.append(node)
-        read = _names(emit(node))
-        names |= set(read)
-        pending += [binders[n] for n in read if n in binders and id(binders[n]) not in seen]
+    def walk() -> Tuple[List[ast.stmt], Set[str]]:
+        order: List[ast.stmt] = []
+        seen: Set[int] = set()
+        pending = [binders[n] for n in roots if n in binders]
+        names: Set[str] = set()
+        while pending:  # breadth by reading order: run, then what it reads first
+            node = pending.pop(0)
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            order.append(node)
+            read = _names(emit(node))
+            names |= set(read)
+            pending += [binders[n] for n in read if n in binders and id(binders[n]) not in seen]
+        return order, names
+
+    order, names = walk()
+    for _ in range(10):  # simplifying drops calls, which can leave functions unreached, which frees more
+        functions = [n for n in order if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        pure = pure_functions({n.name: texts[id(n)] for n in functions})
+        changed = False
+        for node in functions:
+            new = simplify(texts[id(node)], pure)
+            changed |= new != texts[id(node)]
+            texts[id(node)] = new
+        order, names = walk()
+        if not changed:
+            break
+    seen = {id(n) for n in order}
     final: List[ast.stmt] = []
     placed: Set[int] = set()
 
@@ -386,8 +463,21 @@ def prune_body(
 
     for node in order:
         place(node)
-    kept = [name for node in final for name in sorted(_bound(node))]
-    return Pruned("\n\n".join(emit(n) for n in final), names, kept)
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    plain = {id(n) for n in final if not isinstance(n, defs)}
+    # constants that need no definition to be evaluated go first, together: the flow of functions stays unbroken
+    plain = {
+        i
+        for i in plain
+        if not any(
+            id(binders.get(name)) in seen - plain for name in _eval_time_names(next(n for n in final if id(n) == i))
+        )
+    }
+    consts = sorted((n for n in final if id(n) in plain), key=lambda n: n.lineno)
+    flow = [n for n in final if id(n) not in plain]
+    kept = [name for node in consts + flow for name in sorted(_bound(node))]
+    text = "\n".join(emit(n) for n in consts) + ("\n\n" if consts else "") + "\n\n".join(emit(n) for n in flow)
+    return Pruned(text, names, kept)
 
 
 def prune_imports(lines: Sequence[str], used: Set[str]) -> List[str]:

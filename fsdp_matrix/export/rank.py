@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import traceback
 from datetime import timedelta
@@ -17,23 +16,9 @@ from typing import Any, Callable, Dict, List
 from fsdp_matrix.export.launch import OUTCOME_ENV, SCRATCH_ENV, parse_args
 
 
-def version_report(pins: Dict[str, str]) -> str:
-    found = {}
-    for name in pins:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    # a local label (+cpu, +cu121) names the build, not another release
-    off = [f"{n} {found[n]} (pinned {p})" for n, p in pins.items() if (found[n] or "").split("+")[0] != p]
-    line = f"python {sys.version.split()[0]}, " + ", ".join(f"{n} {v}" for n, v in found.items())
-    return line + ("\nWARNING: not the pinned versions: " + ", ".join(off) if off else "")
-
-
 def run_once(run: Callable, params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
     try:
-        checks = run(dict(params), ctx) or {}
-        return {"rank": ctx.rank, "error": None, "text": json.dumps(checks, default=str, indent=1)}
+        return {"rank": ctx.rank, "error": None, "text": json.dumps(run(dict(params), ctx), default=str, indent=1)}
     except Exception as exc:  # the error is the observation: report it, then decide the exit code
         tb = exc.__traceback__
         while tb.tb_next:
@@ -48,24 +33,21 @@ def rank_main(run: Callable, context_cls: type, params: Dict, pins: Dict, argv: 
     import torch.distributed as dist
 
     args = parse_args(argv, device, ws)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0))
-    dev = torch.device("cuda", local_rank) if args.device == "cuda" else torch.device("cpu")
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0))
+    dev = torch.device("cuda", local) if args.device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timedelta(seconds=args.timeout))
-    # under the user's own torchrun there is no launching process: this node's rank 0 removes the folder at the end
+    # under the user's own torchrun nothing else removes the scratch folder: this node's rank 0 does, at the end
     given = os.environ.get(SCRATCH_ENV)
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
-    scratch = Path(given) if given else Path(tempfile.gettempdir()) / f"fsdp-repro-{run_id}"
+    scratch = Path(given or f"{tempfile.gettempdir()}/fsdp-repro-{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}")
     scratch.mkdir(parents=True, exist_ok=True)
     world = dist.get_world_size()
-    backend = dist.get_backend()
-    ctx = context_cls(rank=rank, world_size=world, local_rank=local_rank, device=dev, backend=backend, scratch=scratch)
+    ctx = context_cls(rank, world, local, dev, dist.get_backend(), scratch)
     if rank == 0:
-        print(version_report(pins), f"cell params: {params}", sep="\n", flush=True)
+        print(", ".join(f"{n} {metadata.version(n)} (pinned {v})" for n, v in pins.items()), params, flush=True)
     torch.manual_seed(0)
-    mine = run_once(run, params, ctx)
-    outcomes: List[Any] = [None] * world
+    mine, outcomes = run_once(run, params, ctx), [None] * world
     try:
         dist.all_gather_object(outcomes, mine)  # after it, no rank uses the scratch folder
         dist.destroy_process_group()
@@ -73,7 +55,7 @@ def rank_main(run: Callable, context_cls: type, params: Dict, pins: Dict, argv: 
         print(f"[rank {rank}] could not gather the other ranks' outcomes ({type(exc).__name__}: {exc})", flush=True)
         outcomes = [mine]
     finally:
-        if not given and local_rank == 0:
+        if not given and local == 0:
             shutil.rmtree(scratch, ignore_errors=True)
     if rank != 0 and len(outcomes) == world:
         return 0

@@ -24,7 +24,7 @@ from fsdp_matrix.progress import Heartbeat
 NEEDS = ("torch", "peft", "transformers")
 """What the tracing interpreter must import for a cell to run at all."""
 
-TRACER = '''
+TRACER = """
 import json, os, runpy, sys, traceback
 script, out = os.path.abspath(sys.argv[1]), sys.argv[2]
 sys.argv = [script] + sys.argv[3:]
@@ -56,7 +56,7 @@ def traced(params, ctx):
 
 
 sys.exit(g["rank_main"](traced, g["RankContext"], g["PARAMS"], g["PINS"], sys.argv[1:], g["DEVICE"], g["WORLD_SIZE"]))
-'''
+"""
 
 
 def can_trace(python: str = sys.executable) -> bool:

@@ -1,0 +1,211 @@
+"""Second pass over the pruned functions of an exported script, on their own text (comments stay):
+
+- a local assigned once, at the top of its function, to a constant (``orig = 1`` after params folding) is replaced
+  by that constant where it is read, and ``None if 1 is None else bool(1)`` folds to ``True``;
+- an assignment nothing reads any more (its reader was after the statement that raised, or in a dropped branch) is
+  removed when its value is side-effect free: it only calls builtins, read-only methods and functions of the script
+  that are themselves side-effect free (judged from their text, never from their name).
+
+Removing a call can leave a function unreferenced; prune.py then drops it.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Dict, List, Optional, Set
+
+PURE_BUILTINS = frozenset(
+    "abs all any bool dict enumerate float frozenset getattr hasattr id int isinstance issubclass len list max min "
+    "repr reversed set sorted str sum tuple type zip".split()
+)
+"""Builtins that only compute a value."""
+READ_METHODS = frozenset(
+    "parameters named_parameters modules named_modules buffers named_buffers children named_children items keys "
+    "values get split rsplit strip replace startswith endswith lower upper join format copy".split()
+)
+"""Method names that read their object (torch modules, dicts, strings) without changing it."""
+LOCAL_MUTATORS = frozenset("append extend add update insert".split())
+"""Methods that change only their receiver: side-effect free when the receiver is a local of the function."""
+
+
+class _NotConst(Exception):
+    pass
+
+
+def _const(node: ast.AST, known: Dict[str, Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in known:
+        return known[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return not _const(node.operand, known)
+    if isinstance(node, ast.BoolOp):
+        for sub in node.values[:-1]:
+            value = _const(sub, known)
+            if (not value) if isinstance(node.op, ast.And) else value:
+                return value  # short-circuit: what follows is never evaluated
+        return _const(node.values[-1], known)
+    if isinstance(node, ast.Compare) and len(node.ops) == 1:
+        left, right, op = _const(node.left, known), _const(node.comparators[0], known), node.ops[0]
+        table = {ast.Eq: left == right, ast.NotEq: left != right, ast.Is: left is right, ast.IsNot: left is not right}
+        if type(op) in table:
+            return table[type(op)]
+    if isinstance(node, ast.IfExp):
+        return _const(node.body if _const(node.test, known) else node.orelse, known)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("bool", "int", "str"):
+        if len(node.args) == 1 and not node.keywords:
+            return {"bool": bool, "int": int, "str": str}[node.func.id](_const(node.args[0], known))
+    raise _NotConst
+
+
+def _stores(fn: ast.AST) -> Dict[str, int]:
+    counts: Dict[str, int] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            counts[node.id] = counts.get(node.id, 0) + 1
+        elif isinstance(node, ast.arg):
+            counts[node.arg] = counts.get(node.arg, 0) + 2  # an argument is never a constant local
+    return counts
+
+
+def _locals(fn: ast.FunctionDef) -> Set[str]:
+    return set(_stores(fn)) - {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+
+
+def is_pure(node: ast.AST, pure: Set[str], local: Set[str]) -> bool:
+    """Whether evaluating ``node`` only computes a value (see the module docstring)."""
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr, ast.Global, ast.Nonlocal)):
+            return False
+        if not isinstance(sub, ast.Call):
+            continue
+        func = sub.func
+        if isinstance(func, ast.Name) and (func.id in PURE_BUILTINS or func.id in pure):
+            continue
+        if isinstance(func, ast.Attribute) and func.attr in READ_METHODS:
+            continue
+        if isinstance(func, ast.Attribute) and func.attr in LOCAL_MUTATORS and isinstance(func.value, ast.Name):
+            if func.value.id in local:
+                continue
+        return False
+    return True
+
+
+def _pure_function(fn: ast.FunctionDef, pure: Set[str]) -> bool:
+    local = _locals(fn)
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.Attribute, ast.Subscript)) and not isinstance(node.ctx, ast.Load):
+            return False  # writes into an object it may not own
+    return all(is_pure(stmt, pure, local) for stmt in fn.body)
+
+
+def pure_functions(texts: Dict[str, str]) -> Set[str]:
+    """Names of the top-level functions (name -> text) that are side-effect free; a greatest fixpoint, so mutually
+    calling pure functions stay pure."""
+    trees = {}
+    for name, text in texts.items():
+        node = ast.parse(text).body[0]
+        if isinstance(node, ast.FunctionDef) and not node.decorator_list:
+            trees[name] = node
+    pure = set(trees)
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(pure):
+            if not _pure_function(trees[name], pure):
+                pure.discard(name)
+                changed = True
+    return pure
+
+
+def _replace(lines: List[str], spans: List[tuple]) -> List[str]:
+    out = list(lines)
+    for lineno, col, end, rep in sorted(spans, reverse=True):
+        text = out[lineno - 1].encode()
+        out[lineno - 1] = (text[:col] + rep.encode() + text[end:]).decode()
+    return out
+
+
+def _drop(lines: List[str], stmts: List[ast.stmt]) -> List[str]:
+    gone: Set[int] = set()
+    for stmt in stmts:
+        first = stmt.lineno
+        while first > 1 and lines[first - 2].lstrip().startswith("#"):
+            first -= 1  # its comment goes with it
+        gone |= set(range(first, stmt.end_lineno + 1))
+    return [line for i, line in enumerate(lines, 1) if i not in gone]
+
+
+def _fold_locals(fn: ast.FunctionDef, lines: List[str]) -> Optional[List[str]]:
+    stores, known, assigns = _stores(fn), {}, []
+    for stmt in fn.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            name = stmt.targets[0].id
+            if stores.get(name) == 1:
+                try:
+                    known[name] = _const(stmt.value, known)
+                    assigns.append(stmt)
+                except _NotConst:
+                    pass
+    if not known:
+        return None
+    spans = []
+    for node in ast.walk(fn):
+        if isinstance(node, ast.expr) and not isinstance(node, ast.Constant) and node.lineno == node.end_lineno:
+            if not any(isinstance(n, ast.Name) and n.id in known for n in ast.walk(node)):
+                continue
+            try:
+                value = _const(node, known)
+            except _NotConst:
+                continue
+            span = (node.lineno, node.col_offset, node.end_col_offset, repr(value))
+            if not any(s[0] == span[0] and s[1] <= span[1] and span[2] <= s[2] for s in spans):
+                spans = [s for s in spans if not (s[0] == span[0] and span[1] <= s[1] and s[2] <= span[2])] + [span]
+    assign_ids = {id(a) for a in assigns}
+    loads = [
+        n
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Name) and n.id in known and isinstance(n.ctx, ast.Load) and id(n) not in assign_ids
+    ]
+    if any(
+        not any(s[0] == n.lineno and s[1] <= n.col_offset and n.end_col_offset <= s[2] for s in spans) for n in loads
+    ):
+        return None  # a read stays as written: keep every assignment (rare; never half-folded)
+    return _drop(_replace(lines, spans), assigns)
+
+
+def _drop_dead(fn: ast.FunctionDef, lines: List[str], pure: Set[str]) -> Optional[List[str]]:
+    read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    local = _locals(fn)
+    dead = []
+    for node in ast.walk(fn):
+        for block in (getattr(node, "body", None), getattr(node, "orelse", None)):
+            if not isinstance(block, list) or len(block) < 2:
+                continue  # never empty a block
+            for stmt in block:
+                if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
+                    continue
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                names = [n for t in targets for n in ast.walk(t)]
+                if not all(isinstance(n, (ast.Name, ast.Tuple, ast.Store)) for n in names):
+                    continue
+                if any(isinstance(n, ast.Name) and n.id in read for n in names):
+                    continue
+                if is_pure(stmt.value, pure, local):
+                    dead.append(stmt)
+    return _drop(lines, dead) if dead else None
+
+
+def simplify(text: str, pure: Set[str]) -> str:
+    """One top-level function's text with constant locals folded and dead side-effect-free assignments removed."""
+    for _ in range(10):
+        tree = ast.parse(text)
+        fn = tree.body[0] if tree.body else None
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return text
+        lines = text.splitlines()
+        new = _fold_locals(fn, lines) or _drop_dead(fn, lines, pure)
+        if new is None:
+            return text
+        text = "\n".join(new)
+    return text
