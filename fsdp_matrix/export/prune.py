@@ -28,6 +28,8 @@ NOT_REPRODUCED = (
     'raise RuntimeError("not reproduced: no error above (the script keeps the lines that ran when it did)")'
 )
 """Appended after the statement that raised in the traced run; its continuation is not in the script."""
+RAISED_HERE = "  # <- raised here in the traced run"
+"""Marks the innermost statement of the script in the traced run's traceback."""
 
 
 LINE_LENGTH = 120
@@ -163,6 +165,7 @@ class _Emitter:
         self.lines, self.folder, self.trace = lines, folder, trace
         self.ran_lines: Optional[Set[int]] = trace.lines if trace else None
         self.stop_after: Set[int] = set()
+        self.raised_here: Set[int] = set()
         self._innermost: Dict[int, ast.stmt] = {}
 
     def _stop_point(self, frames: List[int]) -> Set[int]:
@@ -180,6 +183,9 @@ class _Emitter:
                     self._innermost[lineno] = node
         for frames in self.trace.raised if self.trace else []:
             self.stop_after |= self._stop_point(frames)
+            node = self._innermost.get(frames[-1]) if frames else None
+            if node is not None:
+                self.raised_here.add(id(node))
 
     def ran(self, node: ast.AST) -> bool:
         if self.ran_lines is None:
@@ -234,13 +240,19 @@ class _Emitter:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             cls = isinstance(node, ast.ClassDef)
             return self.header(node, node.body[0], dedent) + self.block(node.body, dedent, inner, cls=cls)
-        if isinstance(node, ast.Try) and not node.orelse and not node.finalbody:
+        if isinstance(node, ast.Try):
             kept = [h for h in node.handlers if self.ran_lines is None or self.ran_body(h)]
-            if not kept:  # no handler ever ran: the body alone, one level out
+            orelse = node.orelse if self.ran_lines is None or any(self.ran(s) for s in node.orelse) else []
+            if not kept and not orelse and not node.finalbody:  # no handler ever ran: the body alone, one level out
                 return self.block(node.body, dedent + 4, inner[4:])
-            out = self.header(node, node.body[0], dedent) + self.block(node.body, dedent, inner)
+            lead = " " * (node.col_offset - dedent)
+            out = [lead + "try:"] + self.block(node.body, dedent, inner)
             for h in kept:
                 out += self.header(h, h.body[0], dedent) + self.block(h.body, dedent, inner)
+            if orelse:
+                out += [lead + "else:"] + self.block(orelse, dedent, inner)
+            if node.finalbody:
+                out += [lead + "finally:"] + self.block(node.finalbody, dedent, inner)
             return out
         if isinstance(node, (ast.For, ast.While, ast.With)) and not getattr(node, "orelse", None):
             return self.header(node, node.body[0], dedent) + self.block(node.body, dedent, inner)
@@ -248,6 +260,8 @@ class _Emitter:
         if len(out) > 1:
             lead = out[0][: _indent(out[0])]
             out = _one_line("\n".join(x[len(lead) :] for x in out), lead) or out
+        if id(node) in self.raised_here:
+            out[-1] += RAISED_HERE
         if id(node) in self.stop_after and not hasattr(node, "body"):
             out.append(" " * (node.col_offset - dedent) + NOT_REPRODUCED)
         return out
@@ -386,14 +400,23 @@ class Pruned:
     """Every name the kept body reads (to prune unused imports)."""
     kept: List[str]
     """Top-level names kept, in order."""
+    trigger: List[str] = field(default_factory=list)
+    """The kept statements that call ``api`` names, and the one that raised, in reading order from ``run``:
+    ``(function) statement`` lines."""
 
 
 def prune_body(
-    script: str, body: Tuple[int, int], roots: Sequence[str], params: Dict[str, Any], trace: Optional[Trace] = None
+    script: str,
+    body: Tuple[int, int],
+    roots: Sequence[str],
+    params: Dict[str, Any],
+    trace: Optional[Trace] = None,
+    api: Set[str] = frozenset(),
 ) -> Pruned:
     """Prune the top-level statements of ``script`` between lines ``body`` (first, last; 1-based, inclusive).
 
     ``roots``: names the rest of the script reads (``run`` first). Line numbers in ``trace`` are the script's.
+    ``api``: names whose calls make the trigger (PEFT config, FSDP wrapping).
     """
     tree = ast.parse(script)
     folder = _Folder(tree, params)
@@ -477,7 +500,59 @@ def prune_body(
     flow = [n for n in final if id(n) not in plain]
     kept = [name for node in consts + flow for name in sorted(_bound(node))]
     text = "\n".join(emit(n) for n in consts) + ("\n\n" if consts else "") + "\n\n".join(emit(n) for n in flow)
-    return Pruned(text, names, kept)
+    return Pruned(text, names, kept, _trigger([emit(n) for n in order], api))
+
+
+def _trigger(texts: List[str], api: Set[str]) -> List[str]:
+    """Trigger lines in the order they run: statements in order, a called function's before the rest."""
+    functions, texts_by_name = {}, {}
+    for text in texts:
+        fn = ast.parse(text).body[0]
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions[fn.name], texts_by_name[fn.name] = fn, text
+    out: List[str] = []
+    visited: Set[str] = set()
+
+    def calls_in_order(node: ast.AST) -> List[ast.Call]:
+        found: List[ast.Call] = []
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.stmt, ast.Lambda)):
+                found += calls_in_order(child)
+        return found + ([node] if isinstance(node, ast.Call) else [])
+
+    def visit(name: str) -> None:
+        if name in visited or name not in functions:
+            return
+        visited.add(name)
+        fn = functions[name]
+        body = [s for s in ast.walk(fn) if isinstance(s, ast.stmt) and not hasattr(s, "body")]
+        body.sort(key=lambda s: s.lineno)
+        lines = texts_by_name[name].splitlines()
+        for stmt in body:
+            if _is_stop(stmt):
+                continue
+            calls = calls_in_order(stmt)
+            raised = RAISED_HERE in lines[stmt.end_lineno - 1]
+            if {_root(c.func) for c in calls} & api or raised:
+                line = " ".join(ast.unparse(stmt).split())
+                line = line if len(line) <= 90 else line[:87] + "..."
+                out.append(f"{fn.name}(): {line}" + ("   <- raises" if raised else ""))
+            for call in calls:
+                if isinstance(call.func, ast.Name):
+                    visit(call.func.id)
+
+    visit("run")
+    return out
+
+
+def _is_stop(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Raise) and "not reproduced" in ast.unparse(stmt)
+
+
+def _root(node: ast.AST) -> str:
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
 
 
 def prune_imports(lines: Sequence[str], used: Set[str]) -> List[str]:

@@ -12,7 +12,7 @@ import datetime
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Set, Tuple
 
 from fsdp_matrix.cells import Cell, find_cell
 from fsdp_matrix.expectations import Expected, expected_for
@@ -74,12 +74,27 @@ def _pep723(combo: Combo) -> str:
     return f'# /// script\n# requires-python = "{python}"\n# dependencies = [\n{deps}# ]\n# ///\n'
 
 
-def _docstring(exp: Export, trace: Optional[Trace]) -> str:
+API_MODULES = ("peft", "torch.distributed.fsdp", "torch.distributed._composable", "accelerate")
+"""Calls into these make a report's trigger: the PEFT config and model, the FSDP wrapping."""
+
+
+def api_names(imports: List[str]) -> Set[str]:
+    """Names the import lines bind from API_MODULES."""
+    out: Set[str] = set()
+    for line in imports:
+        node = ast.parse(line).body[0]
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(API_MODULES):
+            out |= {a.asname or a.name for a in node.names}
+    return out
+
+
+def _docstring(exp: Export, trace: Optional[Trace], trigger: List[str]) -> str:
     about = ast.get_docstring(ast.parse(exp.repro.read_text(encoding="utf-8"))) or ""
     how = "the lines a run of the cell reached" if trace else "what the cell's params reach"
     text = (
         f"{exp.case.title}: {exp.case.report}\n\n{about}\n\n"
-        f"fsdp-matrix cell {exp.cell.key}, combo {exp.combo.id}: {exp.cell.world_size} ranks on {exp.cell.device}.\n"
+        + ("The trigger, in the functions below:\n" + "".join(f"    {t}\n" for t in trigger) + "\n" if trigger else "")
+        + f"fsdp-matrix cell {exp.cell.key}, combo {exp.combo.id}: {exp.cell.world_size} ranks on {exp.cell.device}.\n"
         f"Expected with the pinned versions: {expected_text(exp.expected)}.\n"
         f"Run: `uv run {exp.stem}.py` or `python {exp.stem}.py`: it starts itself under torchrun "
         "(--device cpu|cuda, --nproc-per-node N, --timeout S).\n"
@@ -152,7 +167,8 @@ GUARD = (
     'if __name__ == "__main__" and "RANK" not in os.environ:\n    sys.exit(relaunch(sys.argv[1:], DEVICE, WORLD_SIZE))'
 )
 MAIN = (
-    'if __name__ == "__main__":\n    sys.exit(rank_main(run, RankContext, PARAMS, PINS, sys.argv[1:], DEVICE, WORLD_SIZE))'
+    'if __name__ == "__main__":\n'
+    "    sys.exit(rank_main(run, RankContext, PARAMS, PINS, sys.argv[1:], DEVICE, WORLD_SIZE))"
 )
 
 
@@ -166,11 +182,12 @@ def render_script(exp: Export, trace: Optional[Trace] = None) -> str:
     full = full_script(exp)
     flat = full.flat
     launch, rank = flat.sections[0], flat.sections[1]
-    pruned = prune_body(full.text, full.body, ["run", "RankContext"], exp.cell.params_dict, trace)
+    api = api_names(flat.other_imports)
+    pruned = prune_body(full.text, full.body, ["run", "RankContext"], exp.cell.params_dict, trace, api)
     rest = "\n".join([launch.text, rank.text, GUARD, MAIN, _constants(exp)])
     used = pruned.names | {n.id for n in ast.walk(ast.parse(rest)) if isinstance(n, ast.Name)}
     parts = [
-        _pep723(exp.combo) + _docstring(exp, trace) + "\nfrom __future__ import annotations",
+        _pep723(exp.combo) + _docstring(exp, trace, pruned.trigger) + "\nfrom __future__ import annotations",
         "\n".join(_stdlib_lines(prune_imports(flat.stdlib_imports, used))) + "\n\n" + _constants(exp),
         _no_docstring(launch.text),
         GUARD,

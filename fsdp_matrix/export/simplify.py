@@ -182,9 +182,11 @@ def _drop_dead(fn: ast.FunctionDef, lines: List[str], pure: Set[str]) -> Optiona
         for block in (getattr(node, "body", None), getattr(node, "orelse", None)):
             if not isinstance(block, list) or len(block) < 2:
                 continue  # never empty a block
-            for stmt in block:
+            for stmt, after in zip(block, block[1:] + [None]):
                 if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
                     continue
+                if isinstance(after, ast.Raise):
+                    continue  # the statement that raised in the traced run: kept, whatever it computes
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                 names = [n for t in targets for n in ast.walk(t)]
                 if not all(isinstance(n, (ast.Name, ast.Tuple, ast.Store)) for n in names):
