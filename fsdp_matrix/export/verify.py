@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from fsdp_matrix.expectations import Expected
+from fsdp_matrix.cells import expand_case
+from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.verdicts import Judgement, judge
 
 POISON = "raise ImportError('the exported script imported fsdp_matrix')\n"
@@ -78,6 +79,17 @@ def run_alone(script: Path, python: str = sys.executable, timeout: float = 600) 
         except subprocess.TimeoutExpired as exc:
             code, out, stdout = 124, f"timed out after {timeout:.0f} s\n{exc.stdout or ''}{exc.stderr or ''}", ""
         return Alone(code, out, sorted(p.name for p in scratch.iterdir()), stdout)
+
+
+def pick_cell(case, versions):
+    """The case's first cell that matrix.yaml expects to raise the report with ``versions``, else its first expected
+    to train, else its first."""
+    cells = expand_case(case)
+    for kind in ("error", "ok"):
+        for cell in cells:
+            if expected_for(case, cell, versions).kind == kind:
+                return cell
+    return cells[0]
 
 
 def matching_combo_id(matrix, versions) -> Optional[str]:

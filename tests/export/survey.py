@@ -17,11 +17,10 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from fsdp_matrix.cells import expand_case
 from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.export.cli import trace_for
 from fsdp_matrix.export.script import prepare, render_script
-from fsdp_matrix.export.verify import matching_combo_id, run_alone
+from fsdp_matrix.export.verify import matching_combo_id, pick_cell, run_alone
 from fsdp_matrix.matrix import DEFAULT_MATRIX, PACKAGES, load_matrix
 from fsdp_matrix.verdicts import Verdict
 
@@ -36,15 +35,6 @@ def installed() -> dict:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
-
-
-def pick_cell(case, versions):
-    cells = expand_case(case)
-    for kind in ("error", "ok"):
-        for cell in cells:
-            if expected_for(case, cell, versions).kind == kind:
-                return cell
-    return cells[0]
 
 
 def before_lines(checkout: Path, ref: str, combo: str) -> int:
