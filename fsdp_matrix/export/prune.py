@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from fsdp_matrix.export.inline import _bound, _start
-from fsdp_matrix.export.simplify import pure_functions, simplify
+from fsdp_matrix.export.simplify import constant_args, pure_functions, simplify
 
 NOT_REPRODUCED = (
     'raise RuntimeError("not reproduced: no error above (the script keeps the lines that ran when it did)")'
@@ -461,10 +461,11 @@ def prune_body(
     order, names = walk()
     for _ in range(10):  # simplifying drops calls, which can leave functions unreached, which frees more
         functions = [n for n in order if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        pure = pure_functions({n.name: texts[id(n)] for n in functions})
+        by_name = {n.name: texts[id(n)] for n in functions}
+        pure, args = pure_functions(by_name), constant_args(by_name)
         changed = False
         for node in functions:
-            new = simplify(texts[id(node)], pure)
+            new = simplify(texts[id(node)], pure, args.get(node.name))
             changed |= new != texts[id(node)]
             texts[id(node)] = new
         order, names = walk()

@@ -136,17 +136,125 @@ def _drop(lines: List[str], stmts: List[ast.stmt]) -> List[str]:
     return [line for i, line in enumerate(lines, 1) if i not in gone]
 
 
-def _fold_locals(fn: ast.FunctionDef, lines: List[str]) -> Optional[List[str]]:
-    stores, known, assigns = _stores(fn), {}, []
+def constant_args(texts: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
+    """Per top-level function (name -> text): the parameters every call in ``texts`` passes the same constant (or
+    leaves at a constant default). A function also used other than by a plain call (passed along, called from
+    outside ``texts``) has none."""
+    trees = {name: ast.parse(text) for name, text in texts.items()}
+    fns = {n: t.body[0] for n, t in trees.items() if t.body and isinstance(t.body[0], ast.FunctionDef)}
+    calls: Dict[str, List[ast.Call]] = {name: [] for name in fns}
+    funcs = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in fns:
+                calls[node.func.id].append(node)
+                funcs.add(id(node.func))
+    for tree in trees.values():
+        fn = tree.body[0] if tree.body else tree
+        shadowed = _locals(fn) if isinstance(fn, ast.FunctionDef) else set()
+        shadowed |= {a.arg for a in ast.walk(fn) if isinstance(a, ast.arg)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in calls and id(node) not in funcs and node.id not in shadowed:
+                calls.pop(node.id)  # passed along: callers unknown
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, sites in calls.items():
+        if sites:
+            out[name] = _agreed(fns[name].args, sites)
+    return {k: v for k, v in out.items() if v}
+
+
+def _agreed(args: ast.arguments, sites: List[ast.Call]) -> Dict[str, Any]:
+    positional = args.posonlyargs + args.args
+    defaults = dict(zip([a.arg for a in positional][len(positional) - len(args.defaults) :], args.defaults))
+    defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+    names = [a.arg for a in positional + args.kwonlyargs]
+    values: Dict[str, List[Any]] = {n: [] for n in names}
+    for call in sites:
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            return {}
+        bound = dict(zip([a.arg for a in positional], call.args))
+        bound.update({k.arg: k.value for k in call.keywords})
+        for n in names:
+            node = bound.get(n, defaults.get(n))
+            values[n].append(node.value if isinstance(node, ast.Constant) else _NotConst)
+    return {
+        n: v[0]
+        for n, v in values.items()
+        if v and v[0] is not _NotConst and all(x is not _NotConst and type(x) is type(v[0]) and x == v[0] for x in v)
+    }
+
+
+def _taken_branch(node: ast.AST, known: Dict[str, Any]) -> Optional[str]:
+    """``a if TEST else b`` with a constant TEST: the source of the branch taken, when it reads no known name."""
+    if not isinstance(node, ast.IfExp):
+        return None
+    try:
+        branch = node.body if _const(node.test, known) else node.orelse
+    except _NotConst:
+        return None
+    if any(isinstance(n, ast.Name) and n.id in known for n in ast.walk(branch)):
+        return None
+    return ast.unparse(branch)
+
+
+def _fold_ifs(fn: ast.FunctionDef, lines: List[str]) -> Optional[List[str]]:
+    """The first ``if`` whose test is a constant, replaced by the branch it takes (``elif`` chains included)."""
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.If):
+            continue
+        try:
+            taken = bool(_const(node.test, {}))
+        except _NotConst:
+            continue
+        elif_ = len(node.orelse) == 1 and lines[node.orelse[0].lineno - 1].lstrip().startswith("elif")
+        first, last = node.lineno, node.end_lineno
+        if taken:
+            body = _dedent(lines[node.body[0].lineno - 1 : node.body[-1].end_lineno])
+            return lines[: first - 1] + body + lines[last:]
+        if elif_:
+            nxt = node.orelse[0].lineno
+            line = lines[nxt - 1]
+            head = line[: _indent(line)] + line.lstrip()[2:]  # elif -> if
+            return lines[: first - 1] + [head] + lines[nxt:]
+        if node.orelse:
+            return lines[: first - 1] + _dedent(lines[node.orelse[0].lineno - 1 : last]) + lines[last:]
+        siblings = next(b for p in ast.walk(fn) for b in _blocks(p) if node in b)
+        if len(siblings) > 1:
+            return lines[: first - 1] + lines[last:]
+    return None
+
+
+def _blocks(node: ast.AST) -> List[list]:
+    return [b for b in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")) if isinstance(b, list)]
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _dedent(lines: List[str]) -> List[str]:
+    return [line[min(4, _indent(line)) :] for line in lines]
+
+
+def _fold_locals(fn: ast.FunctionDef, lines: List[str], args: Optional[Dict[str, Any]] = None) -> Optional[List[str]]:
+    stores, assigns = _stores(fn), []
+    # a parameter every caller passes the same constant, unless the body rebinds it
+    known = {n: v for n, v in (args or {}).items() if stores.get(n) == 2}
     for stmt in fn.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            name = stmt.targets[0].id
-            if stores.get(name) == 1:
-                try:
-                    known[name] = _const(stmt.value, known)
-                    assigns.append(stmt)
-                except _NotConst:
-                    pass
+        if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+            continue
+        target, value = stmt.targets[0], stmt.value
+        pairs = [(target, value)] if isinstance(target, ast.Name) else []
+        if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+            pairs = list(zip(target.elts, value.elts))  # a, b = 1, 2: both or neither
+        if not pairs or not all(isinstance(t, ast.Name) and stores.get(t.id) == 1 for t, _ in pairs):
+            continue
+        try:
+            found = {t.id: _const(v, known) for t, v in pairs}
+        except _NotConst:
+            continue
+        known.update(found)
+        assigns.append(stmt)
     if not known:
         return None
     spans = []
@@ -155,10 +263,12 @@ def _fold_locals(fn: ast.FunctionDef, lines: List[str]) -> Optional[List[str]]:
             if not any(isinstance(n, ast.Name) and n.id in known for n in ast.walk(node)):
                 continue
             try:
-                value = _const(node, known)
+                rep = repr(_const(node, known))
             except _NotConst:
-                continue
-            span = (node.lineno, node.col_offset, node.end_col_offset, repr(value))
+                rep = _taken_branch(node, known)
+                if rep is None:
+                    continue
+            span = (node.lineno, node.col_offset, node.end_col_offset, rep)
             if not any(s[0] == span[0] and s[1] <= span[1] and span[2] <= s[2] for s in spans):
                 spans = [s for s in spans if not (s[0] == span[0] and span[1] <= s[1] and s[2] <= span[2])] + [span]
     assign_ids = {id(a) for a in assigns}
@@ -198,15 +308,17 @@ def _drop_dead(fn: ast.FunctionDef, lines: List[str], pure: Set[str]) -> Optiona
     return _drop(lines, dead) if dead else None
 
 
-def simplify(text: str, pure: Set[str]) -> str:
-    """One top-level function's text with constant locals folded and dead side-effect-free assignments removed."""
+def simplify(text: str, pure: Set[str], args: Optional[Dict[str, Any]] = None) -> str:
+    """One top-level function's text with constant locals (and the parameters in ``args``) folded, constant ``if``
+    tests resolved and dead side-effect-free assignments removed."""
     for _ in range(10):
         tree = ast.parse(text)
         fn = tree.body[0] if tree.body else None
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return text
         lines = text.splitlines()
-        new = _fold_locals(fn, lines) or _drop_dead(fn, lines, pure)
+        new = _fold_locals(fn, lines, args) or _fold_ifs(fn, lines) or _drop_dead(fn, lines, pure)
+        args = None  # folded into the text: the parameters are no longer read
         if new is None:
             return text
         text = "\n".join(new)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from fsdp_matrix.export.simplify import pure_functions, simplify
+from fsdp_matrix.export.simplify import constant_args, pure_functions, simplify
 
 
 def _fn(text: str) -> str:
@@ -53,3 +53,16 @@ def test_the_statement_before_a_raise_stays():
         """
     )
     assert "x = names(model)" in simplify(text, {"names"})
+
+
+def test_a_parameter_every_caller_passes_as_the_same_constant_folds():
+    texts = {
+        "outer": "def outer(model):\n    return inner(model, 'decoder_layer', orig=False)",
+        "inner": "def inner(model, wrap, orig=True):\n    if wrap == 'fsdp2':\n        return 2\n"
+        "    return fsdp(model, use_orig_params=bool(orig))",
+        "other": "def other(model):\n    return inner(model, 'decoder_layer', orig=True)",
+    }
+    args = constant_args(texts)
+    assert args["inner"] == {"wrap": "decoder_layer"}  # orig differs between the callers: not folded
+    out = simplify(texts["inner"], set(), args["inner"])
+    assert out == "def inner(model, wrap, orig=True):\n    return fsdp(model, use_orig_params=bool(orig))"
