@@ -10,6 +10,7 @@ checkout (e.g. main), with its own code. Prints a markdown table; exits 1 when a
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.export.cli import trace_for
-from fsdp_matrix.export.script import prepare, render_script
+from fsdp_matrix.export.prune import Trace
+from fsdp_matrix.export.script import full_script, prepare, render_script
 from fsdp_matrix.export.verify import matching_combo_id, pick_cell, run_alone
 from fsdp_matrix.matrix import DEFAULT_MATRIX, PACKAGES, load_matrix
 from fsdp_matrix.verdicts import Verdict
@@ -37,6 +39,23 @@ def installed() -> dict:
     return out
 
 
+def cached_trace(exp, folder):
+    """The cell's trace: from ``folder`` when it was taken of the same full script, else a new traced run."""
+    full = full_script(exp).text
+    path = folder / f"{exp.stem}.json" if folder else None
+    if path is not None and path.exists():
+        data = json.loads(path.read_text())
+        if data["full"] == full:
+            return Trace(set(data["lines"]), data["raised"], data["outcome"])
+    trace = trace_for(exp, "auto", sys.executable)
+    if trace is not None and path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            json.dumps({"full": full, "lines": sorted(trace.lines), "raised": trace.raised, "outcome": trace.outcome})
+        )
+    return trace
+
+
 def before_lines(checkout: Path, ref: str, combo: str) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "fsdp_matrix", "export", ref, "--combo", combo, "--out", tmp]
@@ -51,6 +70,7 @@ def main() -> int:
     p.add_argument("--cases", help="comma-separated case ids (default: all)")
     p.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="fsdp-export-survey-")))
     p.add_argument("--no-run", action="store_true", help="count lines only")
+    p.add_argument("--traces", type=Path, help="keep each cell's trace here, and reuse it while the script is the same")
     args = p.parse_args()
     versions = installed()
     combo = matching_combo_id(MATRIX, versions) or MATRIX.newest("cpu").id
@@ -68,7 +88,7 @@ def main() -> int:
         folder = args.out / case.id
         folder.mkdir(parents=True, exist_ok=True)
         script = folder / f"{exp.stem}.py"
-        script.write_text(render_script(exp, trace_for(exp, "auto", sys.executable)))
+        script.write_text(render_script(exp, cached_trace(exp, args.traces)))
         after = len(script.read_text().splitlines())
         before = before_lines(args.before, ref, combo) if args.before else "-"
         verdict = "-"
