@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 from typing import List
 
 OUTCOME_ENV, SCRATCH_ENV = "FSDP_REPRO_OUTCOME_FILE", "FSDP_REPRO_SCRATCH"
@@ -24,11 +23,11 @@ def parse_args(argv: List[str], device: str, world_size: int) -> argparse.Namesp
 
 def relaunch(argv: List[str], device: str, world_size: int) -> int:
     n = parse_args(argv, device, world_size).nproc_per_node
-    cmd = [sys.executable] + (["-I"] if sys.flags.isolated else []) + ["-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={n}", sys.argv[0], *argv]
-    # rank 0 writes its outcome here (torchrun would follow a rank's traceback with its own ChildFailedError), and
-    # the ranks' scratch folder lives here too: both gone with it, however the ranks ended
+    python = [sys.executable] + (["-I"] if sys.flags.isolated else [])
+    # rank 0 writes its outcome in here (torchrun would follow a rank's traceback with its own ChildFailedError),
+    # next to the ranks' scratch folder: both gone with it, however the ranks ended
     with tempfile.TemporaryDirectory(prefix="fsdp-repro-") as tmp:
-        outcome = Path(tmp, "outcome")
-        code = subprocess.call(cmd, env={**os.environ, OUTCOME_ENV: str(outcome), SCRATCH_ENV: f"{tmp}/scratch"})
-        return code or int(not outcome.exists() or outcome.read_text() != "ok")
+        env = {**os.environ, OUTCOME_ENV: f"{tmp}/outcome", SCRATCH_ENV: f"{tmp}/scratch"}
+        torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", sys.argv[0], *argv]
+        code = subprocess.call(python + torchrun, env=env)
+        return code or int(not os.path.exists(env[OUTCOME_ENV]) or open(env[OUTCOME_ENV]).read() != "ok")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from fsdp_matrix.export.inline import _bound, _start
+from fsdp_matrix.export.inliner import inline_all
 from fsdp_matrix.export.simplify import constant_args, pure_functions, simplify
 
 NOT_REPRODUCED = (
@@ -331,6 +332,21 @@ def _one_line(source: str, lead: str, skip_last: bool = False) -> Optional[List[
     return [lead + x for x in lines[:-1]] + filled if filled else None
 
 
+def join_statements(text: str) -> str:
+    """``text`` with each simple statement that spans lines joined as ``_one_line`` would (the runtime's sections
+    are written for ruff, with one argument a line)."""
+    lines = text.splitlines()
+    stmts = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.stmt) and not hasattr(n, "body")]
+    for node in sorted(stmts, key=lambda n: n.lineno, reverse=True):
+        if node.end_lineno > node.lineno:
+            chunk = lines[node.lineno - 1 : node.end_lineno]
+            lead = chunk[0][: _indent(chunk[0])]
+            joined = _one_line("\n".join(x[len(lead) :] for x in chunk), lead)
+            if joined:
+                lines[node.lineno - 1 : node.end_lineno] = joined
+    return "\n".join(lines)
+
+
 def _fill(line: str, lead: str) -> Optional[List[str]]:
     """``line`` broken after the commas of its outermost brackets so that every piece fits, continuation lines
     indented by four; None when a piece is still too long."""
@@ -468,6 +484,11 @@ def prune_body(
             new = simplify(texts[id(node)], pure, args.get(node.name))
             changed |= new != texts[id(node)]
             texts[id(node)] = new
+        inlined = inline_all({n.name: texts[id(n)] for n in functions}, keep=set(roots))
+        for node in functions:
+            if node.name in inlined and inlined[node.name] != texts[id(node)]:
+                texts[id(node)] = inlined[node.name]
+                changed = True
         order, names = walk()
         if not changed:
             break

@@ -17,7 +17,7 @@ from typing import List, Optional, Set, Tuple
 from fsdp_matrix.cells import Cell, find_cell
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.export.inline import Flat, flatten
-from fsdp_matrix.export.prune import Trace, prune_body, prune_imports
+from fsdp_matrix.export.prune import Trace, join_statements, prune_body, prune_imports
 from fsdp_matrix.matrix import Case, Combo, Matrix
 from fsdp_matrix.records import Record, iter_records
 
@@ -189,12 +189,12 @@ def render_script(exp: Export, trace: Optional[Trace] = None) -> str:
     parts = [
         _pep723(exp.combo) + _docstring(exp, trace, pruned.trigger) + "\nfrom __future__ import annotations",
         "\n".join(_stdlib_lines(prune_imports(flat.stdlib_imports, used))) + "\n\n" + _constants(exp),
-        _no_docstring(launch.text),
+        join_statements(_no_docstring(launch.text)),
         GUARD,
         "# imported on the ranks only: the launching process stops above\n"
         + "\n".join(prune_imports(flat.other_imports, used)),
         pruned.text,
-        _no_docstring(rank.text),
+        join_statements(_no_docstring(rank.text)),
         MAIN,
     ]
     return _single_blank(_join(parts))

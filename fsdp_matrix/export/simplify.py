@@ -32,6 +32,11 @@ class _NotConst(Exception):
     pass
 
 
+FOLDABLE = (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.IfExp, ast.Call)
+"""Expressions folded wherever they are constant (``'lora' == 'dora'``, ``bool(False)``), not only around a known
+local: inlining leaves such expressions behind."""
+
+
 def _const(node: ast.AST, known: Dict[str, Any]) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
@@ -255,12 +260,12 @@ def _fold_locals(fn: ast.FunctionDef, lines: List[str], args: Optional[Dict[str,
             continue
         known.update(found)
         assigns.append(stmt)
-    if not known:
-        return None
     spans = []
     for node in ast.walk(fn):
         if isinstance(node, ast.expr) and not isinstance(node, ast.Constant) and node.lineno == node.end_lineno:
-            if not any(isinstance(n, ast.Name) and n.id in known for n in ast.walk(node)):
+            if not isinstance(node, FOLDABLE) and not any(
+                isinstance(n, ast.Name) and n.id in known for n in ast.walk(node)
+            ):
                 continue
             try:
                 rep = repr(_const(node, known))
@@ -281,7 +286,8 @@ def _fold_locals(fn: ast.FunctionDef, lines: List[str], args: Optional[Dict[str,
         not any(s[0] == n.lineno and s[1] <= n.col_offset and n.end_col_offset <= s[2] for s in spans) for n in loads
     ):
         return None  # a read stays as written: keep every assignment (rare; never half-folded)
-    return _drop(_replace(lines, spans), assigns)
+    new = _drop(_replace(lines, spans), assigns)
+    return new if new != lines else None
 
 
 def _drop_dead(fn: ast.FunctionDef, lines: List[str], pure: Set[str]) -> Optional[List[str]]:
