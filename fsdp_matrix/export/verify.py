@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from fsdp_matrix.cells import expand_case
+from fsdp_matrix.cells import expand_case, unmet_requirement
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.verdicts import Judgement, judge
 
@@ -82,14 +82,15 @@ def run_alone(script: Path, python: str = sys.executable, timeout: float = 600) 
 
 
 def pick_cell(case, versions):
-    """The case's first cell that matrix.yaml expects to raise the report with ``versions``, else its first expected
-    to train, else its first."""
+    """The case's first cell that can run on CPU and that matrix.yaml expects to raise the report with ``versions``,
+    else its first expected to train, else its first."""
     cells = expand_case(case)
+    runnable = [c for c in cells if unmet_requirement(case.requires, c) is None]
     for kind in ("error", "ok"):
-        for cell in cells:
+        for cell in runnable:
             if expected_for(case, cell, versions).kind == kind:
                 return cell
-    return cells[0]
+    return (runnable or cells)[0]
 
 
 def matching_combo_id(matrix, versions) -> Optional[str]:

@@ -18,6 +18,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from fsdp_matrix.cells import unmet_requirement
 from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.export.cli import trace_for
 from fsdp_matrix.export.prune import Trace
@@ -92,7 +93,10 @@ def main() -> int:
         after = len(script.read_text().splitlines())
         before = before_lines(args.before, ref, combo) if args.before else "-"
         verdict = "-"
-        if not args.no_run and expected.kind in ("error", "ok"):
+        unmet = unmet_requirement(case.requires, cell)
+        if unmet:
+            verdict = f"skipped in the matrix too ({unmet.split(':')[0]})"
+        elif not args.no_run and expected.kind in ("error", "ok"):
             alone = run_alone(script)
             got = alone.judge(expected).verdict
             want = Verdict.REPRODUCED if expected.kind == "error" else Verdict.FIX_HOLDS
