@@ -123,13 +123,19 @@ def inline_once(texts: Dict[str, str]) -> Optional[Dict[str, str]]:
         if bound is None:
             continue
         used = {n.id for n in ast.walk(outer) if isinstance(n, ast.Name)}
-        if (_locals(fn) - set(bound)) & used:
-            continue  # the callee's locals would overwrite the caller's
+        # the callee's locals must not overwrite the caller's; the name the call's value goes to is overwritten
+        # anyway, unless an argument still reads it
+        target = (
+            {stmt.targets[0].id} if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name) else set()
+        )
+        read_by_args = {n.id for a in bound.values() for n in ast.walk(a) if isinstance(n, ast.Name)}
+        if not ((_locals(fn) - set(bound)) & used) <= (target - read_by_args):
+            continue
         renames: Dict[str, str] = {}
         prologue: List[str] = []
         stored = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         for name, arg in bound.items():
-            if isinstance(arg, (ast.Name, ast.Constant)) and name not in stored:
+            if _simple(arg) and name not in stored and not (_base(arg) & stored):
                 renames[name] = ast.unparse(arg)
             elif any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(fn)):
                 if name in used:
@@ -188,3 +194,75 @@ def inline_all(texts: Dict[str, str], keep: Set[str] = frozenset(), limit: int =
             return texts
         texts = new
     return texts
+
+
+def _base(arg: ast.expr) -> Set[str]:
+    while isinstance(arg, ast.Attribute):
+        arg = arg.value
+    return {arg.id} if isinstance(arg, ast.Name) else set()
+
+
+def _single_return(fn: ast.AST) -> Optional[ast.expr]:
+    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list or fn.args.vararg or fn.args.kwarg:
+        return None
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return None
+    if any(isinstance(n, (ast.Lambda, ast.NamedExpr, ast.Yield, ast.Await)) for n in ast.walk(body[0].value)):
+        return None
+    return body[0].value
+
+
+def _simple(arg: ast.expr) -> bool:
+    """An argument that can be read twice or not at all without changing anything."""
+    while isinstance(arg, ast.Attribute):
+        arg = arg.value
+    return isinstance(arg, (ast.Name, ast.Constant))
+
+
+class _Substitute(ast.NodeTransformer):
+    def __init__(self, bound: Dict[str, ast.expr]) -> None:
+        self.bound = bound
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return self.bound.get(node.id, node) if isinstance(node.ctx, ast.Load) else node
+
+
+def inline_expressions(texts: Dict[str, str]) -> Dict[str, str]:
+    """Calls of a function whose body is one ``return EXPR`` replaced by EXPR with the arguments put in (only
+    arguments that are names, constants or attributes of names), wherever such a call fits on its line."""
+    trees = {name: ast.parse(text).body[0] for name, text in texts.items()}
+    exprs = {name: e for name, fn in trees.items() if (e := _single_return(fn)) is not None}
+    if not exprs:
+        return texts
+    out = dict(texts)
+    for caller, text in texts.items():
+        if caller in exprs:
+            continue
+        tree = ast.parse(text)
+        spans = []
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in exprs):
+                continue
+            if node.lineno != node.end_lineno:
+                continue
+            bound = _bind(trees[node.func.id], node)
+            if bound is None or not all(_simple(a) for a in bound.values()):
+                continue
+            expr = _Substitute(bound).visit(ast.parse(ast.unparse(exprs[node.func.id]), mode="eval").body)
+            text_expr = ast.unparse(expr)
+            if not isinstance(expr, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant)):
+                text_expr = f"({text_expr})"
+            spans.append((node.lineno, node.col_offset, node.end_col_offset, text_expr))
+        if spans:
+            lines = text.splitlines()
+            outer = [
+                s
+                for s in spans
+                if not any(o is not s and o[0] == s[0] and o[1] <= s[1] and s[2] <= o[2] for o in spans)
+            ]
+            for lineno, col, end, rep in sorted(outer, reverse=True):
+                raw = lines[lineno - 1].encode()
+                lines[lineno - 1] = (raw[:col] + rep.encode() + raw[end:]).decode()
+            out[caller] = "\n".join(lines)
+    return out

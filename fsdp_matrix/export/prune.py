@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from fsdp_matrix.export.inline import _bound, _start
-from fsdp_matrix.export.inliner import inline_all
-from fsdp_matrix.export.simplify import constant_args, pure_functions, simplify
+from fsdp_matrix.export.inliner import inline_all, inline_expressions
+from fsdp_matrix.export.simplify import constant_args, fold_tables, pure_functions, simplify
 
 NOT_REPRODUCED = (
     'raise RuntimeError("not reproduced: no error above (the script keeps the lines that ran when it did)")'
@@ -332,6 +332,30 @@ def _one_line(source: str, lead: str, skip_last: bool = False) -> Optional[List[
     return [lead + x for x in lines[:-1]] + filled if filled else None
 
 
+def plain_defs(text: str) -> str:
+    """``text`` with every ``def`` line written without annotations (and joined onto one line where it fits): a
+    repro's reader needs the names, and the annotations would keep typing imports alive."""
+    lines = text.splitlines()
+    defs = [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for node in sorted(defs, key=lambda n: n.lineno, reverse=True):
+        first, last = node.lineno, _start(node.body[0]) - 1
+        while last > first and (not lines[last - 1].strip() or lines[last - 1].lstrip().startswith("#")):
+            last -= 1
+        chunk = lines[first - 1 : last]
+        if any("#" in x for x in chunk):
+            continue
+        lead = chunk[0][: _indent(chunk[0])]
+        stub = ast.parse("\n".join(x[len(lead) :] for x in chunk) + "\n    pass").body[0]
+        for arg in ast.walk(stub.args):
+            if isinstance(arg, ast.arg):
+                arg.annotation = None
+        stub.returns, stub.decorator_list = None, []
+        head = _fill(ast.unparse(stub).splitlines()[0], lead)
+        if head:
+            lines[first - 1 : last] = head
+    return "\n".join(lines)
+
+
 def join_statements(text: str) -> str:
     """``text`` with each simple statement that spans lines joined as ``_one_line`` would (the runtime's sections
     are written for ruff, with one argument a line)."""
@@ -485,6 +509,9 @@ def prune_body(
             changed |= new != texts[id(node)]
             texts[id(node)] = new
         inlined = inline_all({n.name: texts[id(n)] for n in functions}, keep=set(roots))
+        inlined = inline_expressions(inlined)
+        tables = _tables([texts[id(n)] for n in order if isinstance(n, ast.Assign)])
+        inlined = {name: fold_tables(text, tables) for name, text in inlined.items()}
         for node in functions:
             if node.name in inlined and inlined[node.name] != texts[id(node)]:
                 texts[id(node)] = inlined[node.name]
@@ -523,6 +550,21 @@ def prune_body(
     kept = [name for node in consts + flow for name in sorted(_bound(node))]
     text = "\n".join(emit(n) for n in consts) + ("\n\n" if consts else "") + "\n\n".join(emit(n) for n in flow)
     return Pruned(text, names, kept, _trigger([emit(n) for n in order], api))
+
+
+def _tables(texts: List[str]) -> Dict[str, Dict[Any, str]]:
+    """Module-level dict literals with constant keys: name -> key -> the value's source (names and attributes
+    only, e.g. ``torch.bfloat16``)."""
+    out: Dict[str, Dict[Any, str]] = {}
+    for text in texts:
+        node = ast.parse(text).body[-1]
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        if isinstance(node.value, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.value.keys):
+            values = node.value.values
+            if all(isinstance(v, (ast.Name, ast.Attribute, ast.Constant)) for v in values):
+                out[node.targets[0].id] = {k.value: ast.unparse(v) for k, v in zip(node.value.keys, values)}
+    return out
 
 
 def _trigger(texts: List[str], api: Set[str]) -> List[str]:

@@ -37,10 +37,8 @@ def rank_main(run: Callable, context_cls: type, params: Dict, pins: Dict, argv: 
         checks = run(dict(params), context_cls(rank, world, local, dev, dist.get_backend(), scratch))
         mine = ("", f"===== rank {rank}: ok, checks =====\n{json.dumps(checks, default=str, indent=1)}")
     except Exception as exc:  # the error is the observation: report it, with the function that raised it
-        tb = exc.__traceback__
-        while tb.tb_next:
-            tb = tb.tb_next
-        where = f"{tb.tb_frame.f_globals.get('__name__')}.{tb.tb_frame.f_code.co_name}"
+        frame = [*traceback.walk_tb(exc.__traceback__)][-1][0]
+        where = f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name}"
         mine = (
             f"rank {rank}: {type(exc).__name__}: {exc} (raised in {where})",
             f"===== rank {rank}: error =====\n{traceback.format_exc()}",

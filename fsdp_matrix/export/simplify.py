@@ -241,6 +241,31 @@ def _dedent(lines: List[str]) -> List[str]:
     return [line[min(4, _indent(line)) :] for line in lines]
 
 
+def _drop_overwritten(fn: ast.FunctionDef, lines: List[str]) -> Optional[List[str]]:
+    """``x = CONSTANT`` that the next assignment to ``x`` overwrites before anything reads it (an inlined
+    parameter default, then the value the cell sets)."""
+    body = fn.body
+    for i, stmt in enumerate(body):
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            continue
+        if not isinstance(stmt.value, ast.Constant):
+            continue
+        name = stmt.targets[0].id
+        for later in body[i + 1 :]:
+            reads = any(
+                isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(later)
+            )
+            if reads:
+                break
+            stores = [n for n in ast.walk(later) if isinstance(n, ast.Name) and n.id == name]
+            if stores:
+                plain = isinstance(later, ast.Assign) and len(later.targets) == 1 and later.targets[0] is stores[0]
+                if plain:
+                    return _drop(lines, [stmt])
+                break
+    return None
+
+
 def _fold_locals(fn: ast.FunctionDef, lines: List[str], args: Optional[Dict[str, Any]] = None) -> Optional[List[str]]:
     stores, assigns = _stores(fn), []
     # a parameter every caller passes the same constant, unless the body rebinds it
@@ -323,9 +348,37 @@ def simplify(text: str, pure: Set[str], args: Optional[Dict[str, Any]] = None) -
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return text
         lines = text.splitlines()
-        new = _fold_locals(fn, lines, args) or _fold_ifs(fn, lines) or _drop_dead(fn, lines, pure)
+        new = (
+            _fold_locals(fn, lines, args)
+            or _fold_ifs(fn, lines)
+            or _drop_overwritten(fn, lines)
+            or _drop_dead(fn, lines, pure)
+        )
         args = None  # folded into the text: the parameters are no longer read
         if new is None:
             return text
         text = "\n".join(new)
     return text
+
+
+def fold_tables(text: str, tables: Dict[str, Dict[Any, str]]) -> str:
+    """``TABLE['key']`` (a module-level dict literal, see prune._tables) replaced by the value it holds, in a
+    function that does not rebind TABLE."""
+    tree = ast.parse(text)
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, ast.FunctionDef):
+        return text
+    local = _locals(fn)
+    spans = []
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id not in local:
+            table = tables.get(node.value.id)
+            key = node.slice
+            if (
+                table is not None
+                and isinstance(key, ast.Constant)
+                and key.value in table
+                and node.lineno == node.end_lineno
+            ):
+                spans.append((node.lineno, node.col_offset, node.end_col_offset, table[key.value]))
+    return "\n".join(_replace(text.splitlines(), spans)) if spans else text

@@ -20,7 +20,7 @@ from fsdp_matrix.export.cli import main
 from fsdp_matrix.export.inline import is_stdlib
 from fsdp_matrix.export.script import prepare, render_script
 from fsdp_matrix.export.snippet import code_block, code_span, render_markdown
-from fsdp_matrix.export.verify import POISON, matching_combo_id, pick_cell, run_alone
+from fsdp_matrix.export.verify import POISON, matching_combo_id, run_alone
 from fsdp_matrix.matrix import DEFAULT_MATRIX, PACKAGES, load_matrix
 from fsdp_matrix.records import Observed, RankResult, Record
 from fsdp_matrix.verdicts import Verdict
@@ -234,8 +234,13 @@ def _has_workload_packages() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("torch", "peft", "transformers", "bitsandbytes"))
 
 
-ORIGINALS = ("lora-requires-grad", "dora-sharded-weight", "mixed-dtype", "no-split-modules")
-"""The four reports the matrix started from (peft#1702, #1984, #2129, #2166)."""
+ORIGINALS = {
+    "lora-requires-grad": "lora-fp32-orig0-decoder_layer-llama-ws2",
+    "dora-sharded-weight": "dora-fp32-orig1-peft_policy-llama-ws2",
+    "mixed-dtype": "lora-bf16-orig1-decoder_layer-llama-autocast1-ws2",
+    "no-split-modules": "lora-orig0-cls_env_unset-shape_plain-ws2",
+}
+"""The four reports the matrix started from (peft#1702, #1984, #2129, #2166), each by the cell that shows it."""
 LIMIT = 150
 """Target length of an original report's export (issue 15): what a maintainer reads in an issue."""
 
@@ -257,7 +262,7 @@ def test_exported_script_reproduces_alone(tmp_path, case_id):
     unreachable, see verify.py): it must give the verdict the matrix gives that cell with these versions."""
     versions = _installed()
     case = MATRIX.case(case_id)
-    cell = pick_cell(case, versions)
+    cell = next(c for c in expand_case(case) if c.id == ORIGINALS[case_id])
     expected = expected_for(case, cell, versions)
     combo = matching_combo_id(MATRIX, versions)
     work = tmp_path / "empty"
