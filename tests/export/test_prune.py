@@ -76,19 +76,21 @@ def test_params_fold_and_other_axis_values_go():
     pruned = prune_body(SCRIPT, _body(SCRIPT), ["run"], PARAMS)
     text = pruned.text
     ast.parse(text)
-    assert "kind = 'peft_policy'" not in text and "train(model, 'peft_policy')" in text  # a constant local folds
-    assert "build('gemma', 'fp32')" in text  # axis(params, "model") and params.get fold to the cell's values
+    # axis(params, "model") and params["wrap"] fold to the cell's values; what is left inlines into run()
+    assert "'gemma'" in text and "'peft_policy'" in text and "params[" not in text and "axis(" not in text
     assert "fsdp2" not in text and "mixed" not in text and "UNUSED" not in text and "WRAPS" not in text
-    assert "if " not in text.split("def run")[1].split("def ")[0]  # the else branch runs unconditionally
-    assert "# the comment above a kept statement stays" in text and "Docstring dropped" not in text
-    assert pruned.kept[0] == "run" and "axis" not in pruned.kept
+    assert "if " not in text and "bf16" not in text  # the branches of other axis values are gone
+    assert pruned.kept == ["run"]
 
 
 def test_helper_not_called_with_params_stays_opaque_and_kept():
-    script = SCRIPT.replace('axis(params, "model", default="llama")', 'axis(ctx, "model")')
-    text = prune_body(script, _body(script), ["run"], PARAMS).text
-    assert "axis(ctx, 'model')" in text or 'axis(ctx, "model")' in text
-    assert "def axis(" in text and "raise ValueError(" in text
+    script = SCRIPT.replace(
+        'build(axis(params, "model", default="llama"), params.get("dtype", "fp32"))',
+        'build(axis(ctx, "model"), axis(ctx, "dtype"))',
+    )
+    pruned = prune_body(script, _body(script), ["run"], PARAMS)
+    assert 'axis(ctx, "model")' in pruned.text and 'axis(ctx, "dtype")' in pruned.text
+    assert "axis" in pruned.kept and "raise ValueError(name)" in pruned.text
 
 
 def test_a_trace_keeps_what_ran_and_stops_after_the_raise():
@@ -105,11 +107,9 @@ def test_a_trace_keeps_what_ran_and_stops_after_the_raise():
     raised = [[_line(SCRIPT, "return train(model, kind)"), _line(SCRIPT, "step = model.upper()")]]
     text = prune_body(SCRIPT, _body(SCRIPT), ["run"], PARAMS, Trace(lines, raised)).text
     ast.parse(text)
-    train = text.split("def train")[1]
-    assert "step = model.upper()" + RAISED_HERE in train and NOT_REPRODUCED in train
-    assert "loss" not in train  # never ran: gone, and the stop line says so if the statement above does not raise
-    build = text.split("def build")[1].split("def ")[0]
-    assert 'if dtype == "bf16"' not in build and "return 'gemma'" in build  # every caller passes the same name
+    assert "step = 'gemma'.upper()" + RAISED_HERE in text and NOT_REPRODUCED in text
+    # never ran: gone, and the stop line says so if the statement above does not raise
+    assert "loss" not in text and "bf16" not in text
 
 
 def test_imports_nothing_reads_are_dropped():
