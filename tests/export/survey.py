@@ -42,11 +42,14 @@ def installed() -> dict:
 
 def cached_trace(exp, folder):
     """The cell's trace: from ``folder`` when it was taken of the same full script, else a new traced run."""
-    full = full_script(exp).text
+    script = full_script(exp)
+    full = script.text
     path = folder / f"{exp.stem}.json" if folder else None
     if path is not None and path.exists():
         data = json.loads(path.read_text())
-        if data["full"] == full:
+        # the lines up to the end of the inlined body decide what a trace's line numbers mean (the rank side after
+        # them may change)
+        if data["full"].splitlines()[: script.body[1]] == full.splitlines()[: script.body[1]]:
             return Trace(set(data["lines"]), data["raised"], data["outcome"])
     trace = trace_for(exp, "auto", sys.executable)
     if trace is not None and path is not None:
