@@ -15,26 +15,15 @@
 from __future__ import annotations
 
 import ast
-import io
-import re
-import tokenize
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
+from fsdp_matrix.export.fold import Folder, Unknown
 from fsdp_matrix.export.inline import _bound, _start
 from fsdp_matrix.export.inliner import inline_all, inline_expressions
+from fsdp_matrix.export.layout import NOT_REPRODUCED, RAISED_HERE, one_line
 from fsdp_matrix.export.simplify import constant_args, fold_tables, pure_functions, simplify
-
-NOT_REPRODUCED = (
-    'raise RuntimeError("not reproduced: no error above (the script keeps the lines that ran when it did)")'
-)
-"""Appended after the statement that raised in the traced run; its continuation is not in the script."""
-RAISED_HERE = "  # <- raised here in the traced run"
-"""Marks the innermost statement of the script in the traced run's traceback."""
-
-
-LINE_LENGTH = 120
-"""Longest line a statement is joined onto."""
+from fsdp_matrix.export.trigger import trigger
 
 
 @dataclass
@@ -49,108 +38,6 @@ class Trace:
     """Rank 0's ``===== outcome:`` line."""
 
 
-class _Unknown(Exception):
-    pass
-
-
-_OPS = {
-    ast.Eq: lambda a, b: a == b,
-    ast.NotEq: lambda a, b: a != b,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-    ast.Is: lambda a, b: a is b,
-    ast.IsNot: lambda a, b: a is not b,
-}
-
-
-class _Folder:
-    """Finds the foldable params lookups of the script and evaluates constant tests over them."""
-
-    def __init__(self, tree: ast.Module, params: Dict[str, Any]) -> None:
-        self.params = params
-        self.values: Dict[int, Any] = {}  # id(node) -> folded value
-        self.spans: Dict[int, List[Tuple[int, int, str]]] = {}  # line -> (col, end_col, replacement)
-        for fn in ast.walk(tree):
-            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and self._takes_params(fn):
-                for node in ast.walk(fn):
-                    self._fold(node)
-
-    @staticmethod
-    def _takes_params(fn: ast.FunctionDef) -> bool:
-        args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
-        arg = next((a for a in args if a.arg == "params"), None)
-        if arg is None or not re.search(r"dict|mapping", ast.unparse(arg.annotation or ast.Constant("dict")), re.I):
-            return False
-        return not any(
-            isinstance(n, ast.Name) and n.id == "params" and not isinstance(n.ctx, ast.Load) for n in ast.walk(fn)
-        )
-
-    def _lookup(self, node: ast.AST) -> Tuple[bool, Any]:
-        def key(n: ast.AST) -> Optional[str]:
-            return n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else None
-
-        def is_params(n: ast.AST) -> bool:
-            return isinstance(n, ast.Name) and n.id == "params"
-
-        if isinstance(node, ast.Subscript) and is_params(node.value) and key(node.slice) in self.params:
-            return True, self.params[key(node.slice)]
-        if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
-            if key(node.left) is not None and is_params(node.comparators[0]):
-                return True, (key(node.left) in self.params) == isinstance(node.ops[0], ast.In)
-        if not isinstance(node, ast.Call):
-            return False, None
-        get = isinstance(node.func, ast.Attribute) and node.func.attr == "get" and is_params(node.func.value)
-        args = node.args if get else node.args[1:] if node.args and is_params(node.args[0]) else None
-        if not args or key(args[0]) is None:
-            return False, None
-        if key(args[0]) in self.params:
-            return True, self.params[key(args[0])]
-        default = args[1] if len(args) > 1 else next((k.value for k in node.keywords if k.arg == "default"), None)
-        if get and default is None:
-            return True, None
-        if isinstance(default, ast.Constant):
-            return True, default.value
-        return False, None
-
-    def _fold(self, node: ast.AST) -> None:
-        ok, value = self._lookup(node)
-        if not ok or node.lineno != node.end_lineno:
-            return
-        self.values[id(node)] = value
-        spans = self.spans.setdefault(node.lineno, [])
-        span = (node.col_offset, node.end_col_offset, repr(value))
-        # an outer lookup wins over one nested in it
-        spans[:] = [s for s in spans if not (span[0] <= s[0] and s[1] <= span[1])]
-        if not any(s[0] <= span[0] and span[1] <= s[1] for s in spans):
-            spans.append(span)
-
-    def apply(self, lines: List[str]) -> List[str]:
-        out = list(lines)
-        for lineno, spans in self.spans.items():
-            text = out[lineno - 1].encode()  # ast offsets count UTF-8 bytes
-            for col, end, rep in sorted(spans, reverse=True):
-                text = text[:col] + rep.encode() + text[end:]
-            out[lineno - 1] = text.decode()
-        return out
-
-    def value(self, node: ast.AST) -> Any:
-        """The constant a test evaluates to; _Unknown when it does not fold."""
-        if id(node) in self.values:
-            return self.values[id(node)]
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            return tuple(self.value(e) for e in node.elts)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            return not self.value(node.operand)
-        if isinstance(node, ast.BoolOp):
-            values = [self.value(v) for v in node.values]
-            return all(values) if isinstance(node.op, ast.And) else any(values)
-        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _OPS:
-            return _OPS[type(node.ops[0])](self.value(node.left), self.value(node.comparators[0]))
-        raise _Unknown
-
-
 def _is_doc(node: ast.stmt) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
@@ -162,7 +49,7 @@ def _indent(line: str) -> int:
 class _Emitter:
     """Writes statements back as their (folded) source lines, minus what never runs."""
 
-    def __init__(self, lines: List[str], folder: _Folder, trace: Optional[Trace]) -> None:
+    def __init__(self, lines: List[str], folder: Folder, trace: Optional[Trace]) -> None:
         self.lines, self.folder, self.trace = lines, folder, trace
         self.ran_lines: Optional[Set[int]] = trace.lines if trace else None
         self.stop_after: Set[int] = set()
@@ -202,7 +89,7 @@ class _Emitter:
             out.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(out) > 1:
             lead = out[0][: _indent(out[0])]
-            out = _one_line("\n".join(x[len(lead) :] for x in out) + "\n    pass", lead, skip_last=True) or out
+            out = one_line("\n".join(x[len(lead) :] for x in out) + "\n    pass", lead, skip_last=True) or out
         return out
 
     def leading(self, node: ast.stmt, dedent: int) -> List[str]:
@@ -260,7 +147,7 @@ class _Emitter:
         out = self.raw(_start(node), node.end_lineno, dedent)
         if len(out) > 1:
             lead = out[0][: _indent(out[0])]
-            out = _one_line("\n".join(x[len(lead) :] for x in out), lead) or out
+            out = one_line("\n".join(x[len(lead) :] for x in out), lead) or out
         if id(node) in self.raised_here:
             out[-1] += RAISED_HERE
         if id(node) in self.stop_after and not hasattr(node, "body"):
@@ -287,7 +174,7 @@ class _Emitter:
             if test is not None:
                 try:
                     truth: Optional[bool] = bool(self.folder.value(test.test))
-                except _Unknown:
+                except Unknown:
                     truth = None
                 if truth is False:
                     continue
@@ -314,91 +201,6 @@ class _Emitter:
                 out += head
             out += self.block(body, dedent, inner)
         return out
-
-
-def _one_line(source: str, lead: str, skip_last: bool = False) -> Optional[List[str]]:
-    """A statement spread over lines, unparsed onto one (its def line only, with ``skip_last``) when that fits in
-    LINE_LENGTH and no comment would be lost; None otherwise."""
-    if "#" in source:
-        return None
-    try:
-        text = ast.unparse(ast.parse(source))
-    except SyntaxError:
-        return None
-    lines = text.splitlines()[:-1] if skip_last else text.splitlines()
-    if len(lines) != 1 + sum(1 for x in lines if x.startswith("@")):
-        return None
-    filled = _fill(lines[-1], lead)
-    return [lead + x for x in lines[:-1]] + filled if filled else None
-
-
-def plain_defs(text: str) -> str:
-    """``text`` with every ``def`` line written without annotations (and joined onto one line where it fits): a
-    repro's reader needs the names, and the annotations would keep typing imports alive."""
-    lines = text.splitlines()
-    defs = [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    for node in sorted(defs, key=lambda n: n.lineno, reverse=True):
-        first, last = node.lineno, _start(node.body[0]) - 1
-        while last > first and (not lines[last - 1].strip() or lines[last - 1].lstrip().startswith("#")):
-            last -= 1
-        chunk = lines[first - 1 : last]
-        if any("#" in x for x in chunk):
-            continue
-        lead = chunk[0][: _indent(chunk[0])]
-        stub = ast.parse("\n".join(x[len(lead) :] for x in chunk) + "\n    pass").body[0]
-        for arg in ast.walk(stub.args):
-            if isinstance(arg, ast.arg):
-                arg.annotation = None
-        stub.returns, stub.decorator_list = None, []
-        head = _fill(ast.unparse(stub).splitlines()[0], lead)
-        if head:
-            lines[first - 1 : last] = head
-    return "\n".join(lines)
-
-
-def join_statements(text: str) -> str:
-    """``text`` with each simple statement that spans lines joined as ``_one_line`` would (the runtime's sections
-    are written for ruff, with one argument a line)."""
-    lines = text.splitlines()
-    stmts = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.stmt) and not hasattr(n, "body")]
-    for node in sorted(stmts, key=lambda n: n.lineno, reverse=True):
-        if node.end_lineno > node.lineno:
-            chunk = lines[node.lineno - 1 : node.end_lineno]
-            lead = chunk[0][: _indent(chunk[0])]
-            joined = _one_line("\n".join(x[len(lead) :] for x in chunk), lead)
-            if joined:
-                lines[node.lineno - 1 : node.end_lineno] = joined
-    return "\n".join(lines)
-
-
-def _fill(line: str, lead: str) -> Optional[List[str]]:
-    """``line`` broken after the commas of its outermost brackets so that every piece fits, continuation lines
-    indented by four; None when a piece is still too long."""
-    if len(lead + line) <= LINE_LENGTH:
-        return [lead + line]
-    cuts, depth = [], 0
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(line).readline):
-            if tok.type == tokenize.OP and tok.string in "([{":
-                depth += 1
-            elif tok.type == tokenize.OP and tok.string in ")]}":
-                depth -= 1
-            elif tok.type == tokenize.OP and tok.string == "," and depth == 1:
-                cuts.append(tok.end[1])
-    except tokenize.TokenError:
-        return None
-    out, start, width = [], 0, LINE_LENGTH - len(lead)
-    for i, cut in enumerate(cuts + [len(line)]):
-        nxt = cuts[i + 1] if i + 1 < len(cuts) else len(line)
-        indent = "" if not out else "    "
-        if len(indent + line[start:nxt].strip()) > width or cut == len(line):
-            out.append(indent + line[start:cut].strip())
-            start = cut
-    if start < len(line):
-        out.append("    " + line[start:].strip())
-    if any(len(lead + x) > LINE_LENGTH for x in out):
-        return None
-    return [lead + x for x in out]
 
 
 def _names(text: str) -> List[str]:
@@ -459,7 +261,7 @@ def prune_body(
     ``api``: names whose calls make the trigger (PEFT config, FSDP wrapping).
     """
     tree = ast.parse(script)
-    folder = _Folder(tree, params)
+    folder = Folder(tree, params)
     emitter = _Emitter(folder.apply(script.splitlines()), folder, trace)
     emitter.index(tree)
     stmts = [n for n in tree.body if body[0] <= n.lineno <= body[1] and not _is_doc(n)]
@@ -549,7 +351,7 @@ def prune_body(
     flow = [n for n in final if id(n) not in plain]
     kept = [name for node in consts + flow for name in sorted(_bound(node))]
     text = "\n".join(emit(n) for n in consts) + ("\n\n" if consts else "") + "\n\n".join(emit(n) for n in flow)
-    return Pruned(text, names, kept, _trigger([emit(n) for n in order], api))
+    return Pruned(text, names, kept, trigger([emit(n) for n in order], api))
 
 
 def _tables(texts: List[str]) -> Dict[str, Dict[Any, str]]:
@@ -565,58 +367,6 @@ def _tables(texts: List[str]) -> Dict[str, Dict[Any, str]]:
             if all(isinstance(v, (ast.Name, ast.Attribute, ast.Constant)) for v in values):
                 out[node.targets[0].id] = {k.value: ast.unparse(v) for k, v in zip(node.value.keys, values)}
     return out
-
-
-def _trigger(texts: List[str], api: Set[str]) -> List[str]:
-    """Trigger lines in the order they run: statements in order, a called function's before the rest."""
-    functions, texts_by_name = {}, {}
-    for text in texts:
-        fn = ast.parse(text).body[0]
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            functions[fn.name], texts_by_name[fn.name] = fn, text
-    out: List[str] = []
-    visited: Set[str] = set()
-
-    def calls_in_order(node: ast.AST) -> List[ast.Call]:
-        found: List[ast.Call] = []
-        for child in ast.iter_child_nodes(node):
-            if not isinstance(child, (ast.stmt, ast.Lambda)):
-                found += calls_in_order(child)
-        return found + ([node] if isinstance(node, ast.Call) else [])
-
-    def visit(name: str) -> None:
-        if name in visited or name not in functions:
-            return
-        visited.add(name)
-        fn = functions[name]
-        body = [s for s in ast.walk(fn) if isinstance(s, ast.stmt) and not hasattr(s, "body")]
-        body.sort(key=lambda s: s.lineno)
-        lines = texts_by_name[name].splitlines()
-        for stmt in body:
-            if _is_stop(stmt):
-                continue
-            calls = calls_in_order(stmt)
-            raised = RAISED_HERE in lines[stmt.end_lineno - 1]
-            if {_root(c.func) for c in calls} & api or raised:
-                line = " ".join(ast.unparse(stmt).split())
-                line = line if len(line) <= 90 else line[:87] + "..."
-                out.append(f"{fn.name}(): {line}" + ("   <- raises" if raised else ""))
-            for call in calls:
-                if isinstance(call.func, ast.Name):
-                    visit(call.func.id)
-
-    visit("run")
-    return out
-
-
-def _is_stop(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Raise) and "not reproduced" in ast.unparse(stmt)
-
-
-def _root(node: ast.AST) -> str:
-    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
-        node = node.func if isinstance(node, ast.Call) else node.value
-    return node.id if isinstance(node, ast.Name) else ""
 
 
 def prune_imports(lines: Sequence[str], used: Set[str]) -> List[str]:

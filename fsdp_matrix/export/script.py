@@ -17,7 +17,8 @@ from typing import List, Optional, Set, Tuple
 from fsdp_matrix.cells import Cell, find_cell
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.export.inline import Flat, flatten
-from fsdp_matrix.export.prune import Trace, join_statements, plain_defs, prune_body, prune_imports
+from fsdp_matrix.export.layout import join_statements, plain_defs
+from fsdp_matrix.export.prune import Trace, prune_body, prune_imports
 from fsdp_matrix.matrix import Case, Combo, Matrix
 from fsdp_matrix.records import Record, iter_records
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from fsdp_matrix.export.prune import NOT_REPRODUCED, RAISED_HERE, Trace, prune_body, prune_imports
+from fsdp_matrix.export.layout import NOT_REPRODUCED, RAISED_HERE
+from fsdp_matrix.export.prune import Trace, prune_body, prune_imports
 
 SCRIPT = textwrap.dedent(
     '''
