@@ -11,7 +11,10 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set
 
+from fsdp_matrix.export.layout import LINE_LENGTH
 from fsdp_matrix.export.simplify import _locals
+
+_ATOMS = (ast.Name, ast.Constant, ast.Attribute)
 
 
 def _calls(texts: Dict[str, str]) -> Dict[str, List[str]]:
@@ -174,7 +177,11 @@ def _inlined_body(
             if isinstance(stmt, ast.Assign):
                 body[head_index] = f"{target} = {value or 'None'}"
             elif isinstance(stmt, ast.Expr):
-                body[head_index] = value or "pass"
+                # a value nobody takes: gone when reading it does nothing
+                atom = not value or isinstance(ast.parse(value.split("#")[0] or "None").body[0].value, _ATOMS)
+                body[head_index] = "pass" if atom else value
+                if atom and len(body) > 1 and last.lineno == last.end_lineno:
+                    del body[head_index]
     elif not isinstance(last, ast.Raise):
         if isinstance(stmt, ast.Assign):
             body.append(f"{target} = None")
@@ -263,6 +270,8 @@ def inline_expressions(texts: Dict[str, str]) -> Dict[str, str]:
             ]
             for lineno, col, end, rep in sorted(outer, reverse=True):
                 raw = lines[lineno - 1].encode()
-                lines[lineno - 1] = (raw[:col] + rep.encode() + raw[end:]).decode()
+                line = (raw[:col] + rep.encode() + raw[end:]).decode()
+                if len(line) <= LINE_LENGTH:  # a call that reads better than its expression on one long line stays
+                    lines[lineno - 1] = line
             out[caller] = "\n".join(lines)
     return out

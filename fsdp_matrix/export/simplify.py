@@ -21,9 +21,10 @@ PURE_BUILTINS = frozenset(
 """Builtins that only compute a value."""
 READ_METHODS = frozenset(
     "parameters named_parameters modules named_modules buffers named_buffers children named_children items keys "
-    "values get split rsplit strip replace startswith endswith lower upper join format copy".split()
+    "values get split rsplit strip replace startswith endswith lower upper join format copy "
+    "perf_counter monotonic".split()
 )
-"""Method names that read their object (torch modules, dicts, strings) without changing it."""
+"""Method names that read their object (torch modules, dicts, strings) without changing it, and clock reads."""
 LOCAL_MUTATORS = frozenset("append extend add update insert".split())
 """Methods that change only their receiver: side-effect free when the receiver is a local of the function."""
 
