@@ -30,6 +30,7 @@ class Folder:
         self.params = params
         self.values: Dict[int, Any] = {}  # id(node) -> folded value
         self.spans: Dict[int, List[Tuple[int, int, str]]] = {}  # line -> (col, end_col, replacement)
+        self.defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         for fn in ast.walk(tree):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and self._takes_params(fn):
                 for node in ast.walk(fn):
@@ -65,7 +66,14 @@ class Folder:
             return False, None
         if key(args[0]) in self.params:
             return True, self.params[key(args[0])]
-        default = args[1] if len(args) > 1 else next((k.value for k in node.keywords if k.arg == "default"), None)
+        if get:
+            default = args[1] if len(args) > 1 else None
+        else:  # a helper's ``default`` parameter, by keyword or by its place in the helper's definition
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            fn = self.defs.get(node.func.id) if isinstance(node.func, ast.Name) else None
+            names = [a.arg for a in fn.args.args] if fn is not None else []
+            if default is None and "default" in names and names.index("default") < len(node.args):
+                default = node.args[names.index("default")]
         if get and default is None:
             return True, None
         if isinstance(default, ast.Constant):
