@@ -118,3 +118,21 @@ def test_imports_nothing_reads_are_dropped():
         "from __future__ import annotations",
         "from a import c as d",
     ]
+
+
+def test_a_helper_default_is_its_default_parameter_never_the_next_argument():
+    script = textwrap.dedent(
+        """
+        def axis(params, name, choices, default=None):
+            return params.get(name, default)
+
+
+        def run(params: dict, ctx):
+            return use(axis(params, "shard", "abc", default="full"), axis(params, "mp", "xyz"), axis(params, "k", "ab"))
+        """
+    ).lstrip()
+    text = prune_body(script, (1, len(script.splitlines())), ["run"], {"k": "a"}).text
+    assert (
+        "use('full', axis(params, 'mp', 'xyz'), 'a')" in text
+        or "use('full', axis(params, \"mp\", \"xyz\"), 'a')" in text
+    )
