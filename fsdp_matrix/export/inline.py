@@ -21,7 +21,7 @@ from fsdp_matrix.errors import MatrixError
 
 PACKAGE = "fsdp_matrix"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-INLINABLE = ("fsdp_matrix.workload", "fsdp_matrix.export.runtime")
+INLINABLE = ("fsdp_matrix.workload", "fsdp_matrix.export.launch", "fsdp_matrix.export.rank")
 """Modules inlined whole (with every submodule)."""
 PICK_ONLY = ("fsdp_matrix.errors",)
 """Modules from which only the imported top-level definitions are inlined (the rest is harness, not repro)."""

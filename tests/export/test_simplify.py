@@ -1,0 +1,68 @@
+"""Tests for fsdp_matrix.export.simplify: constant locals and dead side-effect-free assignments."""
+
+from __future__ import annotations
+
+import textwrap
+
+from fsdp_matrix.export.simplify import constant_args, pure_functions, simplify
+
+
+def _fn(text: str) -> str:
+    return textwrap.dedent(text).strip()
+
+
+def test_constant_local_folds_into_its_readers():
+    text = _fn(
+        """
+        def f(model):
+            orig = 1
+            return wrap(model, None if orig is None else bool(orig))
+        """
+    )
+    assert simplify(text, set()) == "def f(model):\n    return wrap(model, True)"
+
+
+def test_dead_assignment_goes_only_when_side_effect_free():
+    texts = {
+        "names": "def names(model):\n    out = []\n    for n, p in model.named_parameters():\n        out.append(n)\n"
+        "    return sorted(out)",
+        "saves": "def saves(model):\n    model.save('x')\n    return 1",
+    }
+    pure = pure_functions(texts)
+    assert pure == {"names"}
+    text = _fn(
+        """
+        def f(model):
+            # what it was
+            seen = names(model)
+            kept = saves(model)
+            go(model)
+            return 1
+        """
+    )
+    out = simplify(text, pure)
+    assert "seen" not in out and "what it was" not in out and "kept = saves(model)" in out
+
+
+def test_the_statement_before_a_raise_stays():
+    text = _fn(
+        """
+        def f(model):
+            x = names(model)
+            raise RuntimeError('not reproduced')
+        """
+    )
+    assert "x = names(model)" in simplify(text, {"names"})
+
+
+def test_a_parameter_every_caller_passes_as_the_same_constant_folds():
+    texts = {
+        "outer": "def outer(model):\n    return inner(model, 'decoder_layer', orig=False)",
+        "inner": "def inner(model, wrap, orig=True):\n    if wrap == 'fsdp2':\n        return 2\n"
+        "    return fsdp(model, use_orig_params=bool(orig))",
+        "other": "def other(model):\n    return inner(model, 'decoder_layer', orig=True)",
+    }
+    args = constant_args(texts)
+    assert args["inner"] == {"wrap": "decoder_layer"}  # orig differs between the callers: not folded
+    out = simplify(texts["inner"], set(), args["inner"])
+    assert out == "def inner(model, wrap, orig=True):\n    return fsdp(model, use_orig_params=bool(orig))"
