@@ -29,6 +29,11 @@ from torch import distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
+try:
+    from torch.distributed.fsdp import FSDPModule
+except ImportError:  # torch < 2.6
+    from torch.distributed._composable.fsdp import FSDPModule
+
 from fsdp_matrix.workload.checks import _FLAT, DTensor, _as_bytes, _is_flat, clean_name, trainable_names, wrapper_kind
 
 TOLERANCE = {
@@ -98,7 +103,7 @@ def _module_outputs(model: nn.Module) -> Iterator[Dict[str, torch.Tensor]]:
     def hook(key: str) -> Callable:
         def record(module: nn.Module, args: Any, out: Any) -> None:
             tensor = _first_tensor(out)
-            if key not in seen and tensor is not None and not isinstance(tensor, DTensor):
+            if key not in seen and isinstance(tensor, torch.Tensor) and not isinstance(tensor, DTensor):
                 seen[key] = tensor.detach().to("cpu", copy=True)
 
         return record
@@ -112,14 +117,26 @@ def _module_outputs(model: nn.Module) -> Iterator[Dict[str, torch.Tensor]]:
 
 
 def forward_logits(model: nn.Module, batch: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """Logits (on CPU) and each module's first output, in eval mode without gradients; the mode is restored."""
+    """Logits (on CPU) and each module's first output, in eval mode (no dropout) and with gradients enabled, as
+    training computes them; the mode is restored, and FSDP2 modules are resharded.
+
+    Why with gradients: under ``no_grad`` FSDP1 reshards a SHARD_GRAD_OP unit right after its forward, where
+    training keeps it for the backward, and DoRA then reads a 1-D shard of ``lora_A`` (IndexError, observed on
+    dora-fp32-orig1-peft_policy-llama-shard_grad_op-ws2): another code path than the cell's. Why reshard: FSDP2
+    leaves the root's parameters unsharded after a forward (it expects the backward); ``model.parameters()`` then
+    lists plain unsharded copies, and an optimizer built from them never moves the real, sharded ones (observed:
+    ``modules_to_save``'s head copy, a root parameter, stayed unchanged through training).
+    """
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), _module_outputs(model) as outputs:
+        with torch.enable_grad(), _module_outputs(model) as outputs:
             out = model(input_ids=batch)
     finally:
         model.train(was_training)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
     return _first_tensor(out).detach().to("cpu", copy=True), outputs
 
 
