@@ -337,7 +337,7 @@ def check_sharding(
             if bytes_held[d] > promised.get(d, 0) + slack.get(d, 0)
         ]
         if too_much or units_over or widened:
-            detail = units_over[:2] + [f"{len(widened)} tensors upcast, e.g. {widened[0]}"] * bool(widened)
+            detail = units_over[:2] + ([f"{len(widened)} tensors upcast, e.g. {widened[0]}"] if widened else [])
             failures.append(
                 f"sharding: rank {rank} holds {'; '.join(too_much) or 'no more bytes than promised'} "
                 f"(shard group {g}): {'; '.join(detail) or 'no single unit over its share'}"
