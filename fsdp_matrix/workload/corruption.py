@@ -101,20 +101,24 @@ def _module_outputs(model: nn.Module) -> Iterator[Dict[str, torch.Tensor]]:
 
 
 def forward_logits(model: nn.Module, batch: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """Logits (on CPU) and each module's first output, in eval mode (no dropout) and with gradients enabled, as
-    training computes them; the mode is restored, and FSDP2 modules are resharded.
+    """Logits (on CPU) and each module's first output, computed as training computes them: in train mode, with
+    gradients enabled, the RNG forked and seeded (the same dropout masks for the unwrapped and the wrapped model).
+    The mode and the RNG are restored after, and FSDP2 modules resharded.
 
-    Why with gradients: under ``no_grad`` FSDP1 reshards a SHARD_GRAD_OP unit right after its forward, where
-    training keeps it for the backward, and DoRA then reads a 1-D shard of ``lora_A`` (IndexError, observed on
-    dora-fp32-orig1-peft_policy-llama-shard_grad_op-ws2): another code path than the cell's. Why reshard: FSDP2
-    leaves the root's parameters unsharded after a forward (it expects the backward); ``model.parameters()`` then
-    lists plain unsharded copies, and an optimizer built from them never moves the real, sharded ones (observed:
-    ``modules_to_save``'s head copy, a root parameter, stayed unchanged through training; pytorch#149205).
+    Why not eval mode or ``no_grad`` (other code paths than the cell's training, observed): in eval mode PEFT's LoRA on
+    expert parameters (moe, use_orig_params=False) raised "a view ... modified inplace" where training raises its
+    "setStorage" error; under ``no_grad`` FSDP1 reshards a SHARD_GRAD_OP unit right after its forward, and DoRA then
+    read a 1-D shard of ``lora_A`` (IndexError). Why reshard: FSDP2 leaves the root's parameters unsharded after a
+    forward (it expects the backward); ``model.parameters()`` then lists plain unsharded copies, and an optimizer
+    built from them never moves the real, sharded ones (observed: ``modules_to_save``'s head copy, a root
+    parameter, stayed unchanged through training; pytorch#149205).
     """
     was_training = model.training
-    model.eval()
+    devices = [batch.device.index or 0] if batch.device.type == "cuda" else []
+    model.train()
     try:
-        with torch.enable_grad(), _module_outputs(model) as outputs:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad(), _module_outputs(model) as outputs:
+            torch.manual_seed(0)
             out = model(input_ids=batch)
     finally:
         model.train(was_training)
@@ -213,8 +217,8 @@ class CorruptionChecks:
         self.ran = False
 
     def after_wrap(self, model: nn.Module) -> None:
-        """Sharding (before any forward: FSDP1 then still holds only its shards), forward, and each rank's piece of
-        every trainable tensor. Collective."""
+        """Sharding (before any forward, which could leave units unsharded), forward, and each rank's piece of every
+        trainable tensor. Collective."""
         kind = wrapper_kind(model)
         checks, failures, _ = check_sharding(model, kind, self.world_size, self.reference and self.reference.params)
         self.checks.update(checks)

@@ -60,7 +60,7 @@ def train_and_check(
     failure); the loss is finite every step; the trainable gradient norm is > 0 from step 1 on (``lora_B`` starts at
     zero, so ``lora_A`` has none at step 0); every trainable tensor got a non-zero gradient and changed; every other
     tensor is bit-identical. Then the silent-corruption checks of corruption.py: each rank holds what sharding
-    promises (checked first, before any forward), every trainable tensor's piece changed on every rank, every
+    promises (checked before any forward), every trainable tensor's piece changed on every rank, every
     parameter FSDP does not manage is identical on every rank, and, given a ``reference``, the wrapped model's logits
     before training equal the unwrapped model's.
 
@@ -77,13 +77,17 @@ def train_and_check(
     """
     require_fsdp(model)
     batch = synthetic_batch(ctx)
-    guard = CorruptionChecks(trainable, ctx.world_size, as_reference(reference, batch), batch)
-    guard.after_wrap(model)
     judge = TrainingChecks(trainable, ctx.device, ctx.world_size)
     judge.snapshot(model)
     params = [p for p in model.parameters() if p.requires_grad]
     own = optimizer is None
     optimizer = torch.optim.AdamW(params, lr=1e-2) if own else optimizer
+    # the forward check after the snapshot (its summon_full_params lazily initializes FSDP1 before any forward, as
+    # it always has: a forward first gives LoRA on expert parameters another error) and after the optimizer took
+    # the parameters (after a forward without backward, FSDP2's root and FSDP1's SHARD_GRAD_OP units are left
+    # unsharded, and model.parameters() lists unsharded copies or non-leaf views: observed, pytorch#149205)
+    guard = CorruptionChecks(trainable, ctx.world_size, as_reference(reference, batch), batch)
+    guard.after_wrap(model)
     model.train()
     start = time.perf_counter()
     for _ in range(steps):
