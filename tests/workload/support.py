@@ -33,3 +33,12 @@ def run_two_ranks(script: Path, *args: str, timeout: int = 540) -> subprocess.Co
     env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     return subprocess.run(cmd + list(args), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def failed_on_both_ranks(outcomes, scenario: str) -> str:
+    """The CheckFailed message of a scenario, which must be the same on both ranks (every rank reaches the same
+    verdict)."""
+    got = [o[scenario] for o in outcomes]
+    assert [g["status"] for g in got] == ["CheckFailed", "CheckFailed"], got
+    assert got[0]["message"] == got[1]["message"]
+    return got[0]["message"]
