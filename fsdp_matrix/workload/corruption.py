@@ -1,8 +1,8 @@
 """Checks for silent corruption: what FSDP, accelerate, the Trainer or PEFT can get wrong without raising.
 
 - **forward**: before training, the wrapped model's logits on the fixed batch equal the unwrapped model's (a
-  ``Reference`` taken before wrapping) within ``TOLERANCE`` of the coarser of the two logits dtypes. A mismatch
-  names the first module, in execution order, whose output differs.
+  ``Reference`` taken before wrapping) within ``LOGITS_TOLERANCE`` of the coarser of the two logits dtypes. A
+  mismatch names the first module, in execution order, whose output differs.
 - **sharding** (right after wrapping), **ranks agree** and **shards trained** (after training): see shards.py.
 
 ``CorruptionChecks`` runs all four around one training run; ``train_and_check``, every entry and ``wrap_and_train``
@@ -39,7 +39,7 @@ from fsdp_matrix.workload.shards import (
     snapshot_pieces,
 )
 
-TOLERANCE = {
+LOGITS_TOLERANCE = {
     torch.float32: (1.3e-6, 1e-5),
     torch.bfloat16: (1.6e-2, 1.6e-2),
     torch.float16: (1e-3, 1e-3),
@@ -151,12 +151,12 @@ def as_reference(reference: Optional[ReferenceLike], batch: torch.Tensor) -> Opt
 
 
 def tolerance(*dtypes: torch.dtype) -> Tuple[float, float]:
-    """(rtol, atol) of the coarsest of ``dtypes`` (fp32's for a dtype not in TOLERANCE)."""
-    pairs = [TOLERANCE.get(d, TOLERANCE[torch.float32]) for d in dtypes]
+    """(rtol, atol) of the coarsest of ``dtypes`` (fp32's for a dtype not in LOGITS_TOLERANCE)."""
+    pairs = [LOGITS_TOLERANCE.get(d, LOGITS_TOLERANCE[torch.float32]) for d in dtypes]
     return max(p[0] for p in pairs), max(p[1] for p in pairs)
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:
+def _logits_close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:
     return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol)
 
 
@@ -169,19 +169,18 @@ def check_forward(
     if reference.logits is None:
         return {"forward_check": f"not run: the unwrapped forward raised {reference.error}"}, []
     logits, outputs = forward_logits(model, batch)
-    rtol, atol = tolerance(reference.logits.dtype, logits.dtype)
+    tol = rtol, atol = tolerance(reference.logits.dtype, logits.dtype)
     diff = max_diff(logits, reference.logits)
     where = ""
-    if not _close(logits, reference.logits, rtol, atol):
-        first = next(
-            (k for k, v in reference.outputs.items() if k in outputs and not _close(outputs[k], v, rtol, atol)), None
-        )
+    if not _logits_close(logits, reference.logits, rtol, atol):
+        differ = (k for k, v in reference.outputs.items() if k in outputs and not _logits_close(outputs[k], v, *tol))
+        first = next(differ, None)
         if first is not None:
             gap = max_diff(outputs[first], reference.outputs[first])
             where = f"; first differing module {first} (max |diff| {gap:.3g})"
         elif logits.shape != reference.logits.shape:
             where = f"; shapes {list(logits.shape)} vs {list(reference.logits.shape)}"
-    seen = gather((diff, where, _close(logits, reference.logits, rtol, atol)))
+    seen = gather((diff, where, _logits_close(logits, reference.logits, rtol, atol)))
     failures = [
         f"forward: rank {r}'s logits differ from the unwrapped model's by max |diff| {d:.3g} "
         f"(rtol {rtol:g}, atol {atol:g}){w}"

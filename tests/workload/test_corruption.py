@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fsdp_matrix.workload.adapters import add_adapter
-from fsdp_matrix.workload.corruption import TOLERANCE, Reference, as_reference, take_reference, tolerance
+from fsdp_matrix.workload.corruption import LOGITS_TOLERANCE, Reference, as_reference, take_reference, tolerance
 from fsdp_matrix.workload.models import build_model
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check, trainable_names
 from fsdp_matrix.workload.wrapping import wrap
@@ -62,5 +62,5 @@ def test_a_forward_that_raises_leaves_the_check_unrun(ctx):
 
 
 def test_tolerance_is_the_coarsest_dtypes():
-    assert tolerance(torch.float32, torch.bfloat16) == TOLERANCE[torch.bfloat16]
-    assert tolerance(torch.float32) == TOLERANCE[torch.float32]
+    assert tolerance(torch.float32, torch.bfloat16) == LOGITS_TOLERANCE[torch.bfloat16]
+    assert tolerance(torch.float32) == LOGITS_TOLERANCE[torch.float32]
