@@ -122,10 +122,15 @@ def forward_logits(model: nn.Module, batch: torch.Tensor) -> Tuple[torch.Tensor,
             out = model(input_ids=batch)
     finally:
         model.train(was_training)
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
+        reshard(model)
     return _first_tensor(out).detach().to("cpu", copy=True), outputs
+
+
+def reshard(model: nn.Module) -> None:
+    """Every FSDP2 module back to its sharded parameters (a no-op where they already are)."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def take_reference(model: nn.Module, batch: torch.Tensor) -> Reference:
@@ -219,6 +224,8 @@ class CorruptionChecks:
         """Sharding (before any forward, which could leave units unsharded), forward, and each rank's piece of every
         trainable tensor. Collective."""
         kind = wrapper_kind(model)
+        # a forward before this one (the caller's) can leave FSDP2's root unsharded; judge the sharded state
+        reshard(model)
         checks, failures, _ = check_sharding(model, kind, self.world_size, self.reference and self.reference.params)
         self.checks.update(checks)
         self.failures += failures
