@@ -15,6 +15,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model
 from torch import distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
@@ -58,6 +59,13 @@ def scaled(ctx: RankContext) -> nn.Module:
     parent, leaf = DOWN.rsplit(".", 1)
     setattr(_module(model, parent), leaf, new)
     return model
+
+
+def with_head_copy(ctx: RankContext) -> nn.Module:
+    """LoRA with ``modules_to_save=["lm_head"]``: a trainable copy of the head, a parameter of FSDP2's root."""
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"])
+    torch.manual_seed(0)
+    return get_peft_model(build_model("llama", "fp32", ctx), config)
 
 
 def fsdp1(model: nn.Module, ctx: RankContext, **kwargs) -> nn.Module:
@@ -108,11 +116,19 @@ def zero_rank1_grad(ctx: RankContext, model: nn.Module) -> Callable[[torch.Tenso
 
 def scenario(ctx: RankContext, name: str) -> Dict:
     base = lora(ctx, "bf16") if name in ("bf16", "upcast") else scaled(ctx) if name.startswith("scaled") else lora(ctx)
+    if name == "forward_first":
+        base = with_head_copy(ctx)
     trainable = trainable_names(base)
     reference = take_reference(base, synthetic_batch(ctx))
     backward: Optional[Callable] = None
     if name in ("fsdp2", "bf16", "scaled_fsdp2", "untrained_shard"):
         wrapped = wrap(base, "fsdp2", None, ctx)
+    elif name == "forward_first":
+        # pytorch#149205: a forward before the optimizer is built leaves FSDP2's root unsharded, and the optimizer
+        # train_and_check builds then holds plain copies of the root's parameters, not the sharded ones
+        wrapped = wrap(base, "fsdp2", None, ctx)
+        with torch.no_grad():
+            wrapped(input_ids=synthetic_batch(ctx))
     elif name == "upcast":
         wrapped = wrap(base.float(), "fsdp2", None, ctx)  # as prepare_model_for_kbit_training upcasts bf16 weights
     elif name in ("fsdp1", "scaled_fsdp1"):
@@ -144,6 +160,7 @@ SCENARIOS = (
     "upcast",
     "unsharded_unit",
     "untrained_shard",
+    "forward_first",
 )
 
 

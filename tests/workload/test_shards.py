@@ -66,6 +66,18 @@ def test_one_ranks_shard_left_untrained_fails(corruption_outcomes):
     )
 
 
+@pytest.mark.timeout(600)
+def test_an_upstream_untrained_root_parameter_fails(corruption_outcomes):
+    # pytorch#149205 (observed on torch 2.13): a forward before the optimizer is built leaves FSDP2's root unsharded;
+    # the optimizer then steps plain copies and the head copy, a root parameter, never trains, without an error
+    message = failed_on_both_ranks(corruption_outcomes, "forward_first")
+    head = "base_model.model.lm_head.modules_to_save.default.weight"
+    assert f"1/9 trainable tensors unchanged: ['{head}']" in message
+    for rank in (0, 1):
+        want = f"untrained: rank {rank}'s piece of 1 trainable tensors did not change in training (max |change| 0)"
+        assert f"{want}, e.g. {head} (16384 bytes)" in message
+
+
 def test_an_fsdp2_share_is_whole_rows():
     # FSDP2 shards dim 0: trainable-token deltas of 3 tokens x 64 leave rank 0 two rows, more than half the elements
     assert _share((3, 64), 2, "fsdp2") == 128
