@@ -32,14 +32,12 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import is_adapter
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.corruption import LOGITS_TOLERANCE
 from fsdp_matrix.workload.training import DTensor, wrapper_kind
 
-TOLERANCE = {
-    torch.float32: (1.3e-6, 1e-5),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-    torch.float16: (1e-3, 1e-3),
-}
-"""dtype -> (rtol, atol) for logits and resumed weights (see the module docstring for why)."""
+TOLERANCE = LOGITS_TOLERANCE
+"""dtype -> (rtol, atol) for logits and resumed weights (see the module docstring for why); the forward check of
+corruption.py uses the same values."""
 
 _WRAPPERS = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod|_forward_module)\.")
 _ADAPTER_NAME = re.compile(r"\.(lora_[A-Za-z_]+)\.default(?=\.|$)")

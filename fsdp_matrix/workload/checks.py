@@ -197,8 +197,10 @@ class TrainingChecks:
         """This rank's loss of one step; averaged over ranks (collective)."""
         self.losses.append(sum_over_ranks([float(loss)], self.device)[0] / self.world_size)
 
-    def finish(self, model: nn.Module, extra: Optional[dict] = None) -> dict:
-        """Compare against the snapshot and judge. Every collective runs before any check can raise."""
+    def finish(self, model: nn.Module, extra: Optional[dict] = None, failures: Iterable[str] = ()) -> dict:
+        """Compare against the snapshot and judge. Every collective runs before any check can raise.
+
+        ``failures``: what other checks found (corruption.CorruptionChecks), raised together with these."""
         kind = wrapper_kind(model)
         # the same wrapped model: read the snapshot's tensors by path (see full_parameters); another object (the
         # Trainer wraps after the snapshot of the bare PEFT model): list its own names
@@ -252,5 +254,6 @@ class TrainingChecks:
             failed.append(f"{len(no_grad)}/{len(train)} trainable tensors got no gradient: {no_grad[:5]}")
         if train_same:
             failed.append(f"{len(train_same)}/{len(train)} trainable tensors unchanged: {train_same[:5]}")
+        failed += failures
         failed.raise_if_any()
         return checks

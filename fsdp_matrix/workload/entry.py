@@ -32,10 +32,11 @@ from torch import nn
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.checks import wrapper_kind
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.corruption import Reference, take_reference
 from fsdp_matrix.workload.cpu_shim import CpuFsdpAccelerator, ShimRecord, cpu_fsdp_shim, force_fsdp
 from fsdp_matrix.workload.models import decoder_layer_class
 from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.training import train_and_check
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import WRAPS
 
 ENTRIES = ("torch", "accelerate", "trainer")
@@ -241,9 +242,17 @@ def entry_of(params: Mapping[str, Any]) -> str:
 
 
 def accelerate_train_and_check(
-    model: nn.Module, params: Mapping[str, Any], ctx: RankContext, trainable: List[str]
+    model: nn.Module,
+    params: Mapping[str, Any],
+    ctx: RankContext,
+    trainable: List[str],
+    reference: Optional[Reference] = None,
 ) -> Dict[str, Any]:
-    """The ``accelerate`` entry: prepare through accelerate, then train_and_check with accelerate's backward."""
+    """The ``accelerate`` entry: prepare through accelerate, then train_and_check with accelerate's backward.
+
+    ``reference`` (corruption.py) is taken from ``model`` before ``prepare`` when not given."""
+    if reference is None:
+        reference = take_reference(model, synthetic_batch(ctx))
     with accelerate_setup(model, params, ctx) as setup:
         checks = setup.checks()
         checks.update(
@@ -253,6 +262,7 @@ def accelerate_train_and_check(
                 trainable=trainable,
                 optimizer=setup.optimizer,
                 backward=setup.accelerator.backward,
+                reference=reference,
             )
         )
     return checks

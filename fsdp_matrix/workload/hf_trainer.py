@@ -16,6 +16,7 @@ from torch import nn
 
 from fsdp_matrix.workload.checks import TrainingChecks
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.corruption import CorruptionChecks, Reference, take_reference
 from fsdp_matrix.workload.cpu_shim import cpu_fsdp_shim
 from fsdp_matrix.workload.entry import (
     fsdp_units,
@@ -26,7 +27,7 @@ from fsdp_matrix.workload.entry import (
 )
 from fsdp_matrix.workload.models import VOCAB, decoder_layer_class
 from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.training import SEQ
+from fsdp_matrix.workload.training import SEQ, synthetic_batch
 from fsdp_matrix.workload.wrapping import WRAPS
 
 
@@ -119,12 +120,14 @@ def trainer_setup(
 
 
 class _GradProbe:
-    """Reads per-tensor gradients from a pre-step hook on the Trainer's optimizer (after clipping, before the step)."""
+    """Reads per-tensor gradients from a pre-step hook on the Trainer's optimizer (after clipping, before the step),
+    and runs the after-wrapping corruption checks once the Trainer has wrapped the model."""
 
-    def __init__(self, judge: TrainingChecks, trainer: Any) -> None:
-        self.judge, self.trainer, self.handle = judge, trainer, None
+    def __init__(self, judge: TrainingChecks, trainer: Any, guard: CorruptionChecks) -> None:
+        self.judge, self.trainer, self.guard, self.handle = judge, trainer, guard, None
 
     def attach(self, optimizer: Any) -> None:
+        self.guard.after_wrap(self.trainer.model_wrapped)
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps torch's
         self.handle = inner.register_step_pre_hook(lambda *_: self.judge.record_grads(self.trainer.model_wrapped))
 
@@ -145,15 +148,26 @@ def _callback(probe: _GradProbe) -> Any:
     return AttachGradProbe()
 
 
-def trainer_train_and_check(trainer: Any, params: Mapping[str, Any], ctx: RankContext, trainable: List[str]) -> dict:
+def trainer_train_and_check(
+    trainer: Any,
+    params: Mapping[str, Any],
+    ctx: RankContext,
+    trainable: List[str],
+    reference: Optional[Reference] = None,
+) -> dict:
     """``trainer.train()`` (the Trainer wraps the model), then the checks of every cell on ``trainer.model_wrapped``.
 
     The snapshot is of the bare PEFT model before training; the model the Trainer trained must be the FSDP version
-    the cell asked for.
+    the cell asked for. The corruption checks' ``reference`` is taken from the bare model when not given; their
+    sharding and forward checks run at ``on_train_begin``, after the Trainer wrapped the model.
     """
+    batch = synthetic_batch(ctx)
+    if reference is None:
+        reference = take_reference(trainer.model, batch)
     judge = TrainingChecks(trainable, ctx.device, ctx.world_size)
     judge.snapshot(trainer.model)
-    probe = _GradProbe(judge, trainer)
+    guard = CorruptionChecks(trainable, ctx.world_size, reference, batch)
+    probe = _GradProbe(judge, trainer, guard)
     trainer.add_callback(_callback(probe))
     try:
         trainer.train()
@@ -171,10 +185,17 @@ def trainer_train_and_check(trainer: Any, params: Mapping[str, Any], ctx: RankCo
         "global_step": trainer.state.global_step,
     }
     require_wrapper(wrapped, fsdp_version(params))
-    return judge.finish(wrapped, checks)
+    found, failures = guard.after_training(wrapped)
+    return judge.finish(wrapped, {**checks, **found}, failures)
 
 
-def trainer_entry(model: nn.Module, params: Mapping[str, Any], ctx: RankContext, trainable: List[str]) -> dict:
+def trainer_entry(
+    model: nn.Module,
+    params: Mapping[str, Any],
+    ctx: RankContext,
+    trainable: List[str],
+    reference: Optional[Reference] = None,
+) -> dict:
     """The ``trainer`` entry of a cell: build the Trainer, train, check."""
     with trainer_setup(model, params, ctx) as trainer:
-        return trainer_train_and_check(trainer, params, ctx, trainable)
+        return trainer_train_and_check(trainer, params, ctx, trainable, reference)

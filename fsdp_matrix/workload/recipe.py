@@ -8,11 +8,12 @@ from torch import nn
 
 from fsdp_matrix.workload.adapters import adapter_dtypes, add_adapter
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.entry import accelerate_train_and_check, entry_of
 from fsdp_matrix.workload.hf_trainer import trainer_entry
 from fsdp_matrix.workload.models import DTYPES, build_4bit_model, build_model, count_linear4bit, torch_dtype
 from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.training import train_and_check, trainable_names
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check, trainable_names
 from fsdp_matrix.workload.wrapping import MIXED_PRECISION, SHARDING, WRAPS, wrap
 
 ADAPTERS = ("lora", "dora", "qlora")
@@ -45,7 +46,8 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
     ``entry`` (absent: ``torch``) is how FSDP is reached: FSDP called directly, accelerate's ``prepare``, or a
     transformers Trainer (entry.py, hf_trainer.py). The trainable set is taken here, from the PEFT model's
     ``requires_grad`` before wrapping, so the checks judge every tensor against what PEFT made trainable, whatever
-    the wrapper does.
+    the wrapper does. So is the reference of the forward and sharding checks (corruption.py): every entry takes it
+    from the model before wrapping.
     """
     built = {"adapter_dtypes": adapter_dtypes(model), "linear4bit": count_linear4bit(model)}
     trainable = trainable_names(model)
@@ -54,6 +56,7 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
         return {**built, **accelerate_train_and_check(model, params, ctx, trainable)}
     if entry == "trainer":
         return {**built, **trainer_entry(model, params, ctx, trainable)}
+    reference = take_reference(model, synthetic_batch(ctx))
     wrapped = wrap(
         model,
         axis(params, "wrap", WRAPS),
@@ -62,7 +65,7 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
         shard=axis(params, "shard", tuple(SHARDING), default="full"),
         mp=axis(params, "mp", tuple(MIXED_PRECISION), default=None),
     )
-    return {**built, **train_and_check(wrapped, ctx, trainable=trainable)}
+    return {**built, **train_and_check(wrapped, ctx, trainable=trainable, reference=reference)}
 
 
 def base_dtype_name(params: Mapping[str, Any]) -> str:
