@@ -32,7 +32,7 @@ def _lora(ctx):
 
 def test_entry_defaults_to_torch_and_refuses_unknown():
     assert entry_of({}) == "torch" and entry_of({"entry": "trainer"}) == "trainer"
-    with pytest.raises(ValueError, match="unknown entry 'deepspeed'"):
+    with pytest.raises(ValueError, match="axis 'entry': unknown value 'deepspeed'"):
         entry_of({"entry": "deepspeed"})
 
 
