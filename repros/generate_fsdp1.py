@@ -1,0 +1,122 @@
+"""transformers#30228 (pytorch#123962, pytorch#100069, trl#1726): ``generate()`` on an FSDP1-wrapped PEFT model.
+
+FSDP1 gathers a unit's parameters only in its ``forward``. ``PeftModelForCausalLM.generate`` calls the inner
+transformers model's ``generate``, which never enters the root FSDP unit's forward, so the root's own parameters
+(the embedding, the final norm, ``lm_head``: everything outside the decoder-layer units) are still 1-D shards, and the
+embedding raises ``RuntimeError: 'weight' must be 2-D``. torch does not plan to change this for FSDP1 (pytorch#123962);
+the workaround in the threads is ``FSDP.summon_full_params(model, writeback=False, recurse=False)`` around
+``generate`` (the root's parameters only; the decoder layers still gather in their own forward), or with
+``recurse=True`` (every parameter, on every rank).
+
+Axes: ``orig`` (``use_orig_params``; the report has False), ``workaround`` none / summon_root / summon_all. The
+model: LoRA (``init_lora_weights=False``, so the adapter changes the output) on the tiny llama, FSDP1 per decoder
+layer, trained 3 steps with the usual checks. A fix holds when greedy generation returns exactly the tokens of the
+same model trained the same way unsharded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from peft import LoraConfig, get_peft_model
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel
+
+from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.checks import trainable_names
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
+from fsdp_matrix.workload.wrapping import wrap
+
+CASE = "generate-fsdp1"
+WORKAROUNDS = ("none", "summon_root", "summon_all")
+PROMPT, NEW_TOKENS, STEPS = 6, 8, 3
+
+
+def _build(params: dict, ctx: RankContext) -> nn.Module:
+    model = build_model(params["model"], params.get("dtype", "fp32"), ctx)
+    torch.manual_seed(ctx.seed)
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        target_modules=list(TARGET_MODULES),
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def _reference_steps(model: nn.Module, batch: torch.Tensor) -> None:
+    # the steps train_and_check takes: AdamW(lr=1e-2) on the same batch; every rank's batch is the same, so the
+    # FSDP-averaged gradient equals this one
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+
+
+def _generate(model: nn.Module, prompt: torch.Tensor) -> torch.Tensor:
+    return model.generate(
+        input_ids=prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        use_cache=True,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
+
+
+def run(params: dict, ctx: RankContext) -> dict:
+    """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
+    workaround = params["workaround"]
+    if workaround not in WORKAROUNDS:
+        raise ValueError(f"unknown workaround {workaround!r} (expected one of {', '.join(WORKAROUNDS)})")
+    batch = synthetic_batch(ctx)
+    prompt = batch[:, :PROMPT]
+    reference = _build(params, ctx)
+    model = _build(params, ctx)
+    trainable = trainable_names(model)
+    wrapped = wrap(model, params["wrap"], bool(params["orig"]), ctx)
+    if not isinstance(wrapped, FullyShardedDataParallel):
+        raise ValueError(f"{CASE} is about FSDP1: wrap decoder_layer or peft_policy, not {params['wrap']!r}")
+    _reference_steps(reference, batch)
+    checks = train_and_check(wrapped, ctx, steps=STEPS, trainable=trainable)
+    reference.eval()
+    wrapped.eval()
+    if workaround == "none":
+        gathered = contextlib.nullcontext()
+    else:
+        gathered = FullyShardedDataParallel.summon_full_params(
+            wrapped, writeback=False, recurse=workaround == "summon_all"
+        )
+    with torch.no_grad():
+        expected = _generate(reference, prompt)
+        with gathered:
+            # the PeftModel under the FSDP root, as a user reaches it (wrapped.module.generate)
+            tokens = _generate(wrapped.module, prompt)
+    same = tokens.shape == expected.shape and bool(torch.equal(tokens, expected))
+    checks.update(
+        {
+            "new_tokens_row0": tokens[0, PROMPT:].tolist(),
+            "unsharded_new_tokens_row0": expected[0, PROMPT:].tolist(),
+            "tokens_equal_unsharded": same,
+        }
+    )
+    if not same:
+        raise CheckFailed(
+            f"generate under FSDP1 on rank {ctx.rank} gave {tokens[:, PROMPT:].tolist()}, "
+            f"the unsharded model {expected[:, PROMPT:].tolist()}"
+        )
+    return checks
+
+
+if __name__ == "__main__":
+    from fsdp_matrix.standalone import main
+
+    main(run, CASE)

@@ -1,0 +1,142 @@
+"""peft#2945 (fix: PR #3000, peft 0.20.0): PEFT applied on ``meta`` before sharding, then the base checkpoint loaded.
+
+Under FSDP no rank holds the whole model, so (as TorchTitan does) the model is built on ``meta``, PEFT is applied
+(it must be: it swaps ``nn.Linear`` for ``lora.Linear``, which cannot be done once FSDP owns the parameters), the
+model is sharded with ``fully_shard`` and materialised with ``to_empty``, and only then are the base weights loaded.
+The checkpoint still says ``...q_proj.weight`` where the model now has ``base_model.model...q_proj.base_layer.weight``,
+so a plain ``load_state_dict`` finds no key it knows: every key is missing or unexpected. PR #3000 adds
+``set_base_model_state_dict`` (and ``get_base_model_state_dict``), which translate the original key names.
+
+The ``load`` axis:
+
+- ``plain``: ``model.load_state_dict(checkpoint)`` (the report);
+- ``plain_nonstrict``: the same with ``strict=False``, as users then try: nothing raises, nothing is loaded;
+- ``peft_api``: ``peft.set_base_model_state_dict(model, checkpoint)`` (the fix; peft >= 0.20.0) with the full
+  tensors of the checkpoint;
+- ``peft_api_dtensor``: the same, each tensor first sharded like its parameter (``distribute_tensor`` with the mesh
+  and placements that ``get_base_model_state_dict`` shows).
+
+After loading, the adapters are initialised as ``get_peft_model`` would have (``to_empty`` leaves them
+uninitialised). A fix holds when every base tensor, gathered, equals the checkpoint's, and training passes every
+check. A base tensor that differs raises ``CheckFailed`` naming it.
+"""
+
+from __future__ import annotations
+
+import torch
+from peft import LoraConfig, get_peft_model
+from torch.distributed.tensor import DTensor, distribute_tensor
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.checks import clean_name, trainable_names
+from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.models import TINY_SHAPE, build_model
+from fsdp_matrix.workload.training import train_and_check
+from fsdp_matrix.workload.wrapping import fsdp2
+
+CASE = "peft-meta-base-load"
+LOADS = ("plain", "plain_nonstrict", "peft_api", "peft_api_dtensor")
+
+
+def _load(model: torch.nn.Module, checkpoint: dict, how: str) -> object:
+    if how == "plain":
+        return model.load_state_dict(checkpoint)
+    if how == "plain_nonstrict":
+        return model.load_state_dict(checkpoint, strict=False)
+    from peft import get_base_model_state_dict, set_base_model_state_dict  # peft >= 0.20.0 (PR #3000)
+
+    if how == "peft_api_dtensor":
+        # shard each full tensor like the parameter it loads into: the current base state dict, under the original
+        # key names, holds each parameter's mesh and placements
+        current = get_base_model_state_dict(model)
+        checkpoint = {
+            key: distribute_tensor(value, current[key].device_mesh, current[key].placements)
+            if key in current and isinstance(current[key], DTensor)
+            else value
+            for key, value in checkpoint.items()
+        }
+    return set_base_model_state_dict(model, checkpoint)
+
+
+def _init_adapters(model: torch.nn.Module) -> int:
+    # to_empty gives the adapters uninitialised memory; re-run PEFT's own init (lora_A kaiming, lora_B zero)
+    count = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "reset_lora_parameters") and "default" in getattr(module, "lora_A", {}):
+                module.reset_lora_parameters("default", True)
+                count += 1
+    return count
+
+
+def _copy_buffers(model: torch.nn.Module, reference: torch.nn.Module) -> int:
+    # the rotary inv_freq is a non-persistent buffer (not in any checkpoint) that to_empty leaves uninitialised;
+    # every loader recomputes it (TorchTitan calls its init_weights): copy it from a model built normally
+    count = 0
+    for name, module in reference.named_modules():
+        target = model.get_submodule(f"base_model.model.{name}" if name else "base_model.model")
+        for attr, value in list(vars(module).items()) + list(module.named_buffers(recurse=False)):
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                setattr(target, attr, value.detach().clone().to(next(iter(model.parameters())).device))
+                count += 1
+    return count
+
+
+def _base_mismatches(model: torch.nn.Module, checkpoint: dict) -> list:
+    """Names of base tensors whose gathered value differs from the checkpoint's (the PEFT infixes removed)."""
+    wrong = []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            continue
+        key = clean_name(name).removeprefix("base_model.model.").replace(".base_layer.", ".")
+        full = param.full_tensor() if isinstance(param, DTensor) else param
+        expected = checkpoint.get(key)
+        if expected is None:
+            wrong.append(f"{key} (not in the checkpoint)")
+        elif not torch.equal(full.detach().cpu(), expected):
+            wrong.append(f"{key} (max |diff| {float((full.detach().cpu() - expected).abs().max()):.3g})")
+    return wrong
+
+
+def run(params: dict, ctx: RankContext) -> dict:
+    """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
+    how = params["load"]
+    if how not in LOADS:
+        raise ValueError(f"unknown load {how!r} (expected one of {', '.join(LOADS)})")
+    if params.get("wrap", "fsdp2") != "fsdp2":
+        raise ValueError(f"{CASE} shards with fully_shard (wrap fsdp2), as peft#2945 does")
+    if params["model"] != "llama":
+        raise ValueError(f"{CASE} builds a llama on meta, not {params['model']!r}")
+    reference = build_model(params["model"], "fp32", ctx).to("cpu")
+    checkpoint = reference.state_dict()
+    with torch.device("meta"):
+        model = get_peft_model(
+            LlamaForCausalLM(LlamaConfig(**TINY_SHAPE)),
+            LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(TARGET_MODULES), task_type="CAUSAL_LM"),
+        )
+    trainable = trainable_names(model)
+    model = fsdp2(model, ctx)
+    model.to_empty(device=ctx.device)
+    buffers = _copy_buffers(model, reference)
+    result = _load(model, checkpoint, how)
+    checks = {
+        "buffers_copied": buffers,
+        "missing_keys": len(getattr(result, "missing_keys", [])),
+        "unexpected_keys": len(getattr(result, "unexpected_keys", [])),
+        "adapters_initialised": _init_adapters(model),
+    }
+    wrong = _base_mismatches(model, checkpoint)
+    if wrong:
+        raise CheckFailed(
+            f"{len(wrong)} base tensors on rank {ctx.rank} differ from the checkpoint after loading "
+            f"({checks['missing_keys']} keys missing, {checks['unexpected_keys']} unexpected): {', '.join(wrong[:3])}"
+        )
+    return {**checks, **train_and_check(model, ctx, trainable=trainable)}
+
+
+if __name__ == "__main__":
+    from fsdp_matrix.standalone import main
+
+    main(run, CASE)
