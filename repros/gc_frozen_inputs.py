@@ -29,11 +29,12 @@ from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import add_adapter
 from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.entry import entry_of
 from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
-from fsdp_matrix.workload.models import build_model, decoder_layers
+from fsdp_matrix.workload.models import DTYPES, build_model, decoder_layers
+from fsdp_matrix.workload.params import axis, flag
+from fsdp_matrix.workload.recipe import MODELS
 from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import wrap
+from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "gc-frozen-inputs"
 GC = {"hf_reentrant": True, "hf_nonreentrant": False}
@@ -62,19 +63,16 @@ def _kwargs(gc: str) -> dict:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    gc, inputs, entry = params["gc"], params["inputs"], entry_of(params)
-    if gc not in GC:
-        raise ValueError(f"unknown gc {gc!r} (expected one of {', '.join(GC)})")
-    if inputs not in INPUTS:
-        raise ValueError(f"unknown inputs {inputs!r} (expected one of {', '.join(INPUTS)})")
+    gc, inputs = axis(params, "gc", tuple(GC)), axis(params, "inputs", tuple(INPUTS))
+    entry = axis(params, "entry", ("torch", "trainer"), default="torch")
     if entry not in ("torch", "trainer"):
         raise ValueError(f"{CASE} runs through the torch or trainer entry, not {entry!r}")
     if entry == "trainer" and inputs == "peft":
         raise ValueError("through the Trainer, checkpointing is turned on by the Trainer, after PEFT: inputs peft")
-    base = build_model(params["model"], params.get("dtype", "fp32"), ctx)
+    base = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
     if inputs == "peft":
         base.gradient_checkpointing_enable(**_kwargs(gc))
-    model = add_adapter(base, params["adapter"], ctx.seed)
+    model = add_adapter(base, axis(params, "adapter", ("lora",)), ctx.seed)
     if inputs != "peft" and entry == "torch":
         model.gradient_checkpointing_enable(**_kwargs(gc))
     if inputs == "manual":
@@ -86,8 +84,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         with trainer_setup(model, params, ctx, gradient_checkpointing=True, **_kwargs(gc)) as trainer:
             checks = trainer_train_and_check(trainer, params, ctx, trainable)
     else:
-        orig = params.get("orig")
-        wrapped = wrap(model, params["wrap"], None if orig is None else bool(orig), ctx)
+        wrapped = wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
         checks = train_and_check(wrapped, ctx, steps=STEPS, trainable=trainable)
     runs = calls[0] / (STEPS * layers)
     checks["attention_runs_per_layer_step"] = runs

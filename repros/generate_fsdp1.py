@@ -19,15 +19,17 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import get_peft_model
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.adapters import lora_config
 from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model
+from fsdp_matrix.workload.models import DTYPES, build_model
+from fsdp_matrix.workload.params import axis, flag
+from fsdp_matrix.workload.recipe import MODELS
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import wrap
 
@@ -37,17 +39,9 @@ PROMPT, NEW_TOKENS, STEPS = 6, 8, 3
 
 
 def _build(params: dict, ctx: RankContext) -> nn.Module:
-    model = build_model(params["model"], params.get("dtype", "fp32"), ctx)
+    model = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
     torch.manual_seed(ctx.seed)
-    config = LoraConfig(
-        r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        target_modules=list(TARGET_MODULES),
-        init_lora_weights=False,
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
+    return get_peft_model(model, lora_config(init_lora_weights=False))
 
 
 def _reference_steps(model: nn.Module, batch: torch.Tensor) -> None:
@@ -74,17 +68,16 @@ def _generate(model: nn.Module, prompt: torch.Tensor) -> torch.Tensor:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    workaround = params["workaround"]
-    if workaround not in WORKAROUNDS:
-        raise ValueError(f"unknown workaround {workaround!r} (expected one of {', '.join(WORKAROUNDS)})")
+    workaround = axis(params, "workaround", tuple(WORKAROUNDS))
     batch = synthetic_batch(ctx)
     prompt = batch[:, :PROMPT]
     reference = _build(params, ctx)
     model = _build(params, ctx)
     trainable = trainable_names(model)
-    wrapped = wrap(model, params["wrap"], bool(params["orig"]), ctx)
+    how = axis(params, "wrap", ("decoder_layer", "peft_policy"))
+    wrapped = wrap(model, how, flag(params, "orig"), ctx)
     if not isinstance(wrapped, FullyShardedDataParallel):
-        raise ValueError(f"{CASE} is about FSDP1: wrap decoder_layer or peft_policy, not {params['wrap']!r}")
+        raise ValueError(f"{CASE} is about FSDP1: wrap decoder_layer or peft_policy, not {how!r}")
     _reference_steps(reference, batch)
     checks = train_and_check(wrapped, ctx, steps=STEPS, trainable=trainable)
     reference.eval()

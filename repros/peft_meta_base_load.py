@@ -24,15 +24,16 @@ check. A base tensor that differs raises ``CheckFailed`` naming it.
 from __future__ import annotations
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import get_peft_model
 from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import TARGET_MODULES
+from fsdp_matrix.workload.adapters import lora_config
 from fsdp_matrix.workload.checks import clean_name, trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import TINY_SHAPE, build_model
+from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.training import train_and_check
 from fsdp_matrix.workload.wrapping import fsdp2
 
@@ -102,19 +103,14 @@ def _base_mismatches(model: torch.nn.Module, checkpoint: dict) -> list:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    how = params["load"]
-    if how not in LOADS:
-        raise ValueError(f"unknown load {how!r} (expected one of {', '.join(LOADS)})")
-    if params.get("wrap", "fsdp2") != "fsdp2":
-        raise ValueError(f"{CASE} shards with fully_shard (wrap fsdp2), as peft#2945 does")
-    if params["model"] != "llama":
-        raise ValueError(f"{CASE} builds a llama on meta, not {params['model']!r}")
-    reference = build_model(params["model"], "fp32", ctx).to("cpu")
+    how = axis(params, "load", LOADS)
+    axis(params, "wrap", ("fsdp2",), default="fsdp2")  # shards with fully_shard, as peft#2945 does
+    reference = build_model(axis(params, "model", ("llama",)), "fp32", ctx).to("cpu")
     checkpoint = reference.state_dict()
     with torch.device("meta"):
         model = get_peft_model(
             LlamaForCausalLM(LlamaConfig(**TINY_SHAPE)),
-            LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(TARGET_MODULES), task_type="CAUSAL_LM"),
+            lora_config(),
         )
     trainable = trainable_names(model)
     model = fsdp2(model, ctx)

@@ -22,9 +22,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.checks import clean_name, full_parameters, trainable_names, wrapper_kind
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.recipe import peft_model
 from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import wrap
+from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "qlora-full-state-dict"
 
@@ -49,22 +50,19 @@ def _check_adapters(state: dict, expected: dict, rank: int) -> int:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    if params["adapter"] != "qlora":
-        raise ValueError(f"{CASE} has one adapter, qlora, not {params['adapter']!r}")
+    axis(params, "adapter", ("qlora",))
+    offload = flag(params, "offload")
     model = peft_model(params, ctx)
     trainable = trainable_names(model)
-    orig = params.get("orig")
-    wrapped = wrap(model, params["wrap"], None if orig is None else bool(orig), ctx)
+    wrapped = wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
     checks = train_and_check(wrapped, ctx, trainable=trainable)
     expected = full_parameters(wrapped, wrapper_kind(wrapped), None)
     expected = {n: v for n, v in expected.items() if clean_name(n) in set(trainable)}
     # the report's call: a full, CPU-offloaded state dict of the whole FSDP QLoRA model
-    state = get_model_state_dict(
-        wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=bool(params["offload"]))
-    )
+    state = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
     checks["state_dict_keys"] = len(state)
     checks["quant_state_keys"] = sum(".absmax" in k or ".quant_map" in k for k in state)
-    if state or not params["offload"] or ctx.rank == 0:
+    if state or not offload or ctx.rank == 0:
         checks["adapter_tensors_checked"] = _check_adapters(state, expected, ctx.rank)
     return checks
 

@@ -16,6 +16,7 @@ import fsdp_matrix.case as case
 ROOT = Path(__file__).resolve().parents[1]
 
 HOME = {
+    "trainer_train_and_check": "fsdp_matrix.workload.hf_trainer",
     "DTYPES": "fsdp_matrix.workload.models",
     "MODELS": "fsdp_matrix.workload.recipe",
     "WRAPS": "fsdp_matrix.workload.wrapping",

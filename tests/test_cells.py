@@ -65,4 +65,5 @@ def test_cell_ids_of_main_never_change(device):
     now = [c.key for c in expand(load_matrix(), device, 2)]
     assert len(now) == len(set(now))
     assert [k for k in pinned if k not in set(now)] == []
-    assert now == pinned
+    # main's cells keep their order; cells added since follow in the order of their cases
+    assert [k for k in now if k in set(pinned)] == pinned

@@ -183,5 +183,7 @@ def test_a_case_declares_its_own_axes():
 
 def test_the_repo_matrix_declares_every_axis_with_a_meaning():
     m = load_matrix()
-    used = {name for case in m.cases for grid in case.grids for name in grid}
-    assert used <= set(m.axes) and all(axis.meaning for axis in m.axes.values())
+    for case in m.cases:
+        used = {name for grid in case.grids for name in grid}
+        declared = {**m.axes, **case.axes}
+        assert used <= set(declared) and all(axis.meaning for axis in declared.values()), case.id
