@@ -17,8 +17,8 @@ Unlike ``gradient-checkpointing`` (peft#1910, which always hooks the inputs), th
   else (the report). Through the Trainer, the Trainer turns checkpointing on itself (``gradient_checkpointing=True``
   in ``TrainingArguments``), after PEFT, so ``inputs`` is ``none`` or ``manual`` there.
 
-A fix holds when training passes every check and the attention of every decoder layer ran twice per step
-(checkpointing was really on).
+A fix holds when training passes every check and the attention of every decoder layer was recomputed once per step
+in backward (checkpointing was really on).
 """
 
 from __future__ import annotations
