@@ -23,7 +23,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from packaging.utils import canonicalize_name
 
 from fsdp_matrix.bisect.installers import PinnedInstaller, parse_pins
-from fsdp_matrix.bisect.launch import LaunchRunner
+from fsdp_matrix.bisect.runner import LaunchRunner
 from fsdp_matrix.bisect.search import CellAnswer, Outcome, Prepared, Step, bisect_cells, install_bound
 from fsdp_matrix.cells import find_cell
 from fsdp_matrix.clip import clip
