@@ -88,6 +88,9 @@ def holding(model: nn.Module, kind: str, world_size: int) -> Holding:
     units: List[Tuple[str, int, int, int, torch.dtype]] = []
     pieces: Dict[str, torch.Tensor] = {}
     group = world_size
+    # FSDP1 with use_orig_params=True exposes each original parameter as a view of its flat parameter; one that a
+    # module added after wrapping renamed (PEFT's base_layer, say) is still managed: known by identity, not by name
+    views: set = set()
     if kind == "fsdp1":
         group = _fsdp1_group(model, world_size)
         for name, module in _fsdp1_modules(model):
@@ -100,6 +103,7 @@ def holding(model: nn.Module, kind: str, world_size: int) -> Holding:
             # FSDP1's own alignment padding between original parameters is part of the full flat size
             full = sum(getattr(flat, "_numels_with_padding", flat._numels))
             units.append((prefix.rstrip(".") or "<root>", local.numel(), full, math.ceil(full / group), flat.dtype))
+            views.update(id(p) for p in (getattr(flat, "_params", None) or ()))
             for fqn, shape, info in zip(flat._fqns, flat._shapes, flat._shard_param_infos):
                 managed[prefix + fqn] = (tuple(shape), flat.dtype)
                 end = (info.offset_in_shard or 0) + (info.numel_in_shard or 0)
@@ -115,7 +119,7 @@ def holding(model: nn.Module, kind: str, world_size: int) -> Holding:
             managed[key] = (tuple(param.shape), param.dtype)
             units.append((key, local.numel(), param.numel(), _share(tuple(param.shape), group, kind), param.dtype))
             pieces[key] = local
-        elif not _is_flat(name, param) and key not in managed:
+        elif not _is_flat(name, param) and key not in managed and id(param) not in views:
             unmanaged[key] = pieces[key] = param
     return Holding(managed, unmanaged, units, pieces, group)
 
