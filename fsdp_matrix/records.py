@@ -21,7 +21,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-SCHEMA = 1
+SCHEMA = 2
+"""2: Observed.env_removed. Older records read as before (the field defaults to empty)."""
 RECORDS_FILE = "cells.jsonl"
 
 
@@ -81,6 +82,9 @@ class Observed:
     """For hang / crash / one-rank errors: seconds from the first sign of trouble to the launcher's verdict."""
     note: str = ""
     """What the launcher did about it, e.g. why the launch was replaced after this cell."""
+    env_removed: List[str] = field(default_factory=list)
+    """The caller's environment variables the ranks were started without (they steer accelerate's and
+    transformers' FSDP choices; see runner/protocol.py STRIPPED_ENV_PREFIXES)."""
 
 
 @dataclass(kw_only=True)
