@@ -21,8 +21,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-SCHEMA = 2
-"""2: ``sources`` (packages built from a git ref or a checkout). 1: no ``sources``."""
+SCHEMA = 3
+"""3: ``Observed.env_removed`` (the caller's variables kept from the ranks). 2: ``sources`` (packages built from a git
+ref or a checkout). 1: neither. Older records read as before (the new fields default to empty)."""
 RECORDS_FILE = "cells.jsonl"
 
 
@@ -82,6 +83,9 @@ class Observed:
     """For hang / crash / one-rank errors: seconds from the first sign of trouble to the launcher's verdict."""
     note: str = ""
     """What the launcher did about it, e.g. why the launch was replaced after this cell."""
+    env_removed: List[str] = field(default_factory=list)
+    """The caller's environment variables the ranks were started without (they steer accelerate's and
+    transformers' FSDP choices; see runner/protocol.py STRIPPED_ENV_PREFIXES)."""
 
 
 @dataclass(kw_only=True)

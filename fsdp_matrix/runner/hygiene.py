@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
+import types
 import warnings
 from datetime import timedelta
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 from fsdp_matrix.clip import clip
 
@@ -39,9 +41,19 @@ class Hygiene:
         return {
             "default_dtype": str(torch.get_default_dtype()),
             "grad_enabled": torch.is_grad_enabled(),
-            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "anomaly_mode": torch.is_anomaly_enabled(),
+            "deterministic": (
+                torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.deterministic,
+                torch.backends.cudnn.benchmark,
+            ),
+            "matmul_precision": (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32),
             "cwd": os.getcwd(),
+            "sys.path": list(sys.path),
             "environ": dict(os.environ),
+            "warnings": list(warnings.filters),
+            "attributes": public_attributes(),
         }
 
     @staticmethod
@@ -89,15 +101,16 @@ class Hygiene:
                 except psutil.NoSuchProcess:
                     pass  # it exited on its own since it was listed: gone is what we wanted
         now = self._global_state()
-        changed = [k for k in now if k != "environ" and self.state[k] != now[k]]
+        changed = [k for k in now if k not in _COMPARED_APART and self.state[k] != now[k]]
+        changed += _env_changes(self.state["environ"], now["environ"])
+        changed += _warning_changes(self.state["warnings"], now["warnings"])
+        changed += _attribute_changes(self.state["attributes"], now["attributes"])
+        # libraries export some settings on first use (torch's inductor cache dir), and import modules and add
+        # lazy attributes: the first time is accepted, and becomes part of what later cells are compared against
         env_before, env_after = self.state["environ"], now["environ"]
-        changed += [
-            f"${k}"
-            for k in sorted(set(env_before) | set(env_after))
-            if env_before.get(k) != env_after.get(k) and not (k not in env_before and k.startswith(_FIRST_USE_ENV))
-        ]
-        # libraries export some settings on first use (torch's inductor cache dir): accept those once
         self.state["environ"] = {k: v for k, v in env_after.items() if k in env_before or k.startswith(_FIRST_USE_ENV)}
+        self.state["warnings"] = now["warnings"]
+        self.state["attributes"] = {**now["attributes"], **self.state["attributes"]}
         if changed:
             problems.append("global state changed by the cell: " + ", ".join(changed))
         try:
@@ -113,6 +126,82 @@ class Hygiene:
         if not problems:
             gc.freeze()  # what a clean cell left behind is measured already: stop re-scanning it every cell
         return {"clean": not problems, "problems": problems, "leaked_modules": modules, "leaked_bytes": size}
+
+
+_COMPARED_APART = ("environ", "warnings", "attributes")
+
+WATCHED_MODULES = (
+    "torch",
+    "torch.nn",
+    "torch.nn.functional",
+    "torch.optim",
+    "torch.distributed",
+    "peft",
+    "transformers",
+    "accelerate",
+    "bitsandbytes",
+)
+"""Modules whose public top-level attributes, and their classes' methods, a cell must leave as it found them (a
+workaround repro may monkeypatch on purpose; the next cell must not inherit it). Only those already imported are
+looked at: importing one here would change what the cells see (transformers imports lazily)."""
+
+
+def public_attributes() -> Dict[Tuple[str, ...], Any]:
+    """(module, name[, method]) -> object, for the public top-level attributes of WATCHED_MODULES already imported,
+    and the functions and descriptors their public classes define. Objects, not ids: an id is reused once the
+    object is freed, and a replacement could then pass for the original."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # probing deprecated objects (torch.distributed.reduce_op) warns
+        return _public_attributes()
+
+
+def _public_attributes() -> Dict[Tuple[str, ...], Any]:
+    out: Dict[Tuple[str, ...], Any] = {}
+    for mod_name in WATCHED_MODULES:
+        module = sys.modules.get(mod_name)
+        if module is None:
+            continue
+        for name, value in list(vars(module).items()):
+            if name.startswith("_"):
+                continue
+            out[(mod_name, name)] = value
+            if isinstance(value, type) and getattr(value, "__module__", "").startswith(mod_name.split(".")[0]):
+                for attr, member in list(vars(value).items()):
+                    dunder = attr.startswith("__") and attr.endswith("__")
+                    if isinstance(member, _METHODS) and (not dunder or attr in ("__init__", "__call__")):
+                        out[(mod_name, name, attr)] = member
+    return out
+
+
+_METHODS = (types.FunctionType, staticmethod, classmethod, property, types.BuiltinFunctionType)
+
+
+def _attribute_changes(before: Dict[Tuple[str, ...], Any], after: Dict[Tuple[str, ...], Any]) -> List[str]:
+    """Attributes replaced or removed since ``before``, and methods added to classes it had; new top-level names
+    (a lazy import's) are first use, not a change."""
+    changed = [k for k, v in before.items() if k in after and after[k] is not v]
+    changed += [k for k in before if k not in after and k[0] in sys.modules]
+    # a method added to a class that was already there (AdamW.step over Adam's) is a patch, not a lazy import
+    changed += [k for k in after if len(k) == 3 and k not in before and k[:2] in before]
+    return [".".join(k) for k in sorted(changed)][:20]
+
+
+def _env_changes(before: Dict[str, str], after: Dict[str, str]) -> List[str]:
+    return [
+        f"${k}"
+        for k in sorted(set(before) | set(after))
+        if before.get(k) != after.get(k) and not (k not in before and k.startswith(_FIRST_USE_ENV))
+    ]
+
+
+def _warning_changes(before: list, after: list) -> List[str]:
+    """A filter the cell removed, or one it added that turns warnings into errors: either changes what the next
+    cell raises. Libraries add ``ignore`` filters when first imported; those change no verdict and are accepted."""
+    removed = [f for f in before if f not in after]
+    errors = [f for f in after if f not in before and f[0] == "error"]
+    if removed or errors:
+        return [f"warnings filters ({len(errors)} 'error' added, {len(removed)} removed)"]
+    return []
 
 
 def _cmdline(proc: Any) -> list:

@@ -25,7 +25,16 @@ from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import LaunchError
 from fsdp_matrix.runner import launchdir, procs
 from fsdp_matrix.runner.options import CELL_TIMEOUT_S
-from fsdp_matrix.runner.protocol import ENV_DEVICE, LOGS, TORCHRUN_OUT, WATCHDOG_OUT, Order, Stop, Task
+from fsdp_matrix.runner.protocol import (
+    ENV_DEVICE,
+    LOGS,
+    TORCHRUN_OUT,
+    WATCHDOG_OUT,
+    Order,
+    Stop,
+    Task,
+    launch_environ,
+)
 from fsdp_matrix.runner.watching import CellRun, Watching, _Live
 
 __all__ = ["CellRun", "Launcher", "_Live"]
@@ -146,14 +155,14 @@ class Launcher:
             barrier_timeout=min(30.0, self.cell_timeout),
             leak_budget_mb=self.leak_budget_mb,
         )
+        inherited, removed = launch_environ(dict(os.environ))
         env = {
-            **os.environ,
+            **inherited,
             **self.env,
             procs.MARKER: launch_id,
             ENV_DEVICE: self.device,
             "PYTHONUNBUFFERED": "1",
         }
-        env.pop("TORCHELASTIC_ERROR_FILE", None)  # torchrun sets one per rank under --log-dir
         if self.device == "cpu":
             # two ranks fighting over every core makes each cell slower, not faster
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // self.world_size)))
@@ -181,7 +190,7 @@ class Launcher:
             raise LaunchError(f"cannot start torchrun with {self.python}: {exc}") from None
         finally:
             out.close()
-        self._live = _Live(number, run_dir, proc, launch_id, watchdog=watchdog)
+        self._live = _Live(number, run_dir, proc, launch_id, watchdog=watchdog, env_removed=removed)
         self._feed(self._live)
 
     @staticmethod
@@ -239,7 +248,13 @@ class Launcher:
         for task in self._queue:
             # the note carries the reason; session.observe turns it into the one env-error outcome
             self._done[task.key] = CellRun(
-                key=task.key, status="env-error", ranks=[], duration_s=0.0, launch=live.number, note=message
+                key=task.key,
+                status="env-error",
+                ranks=[],
+                duration_s=0.0,
+                launch=live.number,
+                note=message,
+                env_removed=list(live.env_removed),
             )
         self._queue.clear()
 

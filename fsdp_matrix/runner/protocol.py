@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, List, Tuple, Union
 
 from fsdp_matrix.records import RankResult
 
@@ -39,6 +39,22 @@ ENV_LAUNCH = "FSDP_MATRIX_LAUNCH"
 """Set on every process of a launch (its launch id), so a sweep finds even children that escaped the tree."""
 ENV_DEVICE = "FSDP_MATRIX_DEVICE"
 """``cpu`` or ``cuda``: what the ranks run on."""
+
+
+STRIPPED_ENV_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "TORCHELASTIC_")
+"""The caller's variables a rank never inherits: accelerate and transformers take their FSDP choices from
+``ACCELERATE_*`` / ``FSDP_*`` (``ACCELERATE_USE_FSDP=true`` in a shell made every accelerate cell a false
+REGRESSION), and ``TORCHELASTIC_*`` is torchrun's own business per launch. The batched runner is not
+``accelerate launch``: a cell that wants one sets it itself, and ``Launcher.env`` sets one on purpose."""
+KEPT_ENV = (ENV_LAUNCH, ENV_DEVICE)
+"""Ours, though they match no prefix above; everything else (RANK, WORLD_SIZE, MASTER_*, the socket-interface
+variables GLOO_/NCCL_/TP_SOCKET_IFNAME, the HF_* offline settings, ...) passes through."""
+
+
+def launch_environ(base: Dict[str, str]) -> Tuple[Dict[str, str], List[str]]:
+    """The ranks' environment from the caller's ``base``, and the names removed (for the records)."""
+    removed = sorted(k for k in base if k.startswith(STRIPPED_ENV_PREFIXES) and k not in KEPT_ENV)
+    return {k: v for k, v in base.items() if k not in removed}, removed
 
 
 def task_file(seq: int) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -50,10 +50,18 @@ def observe(run: CellRun) -> Observed:
     )
     checks = next((r.checks for r in run.ranks if r.rank == 0 and r.checks), {})
     if run.status == "env-error":
-        return records.env_error(run.note, "LaunchError")
+        return replace(records.env_error(run.note, "LaunchError"), env_removed=run.env_removed)
     if run.status == "ok":
-        return Observed(status="ok", checks=checks, ranks=run.ranks, detect_s=run.detect_s, note=run.note)
+        return Observed(
+            status="ok",
+            checks=checks,
+            ranks=run.ranks,
+            detect_s=run.detect_s,
+            note=run.note,
+            env_removed=run.env_removed,
+        )
     return Observed(
+        env_removed=run.env_removed,
         status=run.status,
         error_type=first.error_type if first else None,
         error_message=first.error_message if first else run.note,

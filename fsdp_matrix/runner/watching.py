@@ -15,6 +15,7 @@ A cell ends in one of these ways, and each has one place here:
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Protocol, Tuple
 
+from fsdp_matrix.clip import clip
 from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner import procs
 from fsdp_matrix.runner.protocol import (
@@ -58,6 +60,8 @@ class CellRun:
     """Why the launch was replaced after this cell, if it was."""
     hygiene: List[str] = field(default_factory=list)
     """Problems a rank found after the cell (leaked modules, child processes, broken group): the launch was replaced."""
+    env_removed: List[str] = field(default_factory=list)
+    """The caller's variables the launch's ranks were started without (protocol.STRIPPED_ENV_PREFIXES)."""
 
 
 @dataclass
@@ -85,6 +89,8 @@ class _Live:
     """The launch's watchdog process (watchdog.py)."""
     gone: bool = False
     """Replaced or closed: nothing more is decided about it."""
+    env_removed: List[str] = field(default_factory=list)
+    """The caller's variables its ranks were started without."""
 
 
 class Settings(Protocol):
@@ -146,8 +152,30 @@ class Watching:
                 live.offsets[rank] = fh.tell()
 
     def _apply(self, live: _Live, rank: int, line: str) -> None:
-        event = decode_event(line)
+        try:
+            event = decode_event(line)
+        except (ValueError, TypeError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+            self._unreadable(live, rank, line, exc)
+            return
         getattr(self, f"worker_{event.event}")(live, rank, event)
+
+    def _unreadable(self, live: _Live, rank: int, line: str, exc: Exception) -> None:
+        """A line that is not a valid event. An End that fails validation is that rank's error for its cell (the
+        cell gets an outcome, the launch goes on); any other such line is left out: the cell it belongs to is
+        decided by what follows (its End, or the cell timeout)."""
+        try:
+            data = json.loads(line)
+        except ValueError:
+            return
+        if isinstance(data, dict) and data.get("event") == "end" and isinstance(data.get("key"), str):
+            message = f"rank {rank}'s result for the cell could not be read: {clip(str(exc), 300, flat=True)}"
+            result = RankResult(
+                rank=rank, status="error", error_type="fsdp_matrix.ProtocolError", error_message=message
+            )
+            t = data.get("t")
+            self.worker_end(
+                live, rank, End(key=data["key"], result=result, t=t if isinstance(t, float) else time.time())
+            )
 
     # one handler per rank event, as pytest-xdist's scheduler dispatches worker_<event>
     def worker_hello(self, live: _Live, rank: int, ev: Hello) -> None:
@@ -244,8 +272,10 @@ class Watching:
             duration_s=round(end - start, 3),
             launch=live.number,
             detect_s=detect_s,
-            note=note or "; ".join(problems),
+            # a rank that is not clean retires the launch: the next cell runs in fresh ranks, never in this process
+            note=note or ("; ".join(problems) + "; ranks restarted before the next cell" if problems else ""),
             hygiene=problems,
+            env_removed=list(live.env_removed),
         )
 
     def _stuck(self, live: _Live, key: str, status: str, since: float, note: str) -> None:

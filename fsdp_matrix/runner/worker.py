@@ -13,6 +13,7 @@ from __future__ import annotations
 import faulthandler
 import hashlib
 import importlib.util
+import json
 import os
 import signal
 import sys
@@ -84,7 +85,7 @@ def run_cell(fn: Callable[[Dict[str, Any], Any], Any], params: Dict[str, Any], c
     torch.manual_seed(ctx.seed)
     start = time.monotonic()
     try:
-        checks = fn(dict(params), ctx) or {}
+        checks = _checks(fn(dict(params), ctx))
         result = RankResult(rank=rank, status="ok", checks=checks)
     except KeyboardInterrupt:
         raise
@@ -94,6 +95,27 @@ def run_cell(fn: Callable[[Dict[str, Any], Any], Any], params: Dict[str, Any], c
         del exc
     result.duration_s = round(time.monotonic() - start, 4)
     return result
+
+
+class ReturnError(TypeError):
+    """``run()`` returned something that is not its checks: a dict with string keys, JSON-able (or None)."""
+
+
+def _checks(returned: Any) -> Dict[str, Any]:
+    """The checks a cell's ``run`` returned, or ReturnError: the End event that carries them must be readable, or
+    the launcher could not tell this cell's outcome (nor any later cell's)."""
+    if returned is None:
+        return {}
+    if not isinstance(returned, dict):
+        raise ReturnError(f"run() returned {type(returned).__name__}, not a dict of checks (or None)")
+    bad = [k for k in returned if not isinstance(k, str)]
+    if bad:
+        raise ReturnError(f"run() returned a dict with a {type(bad[0]).__name__} key {bad[0]!r}: keys must be str")
+    try:
+        json.dumps(returned, default=str)
+    except (TypeError, ValueError) as exc:
+        raise ReturnError(f"run() returned a dict that cannot be written as JSON: {exc}") from None
+    return returned
 
 
 def load_repro(path: str) -> ModuleType:

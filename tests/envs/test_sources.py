@@ -10,6 +10,7 @@ import pytest
 from fsdp_matrix import envs
 from fsdp_matrix.envs import sources
 from fsdp_matrix.errors import EnvError
+from fsdp_matrix.records import SCHEMA
 from tests.sources_support import FIXED, git, make_toy_repo
 
 
@@ -229,7 +230,7 @@ def test_a_source_build_is_judged_as_its_release_base_and_the_record_says_so(mon
     assert expected.kind == "error"  # 0.13.3.dev0 matches no rule; as 0.13.0 it matches the seed-003 error rule
     rec = session_mod.make_record(cell, expected, Observed(status="ok"), versions, 1.0, "old", "r")
     assert rec.verdict == "UNEXPECTED-FIX" and rec.versions["peft"] == "0.13.3.dev0"
-    assert rec.sources == main_after_013 and rec.schema == 2
+    assert rec.sources == main_after_013 and rec.schema == SCHEMA
     assert rec.line.endswith("[changed on main, not released yet (peft 7717550 judged as 0.13.0)]")
     released = {"peft": {**main_after_013["peft"], "release": "0.14.0"}}
     monkeypatch.setattr(session_mod, "env_sources", lambda versions=None: released)

@@ -33,3 +33,24 @@ def test_child_that_exits_before_it_is_killed_is_reported_not_fatal(rank_hygiene
     monkeypatch.setattr(psutil, "Process", lambda *a: _Me() if not a else real(*a))
     state = rank_hygiene.check(barrier_timeout_s=1)
     assert any("child processes left running" in p for p in state["problems"])
+
+
+HOSTILE_STATE = ["patch_adamw", "warn_error", "sys_path", "anomaly", "matmul", "set_env", "chdir"]
+
+
+def test_a_cell_that_leaves_global_state_changed_never_taints_the_next(tmp_path):
+    """Issue 17 defect 3: a monkeypatched ``torch.optim.AdamW.step`` or ``warnings.simplefilter("error")`` (and
+    sys.path, anomaly mode, matmul precision, os.environ, cwd) left by one cell flipped the next healthy cell. The
+    next cell must run in a process without the change, and the changing cell's record says the ranks restarted."""
+    from tests.runner.hostile import run_sequence
+
+    faults = [f for hostile in HOSTILE_STATE for f in (hostile, "probe")]
+    recs = run_sequence(tmp_path, faults)
+    probes = [(prev, r) for prev, f, r in zip(faults, faults[1:], recs[1:]) if f == "probe"]
+    assert [(prev, r.verdict) for prev, r in probes] == [(prev, "fix-holds") for prev, _ in probes], [
+        r.line for _, r in probes
+    ]
+    for fault, rec in zip(faults, recs):
+        if fault != "probe":
+            assert "global state changed by the cell" in rec.observed.note, (fault, rec.observed.note)
+            assert "ranks restarted before the next cell" in rec.observed.note, (fault, rec.observed.note)

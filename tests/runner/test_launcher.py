@@ -251,3 +251,18 @@ def test_failed_launch_folders_are_pruned_to_the_newest_few(tmp_path):
     assert len(mine) == 1  # the failed launch of this run is kept for inspection...
     assert concurrent.name in left  # ...a live one of another run is not touched...
     assert len([d for d in left if "-old" in d]) == 1 and f"launch-5-old{5:09d}" in left  # ...the rest pruned to 2
+
+
+def test_the_callers_fsdp_and_accelerate_variables_do_not_reach_the_ranks(tmp_path):
+    """Issue 17 defect 4: ``ACCELERATE_USE_FSDP=true`` in the caller's shell turned every accelerate cell into a
+    false REGRESSION. The ranks start without such variables; what the launch needs (RANK, MASTER_*, HF_* offline)
+    stays, and the record says what was removed."""
+    from unittest import mock
+
+    from tests.runner.hostile import run_sequence
+
+    leaked = {"ACCELERATE_USE_FSDP": "true", "FSDP_SHARDING_STRATEGY": "1", "ACCELERATE_MIXED_PRECISION": "no"}
+    with mock.patch.dict("os.environ", {**leaked, "HF_HUB_OFFLINE": "1"}):
+        [rec] = run_sequence(tmp_path, ["probe"])
+    assert rec.verdict == "fix-holds", rec.line
+    assert sorted(rec.observed.env_removed) == sorted(leaked)
