@@ -247,9 +247,13 @@ def inline_expressions(texts: Dict[str, str]) -> Dict[str, str]:
         if caller in exprs:
             continue
         tree = ast.parse(text)
+        # inside an f-string the expression's own quotes could close the string (before Python 3.12): leave those
+        in_fstring = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
         spans = []
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in exprs):
+                continue
+            if id(node) in in_fstring:
                 continue
             if node.lineno != node.end_lineno:
                 continue
@@ -273,5 +277,10 @@ def inline_expressions(texts: Dict[str, str]) -> Dict[str, str]:
                 line = (raw[:col] + rep.encode() + raw[end:]).decode()
                 if len(line) <= LINE_LENGTH:  # a call that reads better than its expression on one long line stays
                     lines[lineno - 1] = line
-            out[caller] = "\n".join(lines)
+            joined = "\n".join(lines)
+            try:
+                ast.parse(joined)
+            except SyntaxError:
+                continue  # a substitution that does not read back as Python: keep the calls as written
+            out[caller] = joined
     return out

@@ -66,3 +66,15 @@ def test_a_parameter_every_caller_passes_as_the_same_constant_folds():
     assert args["inner"] == {"wrap": "decoder_layer"}  # orig differs between the callers: not folded
     out = simplify(texts["inner"], set(), args["inner"])
     assert out == "def inner(model, wrap, orig=True):\n    return fsdp(model, use_orig_params=bool(orig))"
+
+
+def test_a_call_inside_an_f_string_is_not_replaced_by_an_expression_whose_quotes_would_close_it():
+    from fsdp_matrix.export.inliner import inline_expressions
+
+    texts = {
+        "name": 'def name(d):\n    return str(d).replace("torch.", "")',
+        "use": 'def use(d):\n    return f"{name(d)} wide"',
+    }
+    out = inline_expressions(texts)
+    compile(out["use"], "use", "exec")
+    assert out["use"] == texts["use"]
