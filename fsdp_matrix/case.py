@@ -37,6 +37,7 @@ from fsdp_matrix.workload.checkpoint_torch import RAW_PATHS, raw_roundtrip
 from fsdp_matrix.workload.checks import Failures, TrainingChecks, clean_name, full_parameters
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.entry import accelerate_setup
+from fsdp_matrix.workload.generation import greedy_generate, train_unsharded
 from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
 from fsdp_matrix.workload.models import (
     DTYPES,
@@ -90,6 +91,8 @@ __all__ = [
     "DTensor",
     "accelerate_setup",
     "trainer_setup",
+    "train_unsharded",
+    "greedy_generate",
     "trainer_train_and_check",
     # training and its checks
     "train_and_check",

@@ -40,6 +40,20 @@ class Verdict(str, enum.Enum):
         return self not in (Verdict.REPRODUCED, Verdict.FIX_HOLDS, Verdict.SKIPPED)
 
 
+ABOUT_THE_BUG = frozenset(
+    v.value
+    for v in (
+        Verdict.REPRODUCED,
+        Verdict.FIX_HOLDS,
+        Verdict.REGRESSION,
+        Verdict.UNEXPECTED_FIX,
+        Verdict.DIFFERENT_ERROR,
+    )
+)
+"""Verdicts that say something about the bug: the cell ran to an outcome that matrix.yaml judged (not a skip, nor a
+hang, crash or env-error, which say nothing about it)."""
+
+
 STATUSES = ("ok", "error", "hang", "crash", "skipped", "env-error")
 """Observed statuses a record can carry."""
 

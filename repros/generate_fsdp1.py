@@ -27,6 +27,7 @@ from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import lora_config
 from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.generation import greedy_generate, train_unsharded
 from fsdp_matrix.workload.models import DTYPES, build_model
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.recipe import MODELS
@@ -35,35 +36,13 @@ from fsdp_matrix.workload.wrapping import wrap
 
 CASE = "generate-fsdp1"
 WORKAROUNDS = ("none", "summon_root", "summon_all")
-PROMPT, NEW_TOKENS, STEPS = 6, 8, 3
+PROMPT, STEPS = 6, 3
 
 
 def _build(params: dict, ctx: RankContext) -> nn.Module:
     model = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
     torch.manual_seed(ctx.seed)
     return get_peft_model(model, lora_config(init_lora_weights=False))
-
-
-def _reference_steps(model: nn.Module, batch: torch.Tensor) -> None:
-    # the steps train_and_check takes: AdamW(lr=1e-2) on the same batch; every rank's batch is the same, so the
-    # FSDP-averaged gradient equals this one
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for _ in range(STEPS):
-        optimizer.zero_grad(set_to_none=True)
-        model(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-
-
-def _generate(model: nn.Module, prompt: torch.Tensor) -> torch.Tensor:
-    return model.generate(
-        input_ids=prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        use_cache=True,
-        pad_token_id=0,
-        eos_token_id=None,
-    )
 
 
 def run(params: dict, ctx: RankContext) -> dict:
@@ -78,7 +57,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     wrapped = wrap(model, how, flag(params, "orig"), ctx)
     if not isinstance(wrapped, FullyShardedDataParallel):
         raise ValueError(f"{CASE} is about FSDP1: wrap decoder_layer or peft_policy, not {how!r}")
-    _reference_steps(reference, batch)
+    train_unsharded(reference, batch, STEPS)
     checks = train_and_check(wrapped, ctx, steps=STEPS, trainable=trainable)
     reference.eval()
     wrapped.eval()
@@ -89,10 +68,10 @@ def run(params: dict, ctx: RankContext) -> dict:
             wrapped, writeback=False, recurse=workaround == "summon_all"
         )
     with torch.no_grad():
-        expected = _generate(reference, prompt)
+        expected = greedy_generate(reference, prompt)
         with gathered:
             # the PeftModel under the FSDP root, as a user reaches it (wrapped.module.generate)
-            tokens = _generate(wrapped.module, prompt)
+            tokens = greedy_generate(wrapped.module, prompt)
     same = tokens.shape == expected.shape and bool(torch.equal(tokens, expected))
     checks.update(
         {

@@ -21,6 +21,7 @@ from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import lora_config
 from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.generation import greedy_generate, train_unsharded
 from fsdp_matrix.workload.models import DTYPES, build_model
 from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.recipe import MODELS
@@ -33,7 +34,7 @@ except ImportError:  # torch < 2.6 has FSDP2 only under _composable
     from torch.distributed._composable.fsdp import register_fsdp_forward_method
 
 CASE = "generate-fsdp2"
-PROMPT, NEW_TOKENS, STEPS = 6, 8, 3
+PROMPT, STEPS = 6, 3
 
 
 def _build(params: dict, ctx: RankContext) -> nn.Module:
@@ -43,28 +44,6 @@ def _build(params: dict, ctx: RankContext) -> nn.Module:
     torch.manual_seed(ctx.seed)
     config = lora_config(init_lora_weights=False)
     return get_peft_model(model, config)
-
-
-def _reference_steps(model: nn.Module, batch: torch.Tensor) -> None:
-    # the steps train_and_check takes: AdamW(lr=1e-2) on the same batch; both ranks' batches are identical, so the
-    # FSDP2-averaged gradient equals this one
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for _ in range(STEPS):
-        optimizer.zero_grad(set_to_none=True)
-        model(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-
-
-def _generate(model: nn.Module, prompt: torch.Tensor) -> torch.Tensor:
-    return model.generate(
-        input_ids=prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        use_cache=True,
-        pad_token_id=0,
-        eos_token_id=None,
-    )
 
 
 def run(params: dict, ctx: RankContext) -> dict:
@@ -80,16 +59,16 @@ def run(params: dict, ctx: RankContext) -> dict:
         register_fsdp_forward_method(model, "generate")
     checks = {}
     if state == "trained":
-        _reference_steps(reference, batch)
+        train_unsharded(reference, batch, STEPS)
         checks = train_and_check(model, ctx, steps=STEPS, trainable=trainable)
     reference.eval()
     model.eval()
     with torch.no_grad():
         if state == "after_forward":
             model(input_ids=batch)
-        expected = _generate(reference, prompt)
+        expected = greedy_generate(reference, prompt)
         root_types = sorted({type(p).__name__ for p in model.parameters()})
-        tokens = _generate(model, prompt)
+        tokens = greedy_generate(model, prompt)
     same = tokens.shape == expected.shape and bool(torch.equal(tokens, expected))
     checks.update(
         {

@@ -16,6 +16,8 @@ import fsdp_matrix.case as case
 ROOT = Path(__file__).resolve().parents[1]
 
 HOME = {
+    "train_unsharded": "fsdp_matrix.workload.generation",
+    "greedy_generate": "fsdp_matrix.workload.generation",
     "trainer_train_and_check": "fsdp_matrix.workload.hf_trainer",
     "DTYPES": "fsdp_matrix.workload.models",
     "MODELS": "fsdp_matrix.workload.recipe",

@@ -28,19 +28,7 @@ from fsdp_matrix.report.diff import ReportInputError, compare, load_report, rend
 from fsdp_matrix.runner import options
 from fsdp_matrix.runner.options import CONCRETE_DEVICE
 from fsdp_matrix.usage import OneLineParser, flat
-from fsdp_matrix.verdicts import Verdict
-
-ABOUT_THE_BUG = frozenset(
-    v.value
-    for v in (
-        Verdict.REPRODUCED,
-        Verdict.FIX_HOLDS,
-        Verdict.REGRESSION,
-        Verdict.UNEXPECTED_FIX,
-        Verdict.DIFFERENT_ERROR,
-    )
-)
-"""Verdicts that say something about the bug; a change between two of them is worth an upgrade check."""
+from fsdp_matrix.verdicts import ABOUT_THE_BUG
 
 
 def _public(version: Optional[str]) -> Optional[str]:

@@ -19,19 +19,9 @@ from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.records import Observed, Record
 from fsdp_matrix.runner.launcher import CellRun, Launcher
 from fsdp_matrix.runner.protocol import Task
-from fsdp_matrix.verdicts import Verdict, judge
+from fsdp_matrix.verdicts import ABOUT_THE_BUG, Verdict, judge
 
-KEPT_ON_RESUME = frozenset(
-    v.value
-    for v in (
-        Verdict.REPRODUCED,
-        Verdict.FIX_HOLDS,
-        Verdict.REGRESSION,
-        Verdict.UNEXPECTED_FIX,
-        Verdict.DIFFERENT_ERROR,
-        Verdict.SKIPPED,
-    )
-)
+KEPT_ON_RESUME = ABOUT_THE_BUG | {Verdict.SKIPPED.value}
 """Verdicts that ``--resume`` keeps: the cell ran to an outcome about the bug, or was decided not to run here."""
 
 

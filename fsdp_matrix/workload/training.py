@@ -27,6 +27,10 @@ from fsdp_matrix.workload.models import VOCAB
 BATCH, SEQ = 2, 16
 
 
+LR = 1e-2
+"""AdamW's learning rate in every training run of a cell."""
+
+
 def synthetic_batch(ctx: RankContext) -> torch.Tensor:
     """The same token ids on every rank and every run: (BATCH, SEQ) ids below VOCAB."""
     gen = torch.Generator().manual_seed(ctx.seed)
@@ -81,7 +85,7 @@ def train_and_check(
     judge.snapshot(model)
     params = [p for p in model.parameters() if p.requires_grad]
     own = optimizer is None
-    optimizer = torch.optim.AdamW(params, lr=1e-2) if own else optimizer
+    optimizer = torch.optim.AdamW(params, lr=LR) if own else optimizer
     # the forward check after the snapshot (its summon_full_params lazily initializes FSDP1 before any forward, as
     # it always has: a forward first gives LoRA on expert parameters another error) and after the optimizer took
     # the parameters (after a forward without backward, FSDP2's root and FSDP1's SHARD_GRAD_OP units are left
