@@ -8,6 +8,7 @@ import sys
 import types
 import warnings
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from fsdp_matrix.clip import clip
@@ -169,8 +170,41 @@ def _public_attributes() -> Dict[Tuple[str, ...], Any]:
                 for attr, member in list(vars(value).items()):
                     dunder = attr.startswith("__") and attr.endswith("__")
                     if isinstance(member, _METHODS) and (not dunder or attr in ("__init__", "__call__")):
+                        if _torch_hooked_inherited(value, attr, member):
+                            continue
                         out[(mod_name, name, attr)] = member
     return out
+
+
+def _torch_hooked_inherited(cls: type, attr: str, member: Any) -> bool:
+    """torch's own step hook on an inherited method: the first optimizer of a class sets ``Cls.step`` to a
+    ``functools.wraps`` wrapper marked ``hooked`` around the base's step (Optimizer._patch_step_function), once per
+    process. That is torch working as designed, not a cell's patch."""
+    if not (getattr(member, "hooked", False) and hasattr(member, "__wrapped__")):
+        return False
+    inherited = next((vars(base)[attr] for base in cls.__mro__[1:] if attr in vars(base)), None)
+    return _wraps(member, inherited) or _wraps(inherited, member.__wrapped__)
+
+
+_TORCH_DIR = None
+
+
+def _wraps(new: Any, old: Any) -> bool:
+    """``new`` is a wrapper that torch's own code put around ``old`` (its ``__wrapped__`` chain reaches it): torch
+    decorates some functions lazily, e.g. ``torch.manual_seed`` once dynamo is first imported, and hooks an
+    optimizer class's ``step`` on first use."""
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        torch = sys.modules.get("torch")
+        _TORCH_DIR = str(Path(torch.__file__).parent) if torch is not None else ""
+    for _ in range(8):
+        if new is old:
+            return True
+        code = getattr(new, "__code__", None)
+        if not (_TORCH_DIR and code and code.co_filename.startswith(_TORCH_DIR)) or not hasattr(new, "__wrapped__"):
+            return False
+        new = new.__wrapped__
+    return False
 
 
 _METHODS = (types.FunctionType, staticmethod, classmethod, property, types.BuiltinFunctionType)
@@ -179,7 +213,7 @@ _METHODS = (types.FunctionType, staticmethod, classmethod, property, types.Built
 def _attribute_changes(before: Dict[Tuple[str, ...], Any], after: Dict[Tuple[str, ...], Any]) -> List[str]:
     """Attributes replaced or removed since ``before``, and methods added to classes it had; new top-level names
     (a lazy import's) are first use, not a change."""
-    changed = [k for k, v in before.items() if k in after and after[k] is not v]
+    changed = [k for k, v in before.items() if k in after and after[k] is not v and not _wraps(after[k], v)]
     changed += [k for k in before if k not in after and k[0] in sys.modules]
     # a method added to a class that was already there (AdamW.step over Adam's) is a patch, not a lazy import
     changed += [k for k in after if len(k) == 3 and k not in before and k[:2] in before]

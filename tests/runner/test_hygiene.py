@@ -54,3 +54,25 @@ def test_a_cell_that_leaves_global_state_changed_never_taints_the_next(tmp_path)
         if fault != "probe":
             assert "global state changed by the cell" in rec.observed.note, (fault, rec.observed.note)
             assert "ranks restarted before the next cell" in rec.observed.note, (fault, rec.observed.note)
+
+
+def test_torchs_own_lazy_decoration_is_no_change_but_a_cells_patch_is():
+    # the first AdamW hooks AdamW.step and pulls in dynamo, which wraps torch.manual_seed: torch working as designed
+    # (taken for a patch, it restarted the ranks after every cell that trains); a cell's own replacement still counts
+    import torch
+
+    from fsdp_matrix.runner import hygiene
+
+    before = hygiene.public_attributes()
+    param = torch.nn.Parameter(torch.zeros(2))
+    torch.optim.AdamW([param]).step()
+    assert hygiene._attribute_changes(before, hygiene.public_attributes()) == []
+    saved = torch.optim.AdamW.__dict__.get("step")
+    try:
+        torch.optim.AdamW.step = lambda self, closure=None: None
+        assert hygiene._attribute_changes(before, hygiene.public_attributes()) == ["torch.optim.AdamW.step"]
+    finally:
+        if saved is None:
+            del torch.optim.AdamW.step
+        else:
+            torch.optim.AdamW.step = saved
