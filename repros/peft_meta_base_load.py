@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 from peft import get_peft_model
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import distribute_tensor
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fsdp_matrix.errors import CheckFailed
@@ -34,7 +34,7 @@ from fsdp_matrix.workload.checks import clean_name, trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import TINY_SHAPE, build_model
 from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.training import train_and_check
+from fsdp_matrix.workload.training import DTensor, train_and_check
 from fsdp_matrix.workload.wrapping import fsdp2
 
 CASE = "peft-meta-base-load"

@@ -115,6 +115,35 @@ def _owned(module: str) -> bool:
     return module == PACKAGE or module.startswith(PACKAGE + ".")
 
 
+FACADE = PACKAGE + ".case"
+"""The case API's facade: a repro may import from it; the script takes each name from its home module."""
+
+
+def _through_facade(body: Sequence[ast.stmt]) -> List[ast.stmt]:
+    """``from fsdp_matrix.case import a, b`` as the imports of ``a`` and ``b`` from their home modules (read from the
+    facade's own imports), so that a repro written against the facade inlines like one that imports the modules."""
+    out: List[ast.stmt] = []
+    home: Dict[str, str] = {}
+    for node in body:
+        if not (isinstance(node, ast.ImportFrom) and node.module == FACADE):
+            out.append(node)
+            continue
+        if not home:
+            facade = ast.parse(module_file(FACADE).read_text(encoding="utf-8"))
+            home = {a.asname or a.name: n.module for n in facade.body if isinstance(n, ast.ImportFrom) for a in n.names}
+        groups: Dict[str, List[ast.alias]] = {}
+        for alias in node.names:
+            if alias.name not in home:
+                raise InlineError(f"{FACADE} does not export {alias.name}")
+            if home[alias.name] == PACKAGE + ".standalone":
+                continue  # the script's own runtime runs it; the standalone entry point is not inlined
+            groups.setdefault(home[alias.name], []).append(alias)
+        for mod, names in groups.items():
+            out.append(ast.copy_location(ast.ImportFrom(module=mod, names=names, level=0), node))
+            out[-1].end_lineno = node.end_lineno
+    return out
+
+
 def _check_inlinable(module: str, where: str) -> None:
     if not any(module == m or module.startswith(m + ".") for m in INLINABLE + PICK_ONLY):
         raise InlineError(f"{where}: imports {module}, which is harness code, not inlinable into a repro script")
@@ -158,7 +187,7 @@ class _Collector:
         keep = [True] * len(lines)
         extra: Dict[int, str] = {}
         section = Section(module, path)
-        for node in tree.body:
+        for node in _through_facade(tree.body):
             where = f"{path.name}:{node.lineno}"
             first, last = _start(node) - 1, node.end_lineno
             if isinstance(node, ast.ImportFrom) and (node.module == "__future__" or node.level):
