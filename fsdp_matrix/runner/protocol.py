@@ -53,7 +53,8 @@ variables GLOO_/NCCL_/TP_SOCKET_IFNAME, the HF_* offline settings, ...) passes t
 
 def launch_environ(base: Dict[str, str]) -> Tuple[Dict[str, str], List[str]]:
     """The ranks' environment from the caller's ``base``, and the names removed (for the records)."""
-    removed = sorted(k for k in base if k.startswith(STRIPPED_ENV_PREFIXES) and not k.startswith("FSDP_MATRIX_") and k not in KEPT_ENV)
+    ours = ("FSDP_MATRIX_", *KEPT_ENV)  # the harness's own settings (FSDP_MATRIX_TORCH_CPU_INDEX, a test's dir, ...)
+    removed = sorted(k for k in base if k.startswith(STRIPPED_ENV_PREFIXES) and not k.startswith(ours))
     return {k: v for k, v in base.items() if k not in removed}, removed
 
 
