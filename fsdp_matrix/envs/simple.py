@@ -8,8 +8,8 @@ estimate (how big the wheels are). It reads what uv is given (``config.configure
 - credentials in the index URL (``https://user:token@host/simple``), as pip and uv accept them, and pip's ``cert``.
 
 Why not the maintained client ``pypi-simple`` (1.8.0, evaluated 2026-11-23): it fetches with ``requests``, which has
-no ``file://`` adapter (``InvalidSchema: No connection adapters were found for 'file:///opt/pypi/simple/peft/'``,
-the index this project's own machines are configured with), and it has no notion of find-links folders, so this
+no ``file://`` adapter (``InvalidSchema: No connection adapters were found`` for a local index, the kind
+this project's own machines are configured with), and it has no notion of find-links folders, so this
 module would still need its own local path: two code paths instead of one. It would also add requests,
 beautifulsoup4, soupsieve, mailbits and their dependencies to the harness, which is installed into every combo's
 env and must resolve together with pins back to 2024. What it does better (PEP 658 metadata, PEP 708 tracks,

@@ -1,7 +1,7 @@
 """Source pins: a package under test built from a git ref or a local checkout instead of a release on an index.
 
 A source pin is a PEP 508 direct reference (``peft @ git+file:///clone@main``, ``git+https://host/peft@v0.14.0``,
-``file:///path/to/peft``) or the short form ``PATH``, ``PATH@REF``. It is resolved with git to a commit, then
+a ``file:`` URL of a checkout) or the short form ``PATH``, ``PATH@REF``. It is resolved with git to a commit, then
 materialised as a snapshot directory named by what it holds, and uv installs that directory:
 
 - ``URL@REF`` / ``PATH@REF``: REF's tree (``git archive``), never the checkout's working state;
@@ -115,7 +115,7 @@ def _split_ref(text: str) -> Tuple[str, Optional[str]]:
 
 
 def parse_source(package: str, text: str, base: Optional[Path] = None) -> SourcePin:
-    """``git+URL[@REF]``, ``file:///PATH``, ``PATH[@REF]`` or ``NAME @ <one of those>`` -> a SourcePin.
+    """``git+URL[@REF]``, a ``file:`` URL, ``PATH[@REF]`` or ``NAME @ <one of those>`` -> a SourcePin.
 
     Raises EnvError (one line) for torch/bitsandbytes (native builds take hours here) or a missing path.
     """
