@@ -186,25 +186,58 @@ def _torch_hooked_inherited(cls: type, attr: str, member: Any) -> bool:
     return _wraps(member, inherited) or _wraps(inherited, member.__wrapped__)
 
 
-_TORCH_DIR = None
+_LIBRARY_DIRS: Dict[str, str] = {}
+
+
+def _library_dir(top: str) -> str:
+    """The folder a watched library is installed in ("" if it is not imported)."""
+    if top not in _LIBRARY_DIRS:
+        module = sys.modules.get(top)
+        path = getattr(module, "__file__", None)
+        if not path:
+            return ""  # not imported yet: look again next time rather than remember "nowhere"
+        _LIBRARY_DIRS[top] = str(Path(path).parent) + os.sep
+    return _LIBRARY_DIRS[top]
+
+
+def _defined_in(member: Any, *tops: str) -> bool:
+    """``member``'s code lives in the installed package of one of ``tops`` (not in a repro or the harness)."""
+    func = getattr(member, "fget", None) or getattr(member, "__func__", None) or member
+    code = getattr(func, "__code__", None)
+    filename = code.co_filename if code is not None else ""
+    return any((d := _library_dir(top)) and filename.startswith(d) for top in tops)
 
 
 def _wraps(new: Any, old: Any) -> bool:
     """``new`` is a wrapper that torch's own code put around ``old`` (its ``__wrapped__`` chain reaches it): torch
     decorates some functions lazily, e.g. ``torch.manual_seed`` once dynamo is first imported, and hooks an
     optimizer class's ``step`` on first use."""
-    global _TORCH_DIR
-    if _TORCH_DIR is None:
-        torch = sys.modules.get("torch")
-        _TORCH_DIR = str(Path(torch.__file__).parent) if torch is not None else ""
     for _ in range(8):
         if new is old:
             return True
-        code = getattr(new, "__code__", None)
-        if not (_TORCH_DIR and code and code.co_filename.startswith(_TORCH_DIR)) or not hasattr(new, "__wrapped__"):
+        if not _defined_in(new, "torch") or not hasattr(new, "__wrapped__"):
             return False
         new = new.__wrapped__
     return False
+
+
+_MISSING = object()
+
+
+def _resolves_to(key: Tuple[str, ...], value: Any) -> bool:
+    """The name still gives ``value`` when looked up as a cell would. transformers 4.46 swaps its own lazy module
+    object for a fresh one when the Trainer is first imported: the new one has none of the old one's resolved names
+    in ``vars`` yet, but ``getattr`` resolves each to the very same object, so nothing a cell sees has changed; a
+    submodule it does not re-export is still the one in ``sys.modules``."""
+    if isinstance(value, types.ModuleType) and sys.modules.get(f"{key[0]}.{key[1]}") is value:
+        return True
+    try:
+        obj = getattr(sys.modules[key[0]], key[1])
+        if len(key) == 3:
+            obj = vars(obj).get(key[2], _MISSING)
+    except Exception:  # noqa: BLE001 - a name that no longer resolves is a removed name
+        return False
+    return obj is value or _wraps(obj, value)
 
 
 _METHODS = (types.FunctionType, staticmethod, classmethod, property, types.BuiltinFunctionType)
@@ -213,11 +246,25 @@ _METHODS = (types.FunctionType, staticmethod, classmethod, property, types.Built
 def _attribute_changes(before: Dict[Tuple[str, ...], Any], after: Dict[Tuple[str, ...], Any]) -> List[str]:
     """Attributes replaced or removed since ``before``, and methods added to classes it had; new top-level names
     (a lazy import's) are first use, not a change."""
-    changed = [k for k, v in before.items() if k in after and after[k] is not v and not _wraps(after[k], v)]
-    changed += [k for k in before if k not in after and k[0] in sys.modules]
-    # a method added to a class that was already there (AdamW.step over Adam's) is a patch, not a lazy import
-    changed += [k for k in after if len(k) == 3 and k not in before and k[:2] in before]
+    changed = [
+        k
+        for k, v in before.items()
+        if k[0] in sys.modules
+        and not (k in after and (after[k] is v or _wraps(after[k], v)))
+        and not (k not in after and _resolves_to(k, v))
+    ]
+    # a method added to a class that was already there (AdamW.step over Adam's) is a patch, not a lazy import;
+    # unless a library's own code adds it on first use (transformers >= 4.56 sets torch.nn.Module.smart_apply the
+    # first time it initialises weights: taken for a patch, it restarted the ranks after every cell, 15 s each)
+    changed += [
+        k
+        for k in after
+        if len(k) == 3 and k not in before and k[:2] in before and not _defined_in(after[k], *_LIBRARIES)
+    ]
     return [".".join(k) for k in sorted(changed)][:20]
+
+
+_LIBRARIES = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "trl")
 
 
 def _env_changes(before: Dict[str, str], after: Dict[str, str]) -> List[str]:

@@ -76,3 +76,63 @@ def test_torchs_own_lazy_decoration_is_no_change_but_a_cells_patch_is():
             del torch.optim.AdamW.step
         else:
             torch.optim.AdamW.step = saved
+
+
+def test_a_librarys_own_first_use_additions_are_no_change_but_a_cells_are():
+    # transformers >= 4.56 sets torch.nn.Module.smart_apply the first time it initialises weights: taken for a
+    # patch, every cell restarted its ranks (181 of 233 cells on peft0.17-tf4.56, 15 s each, CI 31 min). The
+    # same name added from a cell's own code is still a patch.
+    from pathlib import Path
+
+    import torch
+
+    before = hygiene.public_attributes()
+    library_file = str(Path(torch.__file__).parent / "nn" / "modules" / "module.py")
+    ns: dict = {}
+    exec(compile("def smart_apply(self, fn):\n    return self\n", library_file, "exec"), ns)
+    try:
+        torch.nn.Module.smart_apply = ns["smart_apply"]
+        assert hygiene._attribute_changes(before, hygiene.public_attributes()) == []
+        torch.nn.Module.smart_apply = lambda self, fn: self
+        assert hygiene._attribute_changes(before, hygiene.public_attributes()) == ["torch.nn.Module.smart_apply"]
+    finally:
+        del torch.nn.Module.smart_apply
+
+
+def test_a_lazy_module_swapped_for_a_fresh_one_is_no_change_unless_a_name_resolves_elsewhere(monkeypatch):
+    # transformers 4.46 replaces sys.modules["transformers"] with a fresh lazy module when the Trainer is first
+    # imported: its vars hold none of the resolved names, yet each resolves to the same object (13 Trainer cells
+    # on the old combo restarted their ranks for it)
+    import sys
+    import types
+
+    import torch  # noqa: F401 - imports torch.optim, the module this test swaps
+
+    real = sys.modules["torch.optim"]
+    before = hygiene.public_attributes()
+
+    class Lazy(types.ModuleType):
+        def __init__(self, name, resolve):
+            super().__init__(name)
+            self._resolve = resolve
+
+        def __getattr__(self, name):
+            return self._resolve(name)
+
+    def same(name):
+        value = getattr(real, name)
+        if isinstance(value, types.ModuleType):
+            raise AttributeError(name)  # a submodule not re-exported: still the one in sys.modules
+        return value
+
+    monkeypatch.setitem(sys.modules, "torch.optim", Lazy("torch.optim", same))
+    assert hygiene._attribute_changes(before, hygiene.public_attributes()) == []
+
+    def elsewhere(name):
+        if name == "SGD":
+            return type("SGD", (), {})
+        return getattr(real, name)
+
+    monkeypatch.setitem(sys.modules, "torch.optim", Lazy("torch.optim", elsewhere))
+    changed = hygiene._attribute_changes(before, hygiene.public_attributes())
+    assert "torch.optim.SGD" in changed and all(c.startswith("torch.optim.SGD") for c in changed), changed
