@@ -55,16 +55,37 @@ class _Emitter:
         self.stop_after: Set[int] = set()
         self.raised_here: Set[int] = set()
         self._innermost: Dict[int, ast.stmt] = {}
+        self._function: Dict[int, ast.AST] = {}
+        """id of a node -> the innermost function it is in."""
 
     def _stop_point(self, frames: List[int]) -> Set[int]:
         # the innermost frame whose statement is not a return or raise: the error would have ended it there
         for lineno in reversed(frames):
             node = self._innermost.get(lineno)
             if node is not None and not isinstance(node, (ast.Return, ast.Raise)):
-                return {id(node)}
+                return set() if self._completed(node) else {id(node)}
         return set()
 
+    def _completed(self, node: ast.stmt) -> bool:
+        """The statement also ran to its end in another call (a forward before wrapping, then the same forward
+        raising after): a line after it in its function ran outside the error path (except/finally), so the
+        lines that follow are in the script and a stop there would fail the call that succeeded."""
+        fn = self._function.get(id(node))
+        if fn is None or self.trace is None:
+            return False
+        error_path: Set[int] = set()
+        for sub in ast.walk(fn):
+            if isinstance(sub, ast.Try):
+                for part in [*sub.handlers, *sub.finalbody]:
+                    error_path.update(range(part.lineno, part.end_lineno + 1))
+        after = range(node.end_lineno + 1, fn.end_lineno + 1)
+        return any(n in self.trace.lines and n not in error_path for n in after)
+
     def index(self, tree: ast.Module) -> None:
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for sub in ast.walk(fn):  # nested defs are walked later and overwrite: the innermost wins
+                    self._function[id(sub)] = fn
         for node in ast.walk(tree):
             if isinstance(node, ast.stmt) and not hasattr(node, "body"):
                 for lineno in range(node.lineno, node.end_lineno + 1):
