@@ -81,8 +81,12 @@ def import_name(package: str) -> str:
 class CommitInstaller:
     """An Installer whose candidates are commits of one package's repository, over a combo's other pins."""
 
-    def __init__(self, base: PinnedInstaller, pin: SourcePin, source_cache: Path) -> None:
+    def __init__(
+        self, base: PinnedInstaller, pin: SourcePin, source_cache: Path, context: Optional[Mapping[str, str]] = None
+    ) -> None:
         self.base, self.pin, self.source_cache = base, pin, source_cache
+        self.context = dict(context) if context is not None else None
+        """The other packages' pins (an upgrade holds them at its base or target); None: the combo's, with --pin."""
         self.imports = tuple(dict.fromkeys([*DEFAULT_IMPORTS, import_name(pin.package)]))
 
     def prepare(self, candidate: str) -> Prepared[Path]:
@@ -91,7 +95,10 @@ class CommitInstaller:
         except EnvError as exc:
             return Prepared(None, str(exc))
         # the pin's value only names the env (one per commit); the source build replaces it
-        pins = {**self.base.combo.pins.model_dump(), **self.base.overrides, self.pin.package: f"git-{src.commit[:12]}"}
+        held = (
+            self.context if self.context is not None else {**self.base.combo.pins.model_dump(), **self.base.overrides}
+        )
+        pins = {**held, self.pin.package: f"git-{src.commit[:12]}"}
         extra = list(self.base.combo.extra)
         return self.base.install(pins, extra, sources={self.pin.package: src}, imports=self.imports)
 

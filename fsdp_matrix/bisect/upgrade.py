@@ -27,7 +27,9 @@ from fsdp_matrix.bisect.installers import PinnedInstaller, parse_pins
 from fsdp_matrix.bisect.paths import usable_dir, writable_file
 from fsdp_matrix.bisect.releases import release_candidates
 from fsdp_matrix.bisect.search import CellsRunner, Outcome, Prepared, Step, Untestable, bisect_cells
+from fsdp_matrix.bisect.upgrade_git import CommitLine, commit_lines, parse_git_args, seen_at
 from fsdp_matrix.cells import expand
+from fsdp_matrix.envs.sources import SourcePin
 from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.matrix import Combo, load_matrix
 from fsdp_matrix.progress import Heartbeat, fmt_seconds
@@ -55,6 +57,10 @@ class Changed:
     """Package -> the release just before it, tested and like the base."""
     answer: str = ""
     """One line per bisected package."""
+    first_changed_commit: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    """Package (given with ``--git``) -> ``{sha, subject, date, pr}`` of the first commit that changed the cell."""
+    last_unchanged_commit: Dict[str, str] = field(default_factory=dict)
+    """Package -> full SHA of the commit just before it."""
 
 
 @dataclass
@@ -76,6 +82,8 @@ class UpgradeResult:
     """ceil(log2 n) + 2 per bisected package (n: its candidate releases), plus the attribution envs."""
     launches: int = 0
     wall_s: float = 0.0
+    commit_lines: List[CommitLine] = field(default_factory=list)
+    """The commit searches ``--git`` asked for: one per package and release pair, with their steps and bound."""
 
     @property
     def regressions(self) -> List[Changed]:
@@ -121,9 +129,15 @@ def run_upgrade(
     pre: bool = False,
     candidates: Optional[Callable[..., List[str]]] = None,
     beat: Optional[Heartbeat] = None,
+    git: Optional[Mapping[str, SourcePin]] = None,
+    cache: Optional[Path] = None,
 ) -> UpgradeResult:
-    """The whole upgrade check; ``installer`` and ``runner`` do the real work (fakes in tests)."""
+    """The whole upgrade check; ``installer`` and ``runner`` do the real work (fakes in tests). ``git``: package ->
+    its repository, whose commits between the first changed release and the one before are bisected next
+    (bisect/upgrade_git.py); ``cache`` holds their snapshots (default: the installer's)."""
     start = time.monotonic()
+    git = dict(git or {})
+    cache = cache or getattr(installer, "cache", None)
     candidates = candidates or release_candidates
     say = beat.say if beat else print
     base_pins: Pins = base.pins.model_dump()
@@ -252,6 +266,11 @@ def run_upgrade(
                 entry.first_changed[pkg] = ans.first_changed
                 entry.last_unchanged[pkg] = ans.last_unchanged
             entry.answer = "; ".join(filter(None, [entry.answer, ans.answer + others]))
+        if pkg in git:
+            seen = seen_at(cands, low, high, found.steps)
+            for line in commit_lines(pkg, git[pkg], held, group, by_cell, seen, installer, runner, cache, say):
+                result.commit_lines.append(line)
+                bound += line.install_bound
     distinct = {tuple(sorted(log.pins.items())): log for log in installer.log}
     result.installs = len(distinct)
     result.installed = sum(1 for log in distinct.values() if not log.reused)
@@ -275,12 +294,21 @@ def render(result: UpgradeResult) -> str:
             f"  {c.cell:<{width}}  {symbol(c.base_verdict)} -> {symbol(c.target_verdict)}  first changed: {first}"
         )
         out.append(f"  {'':<{width}}  {c.answer}")
+        for pkg, commit in c.first_changed_commit.items():
+            pr = f" (PR #{commit['pr']})" if commit.get("pr") else ""
+            out.append(f"  {'':<{width}}  first changed commit: {pkg} {commit['sha']} {commit['subject']!r}{pr}")
     for cell, why in result.untestable.items():
         out.append(f"  untestable {cell}: {why}")
     out.append(
         f"installs: {result.installs} envs ({result.installed} installed, {result.installs - result.installed} "
         f"reused), bound {result.install_bound} plus skips; {result.launches} launches; {fmt_seconds(result.wall_s)}"
     )
+    for line in result.commit_lines:
+        what = line.error or (
+            f"{line.commits} commits from the merge base {line.merge_base[:10]}, {line.steps} steps for "
+            f"{len(line.cells)} cells (bound {line.install_bound} plus skips)"
+        )
+        out.append(f"commit bisect {line.package} {line.last_release} .. {line.first_release}: {what}")
     if result.regressions:
         out.append(f"REGRESSION in {len(result.regressions)} cells: " + ", ".join(c.cell for c in result.regressions))
     return "\n".join(out)
@@ -299,6 +327,13 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument, ("matrix", "device", "world_size"), choices=CONCRETE_DEVICE, defaults={"world_size": 2}
     )
     p.add_argument("--pre", action="store_true", help="let pre-releases be bisection candidates")
+    p.add_argument(
+        "--git",
+        action="append",
+        default=[],
+        metavar="NAME=REPO",
+        help="then bisect NAME's commits between the last unchanged and the first changed release (a clone or URL)",
+    )
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where envs and their records live (reused)")
     p.add_argument("--timeout", type=positive_seconds, default=3600, help="seconds one launch may take")
     return p
@@ -310,6 +345,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_intermixed_args(argv)
     try:
         bumps = parse_pins(args.bumps, "upgrade")
+        repos = parse_git_args(args.git, bumps)
         matrix = load_matrix(args.matrix)
         base = matrix.combo(args.combo) if args.combo is not None else matrix.newest("cpu")
         cases = [c for text in args.cases for c in text.split(",") if c] or None
@@ -330,7 +366,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 say=beat.say,
                 status=beat.update,
             )
-            result = run_upgrade(base, bumps, cells, installer, runner, pre=args.pre, beat=beat)
+            result = run_upgrade(base, bumps, cells, installer, runner, pre=args.pre, beat=beat, git=repos)
     except MatrixError as exc:
         print(f"fsdp-matrix upgrade: {flat(exc)}", file=sys.stderr)
         return 2
