@@ -10,6 +10,7 @@
     nox -s matrix -- --results DIR    records of every combo under DIR/<combo>/cells.jsonl
     nox -t torch                      the torch axis on CPU: one combo per torch minor (CUDA builds: ~3 GB each)
     nox -s newest [-- --pre]          the newest releases of every package, resolved now
+    nox -s main                       peft, transformers, accelerate from their default branches (needs the git host)
     nox -s bisect -- CELL --package peft --old 0.13.2 --new 0.15.2
     nox -s upgrade -- peft==0.14.0 [--combo old]   which cells a version bump changes, and which release did it
     nox -s bench                      batched runner vs one torchrun launch per cell
@@ -93,9 +94,10 @@ def _env_error_records(
 
 def _prepare(session: nox.Session, combo: Combo, device: str, extra=(), pins=()) -> envs.EnvReport:
     start = time.monotonic()
-    # --pin NAME=PATH_OR_URL[@REF]: the source replaces the combo's pin, resolved with the other pins (not --no-deps)
+    # --pin NAME=PATH_OR_URL[@REF]: the source replaces the combo's pin, resolved with the other pins (not --no-deps);
+    # a combo's own sources (the main combo's default branches) come first, so that --pin overrides them
     try:
-        built = sources.resolve_pins(list(pins))
+        built = sources.resolve_pins([f"{k}={v}" for k, v in combo.sources.items()] + list(pins))
     except EnvError as exc:
         return envs.EnvReport(False, str(exc))
     if built:
@@ -146,8 +148,9 @@ def _run_combo(
             rest,
         )
         first = report.message.splitlines()[0] if report.message else ""
-        if opts.pin and report.message.startswith(("install failed", "import failed")):
-            first = sources.failure_line(sources.resolve_pins(opts.pin), report.message)
+        if (opts.pin or combo.sources) and report.message.startswith(("install failed", "import failed")):
+            texts = [f"{k}={v}" for k, v in combo.sources.items()] + list(opts.pin)
+            first = sources.failure_line(sources.resolve_pins(texts), report.message)
         session.error(f"env-error for {combo.id}: {first}")
     args = [
         "python",
@@ -173,7 +176,7 @@ def _run_combo(
 
 
 def _axis(combo: Combo) -> str:
-    return "newest" if combo.floating else ("torch" if "torch" in combo.tags else "matrix")
+    return combo.session
 
 
 def _notify_report(session: nox.Session, root: Path) -> None:
@@ -203,7 +206,7 @@ def torch(session: nox.Session, combo: str) -> None:
 
 
 @nox.session
-@nox.parametrize("combo", [nox.param(c.id, id=c.id, tags=list(c.tags)) for c in MATRIX.combos if c.floating])
+@nox.parametrize("combo", [nox.param(c.id, id=c.id, tags=list(c.tags)) for c in MATRIX.combos if _axis(c) == "newest"])
 def newest(session: nox.Session, combo: str) -> None:
     """The newest release of every package, resolved now (``-- --pre`` lets pre-releases count); every record
     holds the exact versions installed, so tonight's run diffs against last night's."""
@@ -227,6 +230,40 @@ def newest(session: nox.Session, combo: str) -> None:
         session,
         spec.with_pins(**resolved),
         HERE / "results" / "newest",
+        [],
+        device=opts.device or "cpu",
+        opts_rest=(opts, rest),
+    )
+
+
+@nox.session
+@nox.parametrize("combo", [nox.param(c.id, id=c.id, tags=list(c.tags)) for c in MATRIX.combos if _axis(c) == "main"])
+def main(session: nox.Session, combo: str) -> None:
+    """peft, transformers and accelerate built from their default branches (the combo's ``sources``), resolved to
+    commits now; torch and bitsandbytes at their newest releases. Every record holds the commits in ``sources``, so
+    the nightly diffs tonight against last night and bisects the commits that moved. Needs the git host."""
+    from fsdp_matrix.bisect.releases import newest_versions
+
+    spec = MATRIX.combo(combo)
+    opts, rest = _options(list(session.posargs))
+    _notify_report(session, HERE / "results" / "main")
+    floating = [p for p in spec.pins.model_dump() if p not in spec.sources]
+    try:
+        resolved = newest_versions(floating, pre=opts.pre, python=spec.python)
+    except EnvError as exc:
+        results = Path(opts.results or HERE / "results" / "main") / spec.id
+        pins = failed.last_known_pins(results, spec.pins.model_dump())
+        message = f"cannot resolve the newest releases: {exc}"
+        _env_error_records(session, spec, results, opts.device or "cpu", int(opts.world_size or 2), message, pins, rest)
+        session.error(f"env-error for {spec.id}: {message.splitlines()[0]}")
+    session.log(
+        f"{spec.id}: " + ", ".join(f"{n} {v}" for n, v in resolved.items()) + "; from source: "
+        + ", ".join(f"{n} {v}" for n, v in spec.sources.items())
+    )  # fmt: skip
+    _run_combo(
+        session,
+        spec.with_pins(**resolved),
+        HERE / "results" / "main",
         [],
         device=opts.device or "cpu",
         opts_rest=(opts, rest),

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Dict, List, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from packaging.requirements import InvalidRequirement
 from packaging.requirements import Requirement as Requirement508
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -76,6 +77,13 @@ def _pep508(value: str) -> str:
     return value
 
 
+def _source(value: str) -> str:
+    # a git URL (git+https://host/pkg@main, git+file:///clone@REF) or a path; checked against its package above
+    if not value.strip() or value.lstrip().startswith("-"):
+        raise ValueError(f"{value!r}: expected a git URL or path, e.g. git+https://github.com/huggingface/peft@main")
+    return value
+
+
 def _python_version(value: str) -> str:
     if not re.fullmatch(r"[0-9]+(\.[0-9]+){1,2}", value):
         raise ValueError(f"{value!r} is not a Python version (e.g. '3.11')")
@@ -106,9 +114,33 @@ class Combo(Strict):
     """A CPU run may install the CUDA build of torch when no CPU build of the pin is reachable through the user's
     pip/uv configuration (about 3 GB, announced with its size before the download). The torch axis needs it: only
     torch 2.13.0 has a local CPU build here. The default ``cpu`` combos leave it off and refuse a CUDA torch."""
-    floating: bool = False
-    """The pins are a last known resolution, not what runs: at run time every package resolves to its newest
-    release on the configured indexes (``newest``), and the records hold the exact versions installed."""
+    floating: Union[bool, Literal["main"]] = False
+    """The pins are a last known resolution, not what runs. ``true``: at run time every package resolves to its
+    newest release on the configured indexes (``nox -s newest``). ``main``: the packages in ``sources`` are built
+    from their default branches, resolved to commits at run time, and the others float to their newest releases
+    (``nox -s main``). Either way the records hold what was installed (``versions``, ``sources``)."""
+    sources: Dict[str, Annotated[str, AfterValidator(_source)]] = {}
+    """Package -> a PEP 508 direct reference to build it from instead of its pin, e.g.
+    ``git+https://github.com/huggingface/peft@main`` (see fsdp_matrix/envs/sources.py); ``--pin`` overrides it."""
+
+    @model_validator(mode="after")
+    def _sources_fit(self) -> Combo:
+        from fsdp_matrix.envs.sources import REFUSED  # resolved (git, paths) only when an env is built
+
+        for name in self.sources:
+            if canonicalize_name(name) in REFUSED:
+                why = REFUSED[canonicalize_name(name)]
+                raise ValueError(f"sources.{name}: {name} from source is refused ({why}); pin a release")
+        if self.floating == "main" and not self.sources:
+            raise ValueError("floating: main needs sources (the packages built from their default branches)")
+        return self
+
+    @property
+    def session(self) -> str:
+        """The nox session that runs this combo (``noxfile.py``): ``main``, ``newest``, ``torch`` or ``matrix``."""
+        if self.floating == "main":
+            return "main"
+        return "newest" if self.floating else ("torch" if "torch" in self.tags else "matrix")
 
     def requirements(self) -> List[str]:
         return [f"{name}=={version}" for name, version in self.pins.model_dump().items()] + list(self.extra)

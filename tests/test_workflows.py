@@ -140,11 +140,11 @@ def test_nightly_runs_gpu_sessions_and_diffs_against_the_previous_report():
     assert "python -m fsdp_matrix diff previous/report.json results/report.json" in report
 
 
-def test_cpu_nightly_runs_the_torch_axis_and_newest_then_diff_upgrade_summary():
+def test_cpu_nightly_runs_the_torch_axis_newest_and_main_then_diff_upgrade_summary():
     wf = load_workflow("nightly-cpu.yml")
     assert "schedule" in wf["on"] and "workflow_dispatch" in wf["on"]
     jobs = wf["jobs"]
-    assert "nox --json -l -t torch newest" in steps_text(jobs["list"])
+    assert "nox --json -l -t torch newest main" in steps_text(jobs["list"])
     assert "needs.list.outputs.sessions" in str(jobs["run"]["strategy"]["matrix"]["include"])
     assert "ubuntu" in str(jobs["run"]["runs-on"])
     report = jobs["report"]
@@ -258,6 +258,32 @@ def test_torch_axis_spans_torch_minors_on_cpu_with_the_cuda_build_opted_in(combo
 
 
 def test_newest_floats_and_is_not_a_cpu_combo(combos):
-    floating = [c for c in combos if c.floating]
+    floating = [c for c in combos if c.floating is True]
     assert [c.id for c in floating] == ["newest"]
     assert "newest" in floating[0].tags and "cpu" not in floating[0].tags
+
+
+def test_main_builds_the_default_branches_and_never_runs_in_matrix_or_tests(combos):
+    main = [c for c in combos if c.floating == "main"]
+    assert [c.id for c in main] == ["main"]
+    assert main[0].sources == {
+        p: f"git+https://github.com/huggingface/{p}@main" for p in ("peft", "transformers", "accelerate")
+    }
+    # these machines cannot reach the git host: only its own session (and the nightly) runs it
+    assert main[0].session == "main" and not {"cpu", "tests", "torch", "gpu"} & set(main[0].tags)
+
+
+def test_nox_matrix_and_tests_do_not_list_the_main_combo():
+    nox = shutil.which("nox", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if nox is None:
+        pytest.skip("nox not installed here (pip install 'nox[uv]')")
+
+    def listed(*args: str) -> List[dict]:
+        proc = subprocess.run([nox, "--json", "-l", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        return [s for s in json.loads(proc.stdout) if s.get("selected", True)]
+
+    assert [s["session"] for s in listed("-t", "main")] == ["main(main)"]
+    for session in ("matrix", "tests", "newest"):
+        combos = [(s.get("call_spec") or {}).get("combo") for s in listed("-s", session)]
+        assert combos and "main" not in combos, (session, combos)

@@ -28,7 +28,18 @@ from fsdp_matrix.bisect.search import CellAnswer, Outcome, Prepared, Step, bisec
 from fsdp_matrix.cells import find_cell
 from fsdp_matrix.clip import clip
 from fsdp_matrix.envs import DEFAULT_IMPORTS
-from fsdp_matrix.envs.sources import REFUSED, SourcePin, git, parse_source, pr_number, repository, resolve, rev
+from fsdp_matrix.envs.sources import (
+    REFUSED,
+    Resolved,
+    SourcePin,
+    git,
+    parse_source,
+    pr_number,
+    repository,
+    resolve,
+    resolve_pins,
+    rev,
+)
 from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.progress import Heartbeat
@@ -82,11 +93,19 @@ class CommitInstaller:
     """An Installer whose candidates are commits of one package's repository, over a combo's other pins."""
 
     def __init__(
-        self, base: PinnedInstaller, pin: SourcePin, source_cache: Path, context: Optional[Mapping[str, str]] = None
+        self,
+        base: PinnedInstaller,
+        pin: SourcePin,
+        source_cache: Path,
+        context: Optional[Mapping[str, str]] = None,
+        held: Optional[Mapping[str, Resolved]] = None,
     ) -> None:
         self.base, self.pin, self.source_cache = base, pin, source_cache
         self.context = dict(context) if context is not None else None
         """The other packages' pins (an upgrade holds them at its base or target); None: the combo's, with --pin."""
+        self.held = dict(held or {})
+        """Other packages built from source at one commit for every step (the nightly's main combo holds the
+        packages it does not bisect at tonight's commits)."""
         self.imports = tuple(dict.fromkeys([*DEFAULT_IMPORTS, import_name(pin.package)]))
 
     def prepare(self, candidate: str) -> Prepared[Path]:
@@ -98,9 +117,11 @@ class CommitInstaller:
         held = (
             self.context if self.context is not None else {**self.base.combo.pins.model_dump(), **self.base.overrides}
         )
-        pins = {**held, self.pin.package: f"git-{src.commit[:12]}"}
+        pins = {**held, **{n: f"git-{s.key.split('@', 1)[1][:20]}" for n, s in self.held.items()}}
+        pins[self.pin.package] = f"git-{src.commit[:12]}"
         extra = list(self.base.combo.extra)
-        return self.base.install(pins, extra, sources={self.pin.package: src}, imports=self.imports)
+        sources = {**self.held, self.pin.package: src}
+        return self.base.install(pins, extra, sources=sources, imports=self.imports)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -119,7 +140,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--good", required=True, metavar="REF", help="ref whose outcome is the reference, e.g. v0.13.2")
     p.add_argument("--bad", required=True, metavar="REF", help="ref whose outcome differs, e.g. v0.14.0")
     p.add_argument("--combo", help="matrix.yaml combo giving the other pins (default: the newest CPU combo)")
-    p.add_argument("--pin", action="append", default=[], metavar="NAME==VERSION", help="override a combo pin")
+    p.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="NAME==VERSION|NAME=SOURCE",
+        help="override a combo pin with a release, or with a source held at one commit (NAME=PATH_OR_URL@REF)",
+    )
     p.add_argument("--matrix", type=Path, help="matrix.yaml (default: the repo's)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the result as JSON")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -181,8 +208,12 @@ def _main(args: argparse.Namespace, start: float) -> int:
     good = rev(repo, args.good)
     merge_base, line = first_parent_line(repo, args.good, args.bad)
     commits = {c.sha: c for c in describe(repo, list(dict.fromkeys([good, *line])))}
+    releases = parse_pins([t for t in args.pin if "==" in t])
+    held = resolve_pins([t for t in args.pin if "==" not in t], cache / "sources")
+    if package in held or package in releases:
+        raise EnvError(f"--pin {package}: {package} is the package being bisected (--good .. --bad)")
     installer = CommitInstaller(
-        PinnedInstaller(combo, package, cache, parse_pins(args.pin), args.device), pin, cache / "sources"
+        PinnedInstaller(combo, package, cache, releases, args.device), pin, cache / "sources", held=held
     )
     bound = install_bound(len(line))
     off_line = good != merge_base

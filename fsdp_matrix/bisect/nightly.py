@@ -5,7 +5,10 @@
    verdict changed between two verdicts about the bug (not env-error, crash, hang or skipped), run the upgrade
    check from last night's versions to tonight's on the changed cells' cases: which package, and which release of
    it, changed each cell;
-3. write both to the step summary (``$GITHUB_STEP_SUMMARY``) and stdout.
+3. for every combo built from source (the ``main`` combo: its records' ``sources``) whose commits moved and that has
+   such a changed cell, run the commit bisect (bisect/commits.py) of each moved package from last night's commit to
+   tonight's on the changed cells, the other packages held as tonight: which commit, and which PR, changed them;
+4. write all of it to the step summary (``$GITHUB_STEP_SUMMARY``) and stdout.
 
 Exit 1 on an alert (as ``diff``: a new REGRESSION, or a passing cell that now needs attention), 2 when a report
 cannot be read.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -60,6 +64,76 @@ def check_upgrade(base: Combo, bumps: Dict[str, str], cases: List[str], args: ar
             status=beat.update,
         )  # fmt: skip
         return run_upgrade(base, bumps, cells, installer, runner, beat=beat).to_json()
+
+
+def _sources(report: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    return {c["id"]: dict(c.get("sources") or {}) for c in report["columns"]}
+
+
+def check_commits(combo: Combo, package: str, good: Dict, bad: Dict, held: List[str], cells: List[str], args) -> Dict:
+    """The real commit bisect of ``package`` from ``good``'s commit to ``bad``'s (``{url, commit}`` as records keep
+    them) on ``cells``, the other packages pinned by ``held`` (``--pin`` texts); its JSON answer. The nightly test
+    drives it over a toy repository."""
+    from fsdp_matrix.bisect import commits
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bisect.json"
+        argv = [*cells, "--package", package, "--git", bad["url"], "--good", good["commit"], "--bad", bad["commit"]]
+        argv += ["--combo", combo.id, "--json", str(out), "--cache", str(args.cache), "--device", args.device]
+        argv += ["--matrix", str(args.matrix)] if args.matrix else []
+        for text in held:
+            argv += ["--pin", text]
+        code = commits.main(argv)
+        if not out.exists():
+            return {"error": f"the commit bisect exited {code} without an answer (see the log above)"}
+        return json.loads(out.read_text())
+
+
+def commit_section(column: str, package: str, good: Dict, bad: Dict, result: Dict[str, Any], verdicts: Dict) -> str:
+    moved = f"{package} {good['commit'][:10]} -> {bad['commit'][:10]}"
+    out = [f"### Commit bisect for `{column}`: {moved} ({result.get('commits', '?')} commits)", ""]
+    if result.get("error"):
+        return "\n".join(out + [str(result["error"]), ""]) + "\n"
+    out += ["| cell | last night | tonight | first changed commit | PR |", "| --- | --- | --- | --- | --- |"]
+    for cell, answer in (result.get("cells") or {}).items():
+        commit = answer.get("commit") or {}
+        old, new = verdicts.get(cell, ("?", "?"))
+        if commit:
+            what = f"**{commit['sha'][:10]}** {commit['subject']}"
+            pr = f"#{commit['pr']}" if commit.get("pr") else "-"
+        else:
+            what, pr = answer.get("answer") or "-", "-"
+        out.append(f"| `{cell}` | {old} | {new} | {what} | {pr} |")
+    out += ["", f"{result.get('installs', '?')} installs (bound {result.get('install_bound', '?')}), "
+                f"{len(result.get('steps') or [])} steps, {result.get('minutes', '?')} min."]  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def _commit_checks(column, matrix, before, after, versions, changes, args, summary, report) -> None:
+    """The source side of the nightly: the packages whose commits moved, bisected over the changed cells, the others
+    held as tonight (``versions``: tonight's column versions; ``before`` / ``after``: column -> its sources)."""
+    verdicts = {c.cell: (c.old, c.new) for c in changes if c.column == column}
+    moved = {
+        p: (before[column][p], src)
+        for p, src in after[column].items()
+        if p in before[column] and src.get("commit") and before[column][p].get("commit") != src.get("commit")
+    }
+    if not verdicts or not moved:
+        return
+    known = {c.id: c for c in matrix.combos}
+    if column not in known:
+        summary.append(f"### Commit bisect for `{column}`\n\n{column} is not a combo of matrix.yaml: not bisected\n")
+        return
+    combo = known[column]
+    for package, (good, bad) in moved.items():
+        held = [f"{p}=={_public(str(versions[p]).split(' @ ')[0])}" for p in PACKAGES if p in versions and versions[p]]
+        held = [h for h in held if h.split("==")[0] not in after[column]]
+        held += [f"{p}={s['url']}@{s['commit']}" for p, s in after[column].items() if p != package]
+        print(f"nightly: {column}: {package} moved {good['commit'][:10]} -> {bad['commit'][:10]} and "
+              f"{len(verdicts)} cells changed: running the commit bisect", flush=True)  # fmt: skip
+        result = check_commits(combo, package, good, bad, held, sorted(verdicts), args)
+        summary.append(commit_section(column, package, good, bad, result, verdicts))
+        report.append({"column": column, "package": package, "good": good, "bad": bad, "commit_bisect": result})
 
 
 def _base_combo(matrix: Matrix, column: str, versions: Dict[str, Optional[str]]) -> Optional[Combo]:
@@ -115,7 +189,13 @@ def nightly(args: argparse.Namespace) -> int:
     ]
     matrix = load_matrix(args.matrix)
     report: List[Dict[str, Any]] = []
+    src_before, src_after = _sources(old), _sources(new)
+    raw = {c["id"]: c.get("versions") or {} for c in new["columns"]}
     for column in sorted(set(before) & set(after)):
+        if src_after.get(column):
+            # built from source: its versions say 0.22.0.dev0 whatever the commit, so its commits are what moved
+            _commit_checks(column, matrix, src_before, src_after, raw[column], changes, args, summary, report)
+            continue
         bumps = {p: v for p, v in after[column].items() if v and before[column].get(p) not in (None, v)}
         cases = sorted({c.cell.split("/", 1)[0] for c in changes if c.column == column})
         if not bumps or not cases:

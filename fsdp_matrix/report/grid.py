@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from fsdp_matrix.cells import expand_case
 from fsdp_matrix.envs.sources import shown
-from fsdp_matrix.matrix import PACKAGES, Combo, Matrix
+from fsdp_matrix.matrix import PACKAGES, Matrix
 from fsdp_matrix.records import Record, Skipped, iter_records, latest
 from fsdp_matrix.report.style import CODES, MISSING, STYLES, needs_attention, severity
 
@@ -37,6 +37,9 @@ class Column:
     """Versions reported by the column's newest record."""
     mixed: bool = False
     """Its records come from more than one set of versions (e.g. local runs in several envs)."""
+    sources: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    """Packages its newest record built from source: ``{pkg: {url, ref, commit, dirty, release}}`` (the nightly
+    bisects the commits that moved between two nights)."""
 
     def versions_text(self) -> str:
         names = [p for p in PACKAGES if p in self.versions] + sorted(set(self.versions) - set(PACKAGES))
@@ -159,13 +162,8 @@ def build_grid(
         [c.id for c in matrix.combos if c.id not in by_col] if matrix else [],
         source,
         list(skipped),
-        {c.id: f"{_session(c)}({c.id})" for c in matrix.combos} if matrix else {},
+        {c.id: f"{c.session}({c.id})" for c in matrix.combos} if matrix else {},
     )
-
-
-def _session(combo: Combo) -> str:
-    # as noxfile.py names its sessions: newest for floating combos, torch for the torch axis, matrix otherwise
-    return "newest" if combo.floating else ("torch" if "torch" in combo.tags else "matrix")
 
 
 def _natural(name: str) -> Tuple[Any, ...]:
@@ -182,7 +180,7 @@ def _column(cid: str, number: int, recs: List[Record]) -> Column:
         label = " / ".join(named) or LOCAL
     # a source build shows its commit next to the version: peft 0.18.0.dev0 @ 04d41cb
     versions = {k: shown(v, newest.sources.get(k)) for k, v in newest.versions.items()}
-    return Column(cid, number, label, versions, len(distinct) > 1)
+    return Column(cid, number, label, versions, len(distinct) > 1, dict(newest.sources))
 
 
 def _row_order(matrix: Optional[Matrix], rows: set):

@@ -25,6 +25,7 @@ def record_summary(rec: Record) -> Dict[str, Any]:
         "location": obs.location,
         "expected": rec.expected,
         "versions": rec.versions,
+        **({"sources": rec.sources} if rec.sources else {}),
         "device": rec.device,
         "world_size": rec.world_size,
         "duration_s": rec.duration_s,
@@ -42,6 +43,7 @@ def to_json(grid: Grid) -> Dict[str, Any]:
         "source": grid.source,
         "columns": [
             {"id": c.id, "number": c.number, "label": c.label, "versions": c.versions, "mixed": c.mixed}
+            | ({"sources": c.sources} if c.sources else {})
             for c in grid.columns
         ],
         "rows": [{"case": r.case, "cell": r.cell} for r in grid.rows],

@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+import yaml
 
 from fsdp_matrix.bisect import nightly
+from fsdp_matrix.bisect.search import install_bound
 from fsdp_matrix.report.json import REPORT_SCHEMA
 
 CELL_FIX = "no-split-modules/lora-orig0-cls_env_unset-shape_plain-ws2"
@@ -138,3 +140,135 @@ def test_defect10_a_different_error_still_runs_the_upgrade_check(tmp_path, upgra
     new = night(tmp_path / "new.json", {**NIGHT1, "peft": "0.22.1"}, {CELL_FIX: "DIFFERENT-ERROR"})
     run(tmp_path, old, new)
     assert [u["cases"] for u in upgrades] == [["no-split-modules"]]
+
+
+# ---------------------------------------------------------------------------------- the main combo: commits moved
+
+MAIN_NIGHT1 = {**NIGHT1, "peft": "0.22.0.dev0", "transformers": "5.24.0.dev0", "accelerate": "1.16.0.dev0"}
+
+
+def sourced(repo: str, commit: str) -> Dict[str, Any]:
+    return {"url": repo, "ref": "main", "commit": commit, "dirty": None, "release": "0.21.2"}
+
+
+def main_night(path: Path, verdicts: Dict[str, str], peft_commit: str, tf_commit: str = "t" * 40) -> Path:
+    """A night of the ``main`` combo: versions say .dev0 whatever the commit; the column's sources say which."""
+    night(path, MAIN_NIGHT1, verdicts, column="main")
+    data = json.loads(path.read_text())
+    data["columns"][0]["versions"]["peft"] = f"0.22.0.dev0 @ {peft_commit[:7]}"
+    data["columns"][0]["sources"] = {
+        "peft": sourced("https://github.com/huggingface/peft", peft_commit),
+        "transformers": sourced("https://github.com/huggingface/transformers", tf_commit),
+    }
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def bisects(monkeypatch: pytest.MonkeyPatch) -> List[Dict[str, Any]]:
+    calls: List[Dict[str, Any]] = []
+
+    def fake(combo, package, good, bad, held, cells, args):
+        calls.append({"combo": combo.id, "package": package, "good": good["commit"], "bad": bad["commit"]})
+        calls[-1].update(held=held, cells=cells, url=bad["url"])
+        commit = {"sha": "c" * 40, "subject": "FIX the wrap policy (#3001)", "date": "2026-11-24T01:00:00", "pr": 3001}
+        return {"commits": 7, "cells": {c: {"commit": commit} for c in cells}, "installs": 4, "install_bound": 5}
+
+    monkeypatch.setattr(nightly, "check_commits", fake)
+    return calls
+
+
+def test_main_commits_moved_and_a_verdict_changed_runs_the_commit_bisect_and_names_the_pr(
+    tmp_path, upgrades, bisects
+) -> None:
+    old = main_night(tmp_path / "old.json", {CELL_FIX: "reproduced", CELL_SAME: "fix-holds"}, "a" * 40)
+    new = main_night(tmp_path / "new.json", {CELL_FIX: "UNEXPECTED-FIX", CELL_SAME: "fix-holds"}, "b" * 40)
+    code, summary = run(tmp_path, old, new)
+    assert code == 0 and upgrades == [], "a source column's .dev0 versions are never an upgrade check"
+    # only peft moved: it is bisected from last night's commit to tonight's, transformers held at tonight's commit
+    # and the floating releases at tonight's versions
+    assert bisects == [
+        {
+            "combo": "main",
+            "package": "peft",
+            "good": "a" * 40,
+            "bad": "b" * 40,
+            "url": "https://github.com/huggingface/peft",
+            "cells": [CELL_FIX],
+            "held": [
+                "torch==2.15.0",
+                "accelerate==1.16.0.dev0",
+                "bitsandbytes==0.50.2",
+                f"transformers=https://github.com/huggingface/transformers@{'t' * 40}",
+            ],
+        }
+    ]
+    assert "### Commit bisect for `main`: peft aaaaaaaaaa -> bbbbbbbbbb (7 commits)" in summary
+    row = f"| `{CELL_FIX}` | reproduced | UNEXPECTED-FIX | **cccccccccc** FIX the wrap policy (#3001) | #3001 |"
+    assert row in summary
+    saved = json.loads((tmp_path / "n.json").read_text())
+    assert saved["upgrades"][0]["commit_bisect"]["cells"][CELL_FIX]["commit"]["pr"] == 3001
+
+
+def test_main_same_commits_or_no_changed_cell_no_commit_bisect(tmp_path, upgrades, bisects) -> None:
+    old = main_night(tmp_path / "old.json", {CELL_FIX: "reproduced"}, "a" * 40)
+    same = main_night(tmp_path / "same.json", {CELL_FIX: "UNEXPECTED-FIX"}, "a" * 40)
+    run(tmp_path, old, same)
+    moved = main_night(tmp_path / "moved.json", {CELL_FIX: "reproduced"}, "b" * 40)
+    run(tmp_path, old, moved)
+    crashed = main_night(tmp_path / "crashed.json", {CELL_FIX: "crash"}, "b" * 40)
+    run(tmp_path, old, crashed)
+    assert bisects == [] and upgrades == []
+
+
+@pytest.mark.bisect
+@pytest.mark.timeout(1300)
+def test_two_nights_over_a_toy_repo_bisect_the_commits_for_real(tmp_path) -> None:
+    """Two fake nights of a combo built from a toy repo's main (tests/sources_support.py): c0 with the bug last
+    night, c5 with it fixed tonight. The nightly runs the real commit bisect (bisect/commits.py: clean snapshot per
+    commit, step envs, a real 2-rank cell) and writes the fixing commit and its PR into the step summary."""
+    from fsdp_matrix.cells import expand
+    from fsdp_matrix.matrix import load_matrix
+    from tests.bisect.test_commits import TOY_CASE
+    from tests.sources_support import make_toy_repo
+
+    repo = tmp_path / "toypkg"
+    shas = make_toy_repo(repo)
+    pins = load_matrix().combo("old").pins.model_dump()
+    matrix = {
+        "combos": [{"id": "toy", "pins": pins, "sources": {"toypkg": f"{repo}@main"}, "tags": ["test"]}],
+        "cases": [
+            {
+                "id": "toy-bug",
+                "title": "the toy package's bug",
+                "report": "tests/sources_support.py",
+                "repro": "toy_case.py",
+                "grids": [{"toy": ["plain"]}],
+                "expect": [{"error": {"type": "RuntimeError", "match": "toy bug present"}, "source": "the toy repo"}],
+            }
+        ],
+    }
+    (tmp_path / "matrix.yaml").write_text(yaml.safe_dump(matrix))
+    (tmp_path / "toy_case.py").write_text(TOY_CASE)
+    [cell] = [c.key for c in expand(load_matrix(tmp_path / "matrix.yaml"), "cpu", 2)]
+
+    def toy_night(path: Path, commit: str, verdict: str) -> Path:
+        night(path, {**pins, "torch": pins["torch"] + "+cpu"}, {cell: verdict}, column="toy")
+        data = json.loads(path.read_text())
+        data["columns"][0]["sources"] = {"toypkg": sourced(str(repo), commit)}
+        path.write_text(json.dumps(data))
+        return path
+
+    old = toy_night(tmp_path / "old.json", shas["c0"], "reproduced")
+    new = toy_night(tmp_path / "new.json", shas["c5"], "UNEXPECTED-FIX")
+    summary = tmp_path / "summary.md"
+    argv = [str(old), str(new), "--summary", str(summary), "--json", str(tmp_path / "n.json")]
+    code = nightly.main(argv + ["--matrix", str(tmp_path / "matrix.yaml"), "--cache", str(tmp_path / "cache")])
+    text = summary.read_text()
+    print(text)
+    assert code == 0
+    assert f"### Commit bisect for `toy`: toypkg {shas['c0'][:10]} -> {shas['c5'][:10]} (6 commits)" in text
+    assert f"| `{cell}` | reproduced | UNEXPECTED-FIX | **{shas['c4'][:10]}** Fix the toy bug (#42) | #42 |" in text
+    result = json.loads((tmp_path / "n.json").read_text())["upgrades"][0]["commit_bisect"]
+    assert result["first_changed"] == shas["c4"] and result["untestable"] == [shas["c3"]]
+    assert result["installs"] <= install_bound(6)
