@@ -50,6 +50,10 @@ def _broken(path, value):
         (("combos", 0, "pins", "torch"), KeyError, "combos[0](current).pins.torch: Field required"),
         (("cases", 0, "grids"), [], "cases[0](lora-requires-grad).grids"),
         (("cases", 0, "colour"), "red", "cases[0](lora-requires-grad).colour: Extra inputs are not permitted"),
+        (("combos", 0, "sources"), {"torch": "git+https://github.com/pytorch/pytorch@main"}, "torch from source"),
+        (("combos", 0, "sources"), {"peft": "--index-url=x"}, "combos[0](current).sources.peft"),
+        (("combos", 0, "floating"), "main", "floating: main needs sources"),
+        (("combos", 0, "floating"), "trunk", "combos[0](current).floating"),
     ],
 )
 def test_malformed_matrix_names_the_key_in_one_line(path, value, expect):
@@ -59,6 +63,13 @@ def test_malformed_matrix_names_the_key_in_one_line(path, value, expect):
     assert expect in message
     assert "\n" not in message
     assert message.startswith("matrix.yaml: ")
+
+
+def test_a_combo_built_from_default_branches_parses():
+    data = matrix_data()
+    data["combos"][0].update(floating="main", sources={"peft": "git+https://github.com/huggingface/peft@main"})
+    combo = parse_matrix(data).combo("current")
+    assert combo.session == "main" and combo.sources["peft"].endswith("peft@main")
 
 
 def test_duplicate_ids_rejected():
