@@ -93,9 +93,12 @@ def differences():
     matrix = load_matrix()
     main = decode(json.loads(FIXTURE.read_text()))
     now = outcomes(matrix)
-    assert sorted(now) == sorted(main), "combos differ from main's"
+    # main's combos all stay; a combo added since (the `main` combo, issue 16) has no outcome in the fixture
+    assert set(main) <= set(now), "combos of main's are missing"
     found = []
     for combo in matrix.combos:
+        if combo.id not in main:
+            continue
         old_cells, new_cells = main[combo.id], now[combo.id]
         # main's cells all stay (new cases only add cells, compared by their own observed rules)
         assert set(old_cells) <= set(new_cells), f"{combo.id}: main's cells are missing"
