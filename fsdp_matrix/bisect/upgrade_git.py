@@ -155,6 +155,10 @@ def commit_search(
         say(f"step {name} {step.candidate[:10]}: {what} ({step.seconds:.0f}s)")
 
     hooks = dict(same=same_observation, on_step=ended)
+    for cell in cells:
+        if cell not in at_last or cell not in at_first:
+            where = last if cell not in at_last else first
+            answers[cell].answer = f"no commit bisect of {name}: the release bisect has no outcome at {where}"
     cells = [c for c in cells if c in at_last and c in at_first]
     good_on_line = git(repo, "rev-parse", f"{line.good_tag}^{{commit}}") == line.merge_base
     base_seen: Dict[str, Outcome] = dict(at_last)
