@@ -163,3 +163,48 @@ def test_peft_clone_line_from_v0_13_2_to_v0_14_0_holds_pr_2167() -> None:
     base, line = first_parent_line(PEFT_CLONE, "v0.13.2", "v0.14.0")
     subjects = {c.pr: c.sha for c in describe(PEFT_CLONE, line)}
     assert 2167 in subjects and base == line[0]
+
+
+def test_held_sources_are_installed_with_every_commit_and_name_the_env(toy, tmp_path) -> None:
+    """``--pin NAME=SOURCE`` (what the nightly passes for the packages it does not bisect): every step installs that
+    source at its one commit next to the commit under test, and the env's name holds both commits."""
+    from fsdp_matrix.bisect.commits import CommitInstaller
+    from fsdp_matrix.bisect.search import Prepared
+    from fsdp_matrix.envs.sources import SourcePin, resolve_pins
+
+    root, shas, _ = toy
+    repo = root / "toypkg"
+    asked = []
+
+    class Base:
+        combo = load_matrix(root / "matrix.yaml").combo("toy")
+        overrides = {"torch": "2.13.0"}
+
+        def install(self, pins, extra, sources=None, imports=()):
+            asked.append((dict(pins), {n: s.commit for n, s in (sources or {}).items()}, tuple(imports)))
+            return Prepared(tmp_path)
+
+    held = resolve_pins([f"accelerate={repo}@v0.1.0"], tmp_path / "src")
+    installer = CommitInstaller(Base(), SourcePin("toypkg", str(repo)), tmp_path / "src", held=held)
+    assert installer.prepare(shas["c4"]).ok and installer.prepare(shas["c5"]).ok
+    (pins4, sources4, imports), (pins5, sources5, _) = asked
+    assert sources4 == {"accelerate": shas["c0"], "toypkg": shas["c4"]} and sources5["toypkg"] == shas["c5"]
+    assert pins4["accelerate"] == pins5["accelerate"] == f"git-{shas['c0'][:20]}"
+    assert pins4["toypkg"] == f"git-{shas['c4'][:12]}" and pins4["torch"] == "2.13.0" and "toypkg" in imports
+
+
+def test_a_held_source_of_the_bisected_package_is_refused_in_one_line(toy) -> None:
+    root, _, cells = toy
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsdp_matrix", "bisect", cells[0], "--package", "toypkg", "--git", str(root / "toypkg")]
+        + ["--good", "v0.1.0", "--bad", "v0.2.0", "--matrix", str(root / "matrix.yaml"), "--combo", "toy"]
+        + ["--pin", f"toypkg={root / 'toypkg'}@v0.1.0", "--cache", str(root / "refused-cache")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "fsdp-matrix bisect: --pin toypkg: toypkg is the package being bisected (--good .. --bad)"
+    ]

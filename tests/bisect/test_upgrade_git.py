@@ -6,12 +6,14 @@ the snapshot (the real launch path is the one ``bisect --git`` uses, tested in t
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import pytest
 
 from fsdp_matrix.bisect import upgrade
+from fsdp_matrix.bisect.commits import first_parent_line
 from fsdp_matrix.bisect.installers import InstallLog
 from fsdp_matrix.bisect.search import Outcome, Prepared, install_bound
 from fsdp_matrix.bisect.upgrade_git import parse_git_args, release_tag
@@ -205,3 +207,16 @@ def test_without_git_no_commit_is_searched(toy, tmp_path) -> None:
     result, _, runner = upgrade_toy(repo, tmp_path, "0.1.1", "0.2.0", git_map={})
     assert result.commit_lines == [] and all(c.first_changed_commit == {} for c in result.changed)
     assert all(len(cand) != 40 for cand, _ in runner.launches)
+
+
+PEFT_CLONE = Path(os.environ.get("FSDP_MATRIX_PEFT_CLONE", "/work/peft-clone"))
+
+
+@pytest.mark.skipif(
+    not (PEFT_CLONE / ".git").exists(),
+    reason=f"no peft clone at {PEFT_CLONE} (set FSDP_MATRIX_PEFT_CLONE to a git clone of huggingface/peft)",
+)
+def test_peft_clone_releases_have_v_tags_and_v0_13_2_sits_off_the_line() -> None:
+    assert (release_tag(PEFT_CLONE, "0.13.2"), release_tag(PEFT_CLONE, "0.14.0")) == ("v0.13.2", "v0.14.0")
+    base, line = first_parent_line(PEFT_CLONE, "v0.13.2", "v0.14.0")
+    assert git(PEFT_CLONE, "rev-parse", "v0.13.2^{commit}") != base == line[0]
