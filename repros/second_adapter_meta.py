@@ -13,10 +13,11 @@ from rank 0 gives it rank 0's values (observed); the mismatch PEFT leaves is wha
 wrapping, on every rank: every weight of the new adapter must be on its base layer's device. A CUDA run with two
 GPUs would show what FSDP then does with a CPU tensor among meta ones on ranks > 0 (needs 2 GPUs; not run here).
 
-Axes: ``init`` (``full``: every rank builds real weights, the control), ``how`` (``add_adapter``; ``add_adapter_meta``,
-the workaround: on ranks whose base is on meta, ``add_adapter(..., low_cpu_mem_usage=True)`` builds the new adapter
-on meta like the rest, which is what the closed PR #2836 would have done, PEFT >= 0.13; ``load_adapter``), ``wrap``/``orig``/``entry`` as everywhere. After the device check the model trains with
-every check: the first adapter trains; the second is frozen and judged by the ranks-agree and forward checks.
+Axes: ``init`` (``full``: every rank builds real weights, the control); ``how``: ``add_adapter``, ``load_adapter``,
+or ``add_adapter_meta``, the workaround: on ranks whose base is on meta, ``add_adapter(..., low_cpu_mem_usage=True)``
+builds the new adapter on meta like the rest (what the closed PR #2836 would have done; PEFT >= 0.13);
+``wrap``/``orig``/``entry`` as everywhere. After the device check the model trains with every check: the first
+adapter trains; the second is frozen and judged by the ranks-agree and forward checks.
 """
 
 from __future__ import annotations
