@@ -113,7 +113,9 @@ def make_plugin(
     if version == 2 or "fsdp_version" in fields:
         kwargs["fsdp_version"] = version
     if low_mem:
-        kwargs["cpu_ram_efficient_loading"] = True
+        # accelerate 0.29 has no such field: there only the env (read by transformers) and sync_module_states say it
+        if "cpu_ram_efficient_loading" in fields:
+            kwargs["cpu_ram_efficient_loading"] = True
         os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"
     if version == 1:
         orig = flag(params, "orig")
