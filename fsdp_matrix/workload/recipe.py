@@ -54,7 +54,7 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
     ``requires_grad`` before wrapping, so the checks judge every tensor against what PEFT made trainable, whatever
     the wrapper does. So is the reference of the forward and sharding checks (corruption.py): every entry takes it
     from the model before wrapping (``init`` ``ram_efficient``: from rank 0's real weights, broadcast). ``init``
-    also says how ranks > 0 get their weights (meta_init.py); the Trainer entry takes only ``full``.
+    also says how ranks > 0 get their weights (meta_init.py).
     """
     built = {"adapter_dtypes": adapter_dtypes(model), "linear4bit": count_linear4bit(model)}
     trainable = trainable_names(model)
@@ -62,8 +62,6 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
     init = init_of(params)
     if init != "full":
         built["init"] = init
-    if entry == "trainer" and init != "full":
-        raise ValueError(f"the trainer entry takes init full only, not {init!r}")
     reference = reference_for(model, synthetic_batch(ctx), ctx, params)
     if entry == "accelerate":
         return {**built, **accelerate_train_and_check(model, params, ctx, trainable, reference)}
