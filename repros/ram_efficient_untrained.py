@@ -14,10 +14,7 @@ values still arrive from rank 0 in ``prepare``). ``init: full`` is the control.
 
 from __future__ import annotations
 
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.meta_init import has_meta
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.recipe import peft_model, wrap_and_train
+from fsdp_matrix.case import RankContext, axis, has_meta, peft_model, wrap_and_train
 
 CASE = "ram-efficient-untrained"
 FIXES = ("none", "materialize")

@@ -16,13 +16,20 @@ from __future__ import annotations
 
 import inspect
 
-from fsdp_matrix.workload.adapters import add_adapter
-from fsdp_matrix.workload.checkpoint import on_every_rank
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.meta_init import build_rank0_model, init_of
-from fsdp_matrix.workload.models import DTYPES, VOCAB, build_model
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import MODELS, wrap_and_train
+from fsdp_matrix.case import (
+    DTYPES,
+    MODELS,
+    VOCAB,
+    RankContext,
+    add_adapter,
+    axis,
+    build_model,
+    build_rank0_model,
+    flag,
+    init_of,
+    on_every_rank,
+    wrap_and_train,
+)
 
 CASE = "resize-embeddings-meta"
 NEW_TOKENS = 8

@@ -25,11 +25,7 @@ from __future__ import annotations
 import torch
 from torch import distributed as dist
 
-from fsdp_matrix.workload.adapters import lora_config
-from fsdp_matrix.workload.checks import Failures
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.recipe import peft_model, wrap_and_train
+from fsdp_matrix.case import Failures, RankContext, axis, lora_config, peft_model, wrap_and_train
 
 CASE = "second-adapter-meta"
 HOWS = ("add_adapter", "add_adapter_meta", "load_adapter")
