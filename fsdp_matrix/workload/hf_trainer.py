@@ -165,7 +165,9 @@ def trainer_train_and_check(
 
     The snapshot is of the bare PEFT model before training; the model the Trainer trained must be the FSDP version
     the cell asked for. The corruption checks' ``reference`` is taken from the bare model when not given; their
-    sharding and forward checks run at ``on_train_begin``, after the Trainer wrapped the model.
+    sharding and forward checks run at ``on_train_begin``, after the Trainer wrapped the model. ``init``
+    ``ram_efficient``: ranks > 0 hold meta tensors until the Trainer wraps, so the reference and the snapshot of
+    the weights before training are rank 0's, broadcast.
     """
     batch = synthetic_batch(ctx)
     low_mem = ram_efficient(params)
@@ -186,11 +188,9 @@ def trainer_train_and_check(
     probe = _GradProbe(judge, trainer, guard)
     trainer.add_callback(_callback(probe))
     try:
-        with (
-            cpu_sync_module_states(ctx.device)
-            if low_mem and version_is_1(params)
-            else contextlib.nullcontext([]) as lines
-        ):
+        # FSDP1's sync_module_states runs inside train(), where the Trainer wraps the model
+        lifted = cpu_sync_module_states(ctx.device) if low_mem and fsdp_version(params) == 1 else None
+        with lifted or contextlib.nullcontext([]) as lines:
             trainer.train()
         for line in lines:
             trainer.fsdp_matrix_shim.note(line)
@@ -210,11 +210,6 @@ def trainer_train_and_check(
     require_wrapper(wrapped, fsdp_version(params))
     found, failures = guard.after_training(wrapped)
     return judge.finish(wrapped, {**checks, **found}, failures)
-
-
-def version_is_1(params: Mapping[str, Any]) -> bool:
-    """FSDP1 cell (the Trainer of transformers < 5.3 builds FSDP1 for every cell, but then the cell fails anyway)."""
-    return fsdp_version(params) == 1
 
 
 def trainer_entry(
