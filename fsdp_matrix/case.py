@@ -39,9 +39,11 @@ from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.entry import accelerate_setup
 from fsdp_matrix.workload.generation import greedy_generate, train_unsharded
 from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
+from fsdp_matrix.workload.meta_init import build_rank0_model, has_meta, init_of
 from fsdp_matrix.workload.models import (
     DTYPES,
     TINY_SHAPE,
+    VOCAB,
     build_model,
     decoder_layer_class,
     decoder_layers,
@@ -76,6 +78,11 @@ __all__ = [
     "decoder_layers",
     "decoder_layer_class",
     "TINY_SHAPE",
+    "VOCAB",
+    # the init axis: rank 0 loads, the other ranks start on meta (meta_init.py)
+    "init_of",
+    "build_rank0_model",
+    "has_meta",
     "lora_config",
     "add_adapter",
     "adapter_dtypes",

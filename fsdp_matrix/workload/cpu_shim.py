@@ -23,6 +23,11 @@ silently. What the shim does, each part recorded in the cell's ``checks["shim"]`
     model side) or reuses one buffer for every optimizer state (silent corruption, optimizer side):
     ``FlatParamHandle.to_cpu`` becomes a no-op on CPU, and the plugin's ``optim_state_dict_config.offload_to_cpu``
     is turned off.
+(E) ``sync_module_states`` on CPU, only for ram-efficient cells (``ram_efficient=True``): the plugin's
+    ``__post_init__`` looks for an accelerator to build its ``param_init_fn`` and raises ``RuntimeError: There are
+    currently no available devices found`` on a CPU-only machine (accelerate 0.29.3-1.15.0, read; the raise is its
+    last step). The shim lets that one error through as what accelerate would have built on a device:
+    ``param_init_fn = lambda m: m.to_empty(device=cpu, recurse=False)``.
 
 Everything is undone when ``cpu_fsdp_shim`` exits, so the next cell in the same process starts clean.
 """
@@ -105,14 +110,36 @@ def _cpu_noop_to_cpu(original):
     return to_cpu
 
 
+NO_DEVICE = "There are currently no available devices found"
+"""The start of accelerate's error when ``sync_module_states`` finds no accelerator (part (E))."""
+
+
+def _cpu_post_init(original, record: ShimRecord):
+    def post_init(self, *args, **kwargs):
+        try:
+            original(self, *args, **kwargs)
+        except RuntimeError as exc:
+            if NO_DEVICE not in str(exc) or not self.sync_module_states:
+                raise
+            cpu = torch.device("cpu")
+            self.param_init_fn = lambda module: module.to_empty(device=cpu, recurse=False)
+            record.note("(E) sync_module_states on CPU: param_init_fn = to_empty(device=cpu, recurse=False)")
+
+    return post_init
+
+
 @contextlib.contextmanager
 def cpu_fsdp_shim(
-    device: torch.device, fsdp_version: int, trainer: bool = False, saves: bool = False
+    device: torch.device,
+    fsdp_version: int,
+    trainer: bool = False,
+    saves: bool = False,
+    ram_efficient: bool = False,
 ) -> Iterator[ShimRecord]:
-    """Apply (A), (C) and (D) for one cell on CPU and undo them on exit; (B) is ``force_fsdp``.
+    """Apply (A), (C), (D) and (E) for one cell on CPU and undo them on exit; (B) is ``force_fsdp``.
 
-    ``fsdp_version`` 1 adds (A), and with ``saves`` (D); ``trainer`` adds (C) and (A). On a non-CPU device nothing
-    applies.
+    ``fsdp_version`` 1 adds (A), and with ``saves`` (D); ``trainer`` adds (C) and (A); ``ram_efficient`` adds (E)
+    (noted when it took effect). On a non-CPU device nothing applies.
     """
     record = ShimRecord(device.type == "cpu", saves)
     saved_env = os.environ.get(DEVICE_ENV)
@@ -135,6 +162,10 @@ def cpu_fsdp_shim(
             transformers.trainer.Accelerator = CpuFsdpAccelerator
             undo.append(lambda: setattr(transformers.trainer, "Accelerator", original_cls))
             record.note("(C) transformers.trainer.Accelerator = CpuFsdpAccelerator")
+        if ram_efficient:
+            original_post_init = FullyShardedDataParallelPlugin.__post_init__
+            FullyShardedDataParallelPlugin.__post_init__ = _cpu_post_init(original_post_init, record)
+            undo.append(lambda: setattr(FullyShardedDataParallelPlugin, "__post_init__", original_post_init))
     _CURRENT.append(record)
     try:
         yield record

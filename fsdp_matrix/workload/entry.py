@@ -32,8 +32,9 @@ from torch import nn
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.checks import wrapper_kind
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.corruption import Reference, take_reference
+from fsdp_matrix.workload.corruption import Reference
 from fsdp_matrix.workload.cpu_shim import CpuFsdpAccelerator, ShimRecord, cpu_fsdp_shim, force_fsdp
+from fsdp_matrix.workload.meta_init import cpu_sync_module_states, ram_efficient, reference_for
 from fsdp_matrix.workload.models import decoder_layer_class
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
@@ -102,17 +103,26 @@ def make_plugin(
     when it has not (accelerate < 1.6 then raises its TypeError). accelerate <= 0.29 reads ``use_orig_params`` and
     ``sync_module_states`` only from ``FSDP_*`` env (its ``__post_init__`` overwrites the arguments), and takes a
     string policy only from env: those are exported too, as ``accelerate config`` would.
+
+    ``init`` ``ram_efficient``: ``cpu_ram_efficient_loading=True`` (FSDP1 also ``sync_module_states=True``), as PEFT's
+    own FSDP configs set them; on CPU this needs part (E) of the shim.
     """
     version, fields = fsdp_version(params), _plugin_fields()
+    low_mem = ram_efficient(params)
     kwargs: Dict[str, Any] = {}
     if version == 2 or "fsdp_version" in fields:
         kwargs["fsdp_version"] = version
+    if low_mem:
+        # accelerate 0.29 has no such field: there only the env (read by transformers) and sync_module_states say it
+        if "cpu_ram_efficient_loading" in fields:
+            kwargs["cpu_ram_efficient_loading"] = True
+        os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"
     if version == 1:
         orig = flag(params, "orig")
-        # sync_module_states=True refuses a CPU-only machine; every rank builds identical weights anyway
-        kwargs.update(use_orig_params=orig, sync_module_states=False)
+        # full init: sync_module_states=True refuses a CPU-only machine, and every rank builds identical weights
+        kwargs.update(use_orig_params=orig, sync_module_states=low_mem)
         os.environ["FSDP_USE_ORIG_PARAMS"] = str(orig).lower()
-        os.environ["FSDP_SYNC_MODULE_STATES"] = "false"
+        os.environ["FSDP_SYNC_MODULE_STATES"] = str(low_mem).lower()
     if state_dict_type is not None:
         kwargs["state_dict_type"] = state_dict_type
     if axis(params, "wrap", WRAPS) == "peft_policy":
@@ -194,7 +204,8 @@ def accelerate_setup(
     """
     version = fsdp_version(params)
     launched = os.environ.get(LAUNCHED, "false").lower() == "true"
-    with isolated_accelerate_state(), cpu_fsdp_shim(ctx.device, version, saves=saves) as shim:
+    shim_on = cpu_fsdp_shim(ctx.device, version, saves=saves, ram_efficient=ram_efficient(params))
+    with isolated_accelerate_state(), shim_on as shim:
         if launched:
             # a launched script: Accelerator() with everything from the launcher's env (cpu from ACCELERATE_USE_CPU)
             accelerator = CpuFsdpAccelerator() if shim.active else Accelerator()
@@ -210,7 +221,10 @@ def accelerate_setup(
         if version == 2:
             prepared, optimizer = accelerator.prepare(model, torch.optim.AdamW(trainable, lr=lr))
         else:
-            prepared = accelerator.prepare(model)
+            with cpu_sync_module_states(ctx.device) if ram_efficient(params) else contextlib.nullcontext([]) as lines:
+                prepared = accelerator.prepare(model)
+            for line in lines:
+                shim.note(line)
             params_now = [p for p in prepared.parameters() if p.requires_grad]
             optimizer = accelerator.prepare(torch.optim.AdamW(params_now, lr=lr))
         setup = AccelerateSetup(
@@ -250,9 +264,10 @@ def accelerate_train_and_check(
 ) -> Dict[str, Any]:
     """The ``accelerate`` entry: prepare through accelerate, then train_and_check with accelerate's backward.
 
-    ``reference`` (corruption.py) is taken from ``model`` before ``prepare`` when not given."""
+    ``reference`` (corruption.py) is taken from ``model`` before ``prepare`` when not given (for ``init``
+    ``ram_efficient`` on rank 0, and broadcast: meta_init.reference_for)."""
     if reference is None:
-        reference = take_reference(model, synthetic_batch(ctx))
+        reference = reference_for(model, synthetic_batch(ctx), ctx, params)
     with accelerate_setup(model, params, ctx) as setup:
         checks = setup.checks()
         checks.update(

@@ -12,11 +12,12 @@ import contextlib
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 import torch
+from torch import distributed as dist
 from torch import nn
 
 from fsdp_matrix.workload.checks import TrainingChecks
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.corruption import CorruptionChecks, Reference, take_reference
+from fsdp_matrix.workload.corruption import CorruptionChecks, Reference
 from fsdp_matrix.workload.cpu_shim import cpu_fsdp_shim
 from fsdp_matrix.workload.entry import (
     fsdp_units,
@@ -25,6 +26,7 @@ from fsdp_matrix.workload.entry import (
     plugin_summary,
     require_wrapper,
 )
+from fsdp_matrix.workload.meta_init import cpu_sync_module_states, ram_efficient, reference_for
 from fsdp_matrix.workload.models import VOCAB, decoder_layer_class
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.training import SEQ, synthetic_batch
@@ -63,6 +65,9 @@ def trainer_fsdp_config(model: nn.Module, params: Mapping[str, Any]) -> Dict[str
         # the wrapper it got, not on the CPU-only refusal
         "sync_module_states": "false",
     }
+    if ram_efficient(params):
+        # as PEFT's own FSDP configs (examples/sft/configs/fsdp_config.yaml) write it
+        config.update(cpu_ram_efficient_loading="true", sync_module_states="true")
     if fsdp_version(params) == 1:
         config["use_orig_params"] = str(flag(params, "orig")).lower()
     return config
@@ -90,7 +95,8 @@ def trainer_setup(
     from transformers import Trainer, TrainingArguments
 
     version = fsdp_version(params)
-    with isolated_accelerate_state(), cpu_fsdp_shim(ctx.device, version, trainer=True, saves=saves) as shim:
+    shim_on = cpu_fsdp_shim(ctx.device, version, trainer=True, saves=saves, ram_efficient=ram_efficient(params))
+    with isolated_accelerate_state(), shim_on as shim:
         kwargs: Dict[str, Any] = dict(
             output_dir=output_dir or str(ctx.scratch / "trainer"),
             per_device_train_batch_size=2,
@@ -159,18 +165,35 @@ def trainer_train_and_check(
 
     The snapshot is of the bare PEFT model before training; the model the Trainer trained must be the FSDP version
     the cell asked for. The corruption checks' ``reference`` is taken from the bare model when not given; their
-    sharding and forward checks run at ``on_train_begin``, after the Trainer wrapped the model.
+    sharding and forward checks run at ``on_train_begin``, after the Trainer wrapped the model. ``init``
+    ``ram_efficient``: ranks > 0 hold meta tensors until the Trainer wraps, so the reference and the snapshot of
+    the weights before training are rank 0's, broadcast.
     """
     batch = synthetic_batch(ctx)
+    low_mem = ram_efficient(params)
     if reference is None:
-        reference = take_reference(trainer.model, batch)
+        reference = reference_for(trainer.model, batch, ctx, params)
     judge = TrainingChecks(trainable, ctx.device, ctx.world_size)
-    judge.snapshot(trainer.model)
+    if low_mem and dist.is_initialized():
+        # ranks > 0 hold meta tensors before the Trainer wraps: every rank judges against rank 0's weights
+        box = [None]
+        if ctx.is_main:
+            judge.snapshot(trainer.model)
+            box = [judge.before]
+        dist.broadcast_object_list(box, src=0)
+        judge.before = box[0]
+    else:
+        judge.snapshot(trainer.model)
     guard = CorruptionChecks(trainable, ctx.world_size, reference, batch)
     probe = _GradProbe(judge, trainer, guard)
     trainer.add_callback(_callback(probe))
     try:
-        trainer.train()
+        # FSDP1's sync_module_states runs inside train(), where the Trainer wraps the model
+        lifted = cpu_sync_module_states(ctx.device) if low_mem and fsdp_version(params) == 1 else None
+        with lifted or contextlib.nullcontext([]) as lines:
+            trainer.train()
+        for line in lines:
+            trainer.fsdp_matrix_shim.note(line)
     finally:
         probe.detach()
     judge.losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]

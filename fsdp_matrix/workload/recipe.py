@@ -8,9 +8,9 @@ from torch import nn
 
 from fsdp_matrix.workload.adapters import adapter_dtypes, add_adapter
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.entry import accelerate_train_and_check, entry_of
 from fsdp_matrix.workload.hf_trainer import trainer_entry
+from fsdp_matrix.workload.meta_init import SYNC_SHIM, build_rank0_model, init_of, reference_for
 from fsdp_matrix.workload.models import DTYPES, build_4bit_model, build_model, count_linear4bit, torch_dtype
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check, trainable_names
@@ -28,12 +28,18 @@ def peft_model(params: Mapping[str, Any], ctx: RankContext, autocast: Optional[b
     """Base model from ``model``/``dtype`` (4-bit with ``storage`` when ``adapter`` is ``qlora``) plus the adapter.
 
     ``autocast`` (``autocast_adapter_dtype``) comes from the ``autocast`` axis when the cell has one, else from the
-    argument; None keeps PEFT's default.
+    argument; None keeps PEFT's default. ``init`` ``ram_efficient``: only rank 0 loads real weights, the other ranks
+    build on meta (meta_init.py); PEFT then adds its adapter on each rank as it does for users.
     """
     adapter = axis(params, "adapter", ADAPTERS)
     dtype, model = axis(params, "dtype", tuple(DTYPES), default="fp32"), axis(params, "model", MODELS)
+    init = init_of(params)
     if adapter == "qlora":
+        if init != "full":
+            raise ValueError("init ram_efficient is built for plain bases only; the qlora adapter takes init full")
         base = build_4bit_model(model, dtype, axis(params, "storage", STORAGES, default="uint8"), ctx)
+    elif init == "ram_efficient":
+        base = build_rank0_model(model, dtype, ctx)
     else:
         base = build_model(model, dtype, ctx)
     autocast = flag(params, "autocast", default=autocast)
@@ -47,16 +53,20 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
     transformers Trainer (entry.py, hf_trainer.py). The trainable set is taken here, from the PEFT model's
     ``requires_grad`` before wrapping, so the checks judge every tensor against what PEFT made trainable, whatever
     the wrapper does. So is the reference of the forward and sharding checks (corruption.py): every entry takes it
-    from the model before wrapping.
+    from the model before wrapping (``init`` ``ram_efficient``: from rank 0's real weights, broadcast). ``init``
+    also says how ranks > 0 get their weights (meta_init.py).
     """
     built = {"adapter_dtypes": adapter_dtypes(model), "linear4bit": count_linear4bit(model)}
     trainable = trainable_names(model)
     entry = entry_of(params)
+    init = init_of(params)
+    if init != "full":
+        built["init"] = init
+    reference = reference_for(model, synthetic_batch(ctx), ctx, params)
     if entry == "accelerate":
-        return {**built, **accelerate_train_and_check(model, params, ctx, trainable)}
+        return {**built, **accelerate_train_and_check(model, params, ctx, trainable, reference)}
     if entry == "trainer":
-        return {**built, **trainer_entry(model, params, ctx, trainable)}
-    reference = take_reference(model, synthetic_batch(ctx))
+        return {**built, **trainer_entry(model, params, ctx, trainable, reference)}
     wrapped = wrap(
         model,
         axis(params, "wrap", WRAPS),
@@ -64,8 +74,12 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
         ctx,
         shard=axis(params, "shard", tuple(SHARDING), default="full"),
         mp=axis(params, "mp", tuple(MIXED_PRECISION), default=None),
+        init=init,
     )
-    return {**built, **train_and_check(wrapped, ctx, trainable=trainable, reference=reference)}
+    checks = train_and_check(wrapped, ctx, trainable=trainable, reference=reference)
+    if init == "ram_efficient" and ctx.device.type == "cpu" and checks.get("wrapper") == "fsdp1":
+        checks["shim"] = [SYNC_SHIM]
+    return {**built, **checks}
 
 
 def base_dtype_name(params: Mapping[str, Any]) -> str:
