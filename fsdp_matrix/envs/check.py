@@ -80,6 +80,14 @@ def mismatches(installed: Mapping[str, Optional[str]], pins: Mapping[str, str]) 
     ]
 
 
+def imports_for(installed: Sequence[str], imports: Sequence[str] = DEFAULT_IMPORTS) -> List[str]:
+    """``imports`` plus each optional package (trl) among ``installed``: an env that pins one must import it, or
+    every cell that needs it would fail one by one instead of one env-error."""
+    from fsdp_matrix.rules import OPTIONAL_PACKAGES
+
+    return list(imports) + [p for p in OPTIONAL_PACKAGES if p in installed and p not in imports]
+
+
 def import_check(python: Path, modules: Sequence[str] = DEFAULT_IMPORTS, timeout: float = 300) -> Optional[str]:
     """None when the modules import in the env, else why not (the error's last lines, a timeout, no interpreter)."""
     if not modules:
