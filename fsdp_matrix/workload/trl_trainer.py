@@ -195,12 +195,19 @@ def trl_train_and_check(trainer: Any, params: Mapping[str, Any], ctx: RankContex
 
 
 def trl_entry(
-    model: nn.Module, peft_config: Any, params: Mapping[str, Any], ctx: RankContext, *, trainer: str = "sft"
+    model: nn.Module,
+    peft_config: Any,
+    params: Mapping[str, Any],
+    ctx: RankContext,
+    *,
+    trainer: str = "sft",
+    **overrides: Any,
 ) -> dict:
-    """The ``trl`` entry of a cell: TRL applies ``peft_config`` to the base ``model``, trains 3 steps, checks."""
+    """The ``trl`` entry of a cell: TRL applies ``peft_config`` to the base ``model``, trains 3 steps, checks.
+    ``overrides`` go to the trainer's config (e.g. ``optim``)."""
     # the adapter's initial weights come from the global RNG: the same on every rank
     torch.manual_seed(ctx.seed)
-    with trl_setup(model, peft_config, params, ctx, trainer=trainer) as built:
+    with trl_setup(model, peft_config, params, ctx, trainer=trainer, **overrides) as built:
         return trl_train_and_check(built, params, ctx)
 
 
