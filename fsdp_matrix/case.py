@@ -51,8 +51,8 @@ from fsdp_matrix.workload.models import (
 from fsdp_matrix.workload.params import UnknownAxisValue, axis, flag
 from fsdp_matrix.workload.recipe import MODELS, base_dtype_name, peft_model, wrap_and_train
 from fsdp_matrix.workload.tinynets import build_tinynet
-from fsdp_matrix.workload.trl_trainer import trl_entry, trl_setup, trl_train_and_check
 from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names, wrapper_kind
+from fsdp_matrix.workload.trl_trainer import trl_entry, trl_setup, trl_train_and_check
 from fsdp_matrix.workload.wrapping import WRAPS, decoder_layer_policy, fsdp1, fsdp2, fully_shard, wrap
 
 __all__ = [

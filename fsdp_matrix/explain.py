@@ -37,7 +37,9 @@ def parse_versions(text: str) -> Dict[str, str]:
         name, sep, version = item.partition("=")
         name, version = name.strip(), version.strip().lstrip("=")
         if not sep or name not in RULE_PACKAGES:
-            raise MatrixError(f"--versions: {item!r}: expected NAME=VERSION with NAME one of {', '.join(RULE_PACKAGES)}")
+            raise MatrixError(
+                f"--versions: {item!r}: expected NAME=VERSION with NAME one of {', '.join(RULE_PACKAGES)}"
+            )
         try:
             Version(version)
         except InvalidVersion:

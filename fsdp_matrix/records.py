@@ -22,8 +22,9 @@ from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 SCHEMA = 4
-"""4: ``versions.trl`` (TRL, None where the env has none). 3: ``Observed.env_removed`` (the caller's variables kept from the ranks). 2: ``sources`` (packages built from a git
-ref or a checkout). 1: neither. Older records read as before (the new fields default to empty)."""
+"""4: ``versions.trl`` (TRL, None where the env has none). 3: ``Observed.env_removed`` (the caller's variables kept
+from the ranks). 2: ``sources`` (packages built from a git ref or a checkout). 1: none of these. Older records read
+as before (the new fields default to empty)."""
 RECORDS_FILE = "cells.jsonl"
 
 

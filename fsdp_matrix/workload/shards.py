@@ -154,7 +154,7 @@ def check_sharding(
     g = held.group
     inventory = dict(unwrapped or {})
     masters = 0
-    for key, (shape, dtype) in held.managed.items():
+    for key, (_, dtype) in held.managed.items():
         if key in master and key in inventory and dtype == torch.float32 and inventory[key][1].itemsize < 4:
             inventory[key] = (inventory[key][0], dtype)
             masters += 1

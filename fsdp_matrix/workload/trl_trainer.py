@@ -19,7 +19,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping
 
 import torch
 from torch import nn
@@ -189,7 +189,11 @@ def trl_train_and_check(trainer: Any, params: Mapping[str, Any], ctx: RankContex
     from fsdp_matrix.workload.adapters import adapter_dtypes
     from fsdp_matrix.workload.checks import trainable_names
 
-    built = {"adapter_dtypes": adapter_dtypes(trainer.model), "trl": trl_version(), "trl_trainer": type(trainer).__name__}
+    built = {
+        "adapter_dtypes": adapter_dtypes(trainer.model),
+        "trl": trl_version(),
+        "trl_trainer": type(trainer).__name__,
+    }
     checks = trainer_train_and_check(trainer, params, ctx, trainable_names(trainer.model))
     return {**checks, **built, "entry": "trl"}
 
