@@ -5,7 +5,9 @@
 
 - ``fsdp1``: a tiny fp32 Llama, LoRA through TRL, FSDP1 ``use_orig_params=True``: trains and passes every check;
 - ``no_shim``: the same with the CPU shim left out: accelerate gives TRL a DDP model, which must fail the "really
-  FSDP" check, never pass.
+  FSDP" check, never pass;
+- ``bf16_mp``: a bf16 Llama with TRL's ``bf16=True`` (FSDP mixed precision): accelerate upcasts bf16 adapters to
+  fp32 master weights when it wraps, which the sharding check promises in fp32 (``checks["master_fp32"]``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from fsdp_matrix.workload.models import build_model
 SCENARIOS = {
     "fsdp1": ({"adapter": "lora", "dtype": "fp32", "orig": 1, "wrap": "decoder_layer", "entry": "trl"}, {}),
     "no_shim": ({"adapter": "lora", "dtype": "fp32", "orig": 1, "wrap": "decoder_layer", "entry": "trl"}, {}),
+    "bf16_mp": ({"adapter": "lora", "dtype": "bf16", "orig": 1, "wrap": "decoder_layer", "entry": "trl"}, {}),
 }
 
 

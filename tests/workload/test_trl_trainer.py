@@ -80,3 +80,17 @@ def test_a_model_that_is_not_fsdp_fails_the_cell(outcomes):
         got = rank["no_shim"]
         assert got["status"] == "CheckFailed", got
         assert "not FSDP1" in got["message"]
+
+
+def test_fp32_master_weights_under_mixed_precision_are_promised_in_fp32(outcomes):
+    for rank in outcomes:
+        got = rank["bf16_mp"]
+        assert got["status"] == "ok", got
+        checks = got["checks"]
+        assert checks["wrapper"] == "fsdp1" and checks["plugin"]["use_orig_params"] is True
+        if checks["adapter_dtypes"] == ["torch.bfloat16"]:
+            # TRL left the adapters in bf16: accelerate upcast all 8 when it wrapped them (mixed precision bf16)
+            assert checks["master_fp32"] == 8
+            assert checks["bytes_per_rank"]["float32"] and checks["bytes_promised"]["float32"]
+        else:  # PEFT already upcast them (autocast_adapter_dtype): nothing for accelerate to upcast
+            assert checks["adapter_dtypes"] == ["torch.float32"] and "master_fp32" not in checks
