@@ -44,6 +44,7 @@ from fsdp_matrix.workload.models import (
     DTYPES,
     TINY_SHAPE,
     VOCAB,
+    build_4bit_model,
     build_model,
     decoder_layer_class,
     decoder_layers,
@@ -53,6 +54,7 @@ from fsdp_matrix.workload.params import UnknownAxisValue, axis, flag
 from fsdp_matrix.workload.recipe import MODELS, base_dtype_name, peft_model, wrap_and_train
 from fsdp_matrix.workload.tinynets import build_tinynet
 from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names, wrapper_kind
+from fsdp_matrix.workload.trl_trainer import trl_entry, trl_setup, trl_train_and_check
 from fsdp_matrix.workload.wrapping import WRAPS, decoder_layer_policy, fsdp1, fsdp2, fully_shard, wrap
 
 __all__ = [
@@ -73,6 +75,7 @@ __all__ = [
     "WRAPS",
     # models and adapters
     "build_model",
+    "build_4bit_model",
     "build_tinynet",
     "torch_dtype",
     "decoder_layers",
@@ -101,6 +104,9 @@ __all__ = [
     "train_unsharded",
     "greedy_generate",
     "trainer_train_and_check",
+    "trl_setup",
+    "trl_train_and_check",
+    "trl_entry",
     # training and its checks
     "train_and_check",
     "trainable_names",

@@ -168,6 +168,9 @@ def trace(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> Trac
     expected: Optional[Expected] = None
     for i, skip in enumerate(case.platform.skips):
         hit, why = _why(skip.alternatives(), skip.versions, cell, versions)
+        present = [f"{p} {versions[p]} is installed" for p in skip.absent if versions.get(p)]
+        if hit and present:
+            hit, why = False, "absent: " + ", ".join(present)
         decides = hit and expected is None
         if decides:
             expected = Expected("skip", reason=skip.reason, source=skip.source, platform=skip.id)

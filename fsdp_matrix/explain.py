@@ -20,7 +20,7 @@ from fsdp_matrix.clip import first_line
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.expectations import Trace, trace
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
-from fsdp_matrix.rules import PACKAGES
+from fsdp_matrix.rules import RULE_PACKAGES
 
 STAGES = (
     ("requires", "requires (checked first: an unmet one skips the cell)"),
@@ -36,8 +36,10 @@ def parse_versions(text: str) -> Dict[str, str]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, version = item.partition("=")
         name, version = name.strip(), version.strip().lstrip("=")
-        if not sep or name not in PACKAGES:
-            raise MatrixError(f"--versions: {item!r}: expected NAME=VERSION with NAME one of {', '.join(PACKAGES)}")
+        if not sep or name not in RULE_PACKAGES:
+            raise MatrixError(
+                f"--versions: {item!r}: expected NAME=VERSION with NAME one of {', '.join(RULE_PACKAGES)}"
+            )
         try:
             Version(version)
         except InvalidVersion:
@@ -50,7 +52,7 @@ def _installed() -> Dict[str, Optional[str]]:
     from importlib.metadata import PackageNotFoundError, version
 
     out: Dict[str, Optional[str]] = {}
-    for name in PACKAGES:
+    for name in RULE_PACKAGES:
         try:
             out[name] = version(name)
         except PackageNotFoundError:

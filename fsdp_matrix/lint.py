@@ -113,8 +113,11 @@ def lint(matrix: Matrix) -> List[Finding]:
             for s, sig in enumerate(platform.signatures):
                 if rule.error and any(e.type == rule.error.type and e.match == rule.error.match for e in sig.errors):
                     out.append(Finding(where, f"duplicates platform.signatures[{s}]({sig.id}); delete it"))
+            # a skip for envs that lack a package never decides the envs that have it, which the case's rules are for
             earlier = [
-                (f"platform.skips[{s}]({p.id})", any_when(p.when), p.versions) for s, p in enumerate(platform.skips)
+                (f"platform.skips[{s}]({p.id})", any_when(p.when), p.versions)
+                for s, p in enumerate(platform.skips)
+                if not p.absent
             ]
             earlier += [(f"expect[{e}]", [x.when], x.versions) for e, x in enumerate(case.expect[:r])]
             shadow = _shadowing(chosen, rule.versions, earlier)

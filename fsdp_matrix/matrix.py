@@ -31,7 +31,9 @@ from fsdp_matrix.axes import (
 )  # noqa: F401 (same_value re-exported)
 from fsdp_matrix.errors import MatrixConfigError, UnknownCellError
 from fsdp_matrix.rules import (  # noqa: F401 (re-exported: the models' home before the split)
+    OPTIONAL_PACKAGES,
     PACKAGES,
+    RULE_PACKAGES,
     ErrorSignature,
     Platform,
     PlatformSignature,
@@ -49,22 +51,32 @@ DEFAULT_MATRIX = Path(__file__).resolve().parent.parent / "matrix.yaml"
 
 
 class Pins(Strict):
-    """Exact versions of the five packages under test."""
+    """Exact versions of the five packages under test, and of the optional ones the combo installs."""
 
     torch: str
     peft: str
     transformers: str
     accelerate: str
     bitsandbytes: str
+    trl: Optional[str] = None
+    """TRL of the combo's era (optional: a combo without it skips the ``entry: trl`` cells, platform skip
+    ``trl-not-pinned``)."""
 
     @field_validator("*")
     @classmethod
-    def _exact(cls, value: str) -> str:
+    def _exact(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return value
         try:
             Version(value)
         except InvalidVersion:
             raise ValueError(f"not an exact version: {value!r}") from None
         return value
+
+    def model_dump(self, **kwargs: Any) -> Dict[str, Any]:
+        """``{package: version}`` of what the combo installs: an optional package it does not pin is left out."""
+        kwargs.setdefault("exclude_none", True)
+        return super().model_dump(**kwargs)
 
 
 def _pep508(value: str) -> str:

@@ -21,9 +21,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-SCHEMA = 3
-"""3: ``Observed.env_removed`` (the caller's variables kept from the ranks). 2: ``sources`` (packages built from a git
-ref or a checkout). 1: neither. Older records read as before (the new fields default to empty)."""
+SCHEMA = 4
+"""4: ``versions.trl`` (TRL, None where the env has none). 3: ``Observed.env_removed`` (the caller's variables kept
+from the ranks). 2: ``sources`` (packages built from a git ref or a checkout). 1: none of these. Older records read
+as before (the new fields default to empty)."""
 RECORDS_FILE = "cells.jsonl"
 
 
@@ -101,7 +102,7 @@ class Record:
     params: Dict[str, Any]
     """The cell's axis values."""
     versions: Dict[str, Optional[str]]
-    """Installed torch, peft, transformers, accelerate, bitsandbytes (None when absent), python."""
+    """Installed torch, peft, transformers, accelerate, bitsandbytes, trl (None when absent), python."""
     device: str
     """cpu or cuda."""
     world_size: int

@@ -20,6 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 PACKAGES = ("torch", "peft", "transformers", "accelerate", "bitsandbytes")
 """The packages every combo pins and every record reports."""
+OPTIONAL_PACKAGES = ("trl",)
+"""Packages a combo may pin (``trl``: only cells with ``entry: trl`` need it); every record reports them, None when
+the env lacks one."""
+RULE_PACKAGES = PACKAGES + OPTIONAL_PACKAGES
+"""The packages a rule's ``versions`` may name."""
 
 Scalar = Union[bool, int, float, str]
 When = Dict[str, Union[Scalar, List[Scalar]]]
@@ -32,8 +37,8 @@ class Strict(BaseModel):
 
 def check_versions(value: Dict[str, str]) -> Dict[str, str]:
     for name, spec in value.items():
-        if name not in PACKAGES:
-            raise ValueError(f"unknown package {name!r} (expected one of {', '.join(PACKAGES)})")
+        if name not in RULE_PACKAGES:
+            raise ValueError(f"unknown package {name!r} (expected one of {', '.join(RULE_PACKAGES)})")
         if not spec.strip():
             # SpecifierSet("") matches every release: a rule meant for some versions would claim them all
             raise ValueError(f"empty specifier for {name} (leave {name} out to match any version)")
@@ -124,6 +129,18 @@ class PlatformRule(Strict):
 
 class PlatformSkip(PlatformRule):
     """Skip the selected cells before they run (tried before the case's rules)."""
+
+    absent: List[str] = []
+    """Optional packages (OPTIONAL_PACKAGES) the env must lack for the skip to apply, e.g. ``[trl]``: a combo that
+    pins no trl cannot run a TRL cell. A ``versions`` specifier cannot say "not installed"."""
+
+    @field_validator("absent")
+    @classmethod
+    def _optional(cls, value: List[str]) -> List[str]:
+        for name in value:
+            if name not in OPTIONAL_PACKAGES:
+                raise ValueError(f"{name!r} is not an optional package (one of {', '.join(OPTIONAL_PACKAGES)})")
+        return value
 
 
 class PlatformSignature(PlatformRule):

@@ -115,3 +115,34 @@ def test_trace_names_the_failing_when_value_and_list():
     tr = trace(case, _cell(orig=1, wrap="decoder_layer"), CURRENT)
     assert tr.trials[1].why == "when wrap: 'decoder_layer' != 'fsdp2'"
     assert tr.trials[2].why == "when orig: 1 != 0"
+
+
+def test_a_skip_for_an_absent_package_applies_only_where_it_is_absent():
+    from fsdp_matrix.matrix import load_matrix
+
+    matrix = load_matrix()
+    case = matrix.case("trl-qlora-upcast")
+    cell = next(c for c in case_cells(case) if dict(c.params).get("wrap") == "decoder_layer")
+    pins = matrix.combo("current").pins.model_dump()
+    assert pins["trl"] == "1.16.0"
+    without = {k: v for k, v in pins.items() if k != "trl"}
+    skipped = trace(case, cell, without)
+    assert skipped.expected.kind == "skip" and skipped.expected.platform == "trl-not-pinned"
+    ran = trace(case, cell, pins)
+    assert ran.expected.platform != "trl-not-pinned"
+    why = next(t.why for t in ran.trials if "trl-not-pinned" in t.name)
+    assert why == "absent: trl 1.16.0 is installed"
+
+
+def test_optional_pins_are_left_out_where_a_combo_has_none():
+    from fsdp_matrix.matrix import Pins
+
+    five = dict(torch="2.13.0", peft="0.21.2", transformers="5.23.0", accelerate="1.15.0", bitsandbytes="0.50.2")
+    assert Pins(**five).model_dump() == five
+    assert Pins(**five, trl="1.16.0").model_dump() == {**five, "trl": "1.16.0"}
+
+
+def case_cells(case):
+    from fsdp_matrix.cells import expand_case
+
+    return expand_case(case, "cpu", 2)

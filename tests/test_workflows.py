@@ -31,6 +31,7 @@ TESTS_COMBOS = {
         "transformers": "5.23.0",
         "accelerate": "1.15.0",
         "bitsandbytes": "0.50.2",
+        "trl": "1.16.0",
     },
     "old": {
         "torch": "2.13.0",
@@ -38,6 +39,7 @@ TESTS_COMBOS = {
         "transformers": "4.46.3",
         "accelerate": "1.1.1",
         "bitsandbytes": "0.50.2",
+        "trl": "0.12.1",
     },
 }
 """The two combos ``nox -s tests`` runs; their ids are used by name in the noxfile and the docs."""

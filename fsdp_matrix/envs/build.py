@@ -17,7 +17,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from filelock import FileLock
 
-from fsdp_matrix.envs.check import DEFAULT_IMPORTS, import_check, inspect_env, mismatches
+from fsdp_matrix.envs.check import DEFAULT_IMPORTS, import_check, imports_for, inspect_env, mismatches
 from fsdp_matrix.envs.installer import install
 from fsdp_matrix.envs.sources import Resolved, write_env_sources
 from fsdp_matrix.errors import EnvError
@@ -137,6 +137,7 @@ def _prepare(
     python = venv / "bin" / "python"
     # a source build replaces its pin; only its presence is verified (its version is whatever the commit says)
     sources = dict(sources or {})
+    imports = imports_for([*pins, *sources], imports)
     requirements = [sources[k].requirement if k in sources else f"{k}=={v}" for k, v in pins.items()]
     requirements += [s.requirement for k, s in sources.items() if k not in pins]
     pins = {k: v for k, v in pins.items() if k not in sources}
@@ -206,13 +207,14 @@ def _problems(state: Mapping[str, Dict], pins: Mapping[str, str]) -> List[str]:
 
 
 def local_versions() -> Dict[str, Optional[str]]:
-    """Versions of the packages under test in this interpreter (what a record reports), plus python."""
+    """Versions of the packages under test in this interpreter (what a record reports: the optional ones too, None
+    when absent), plus python."""
     from importlib import metadata
 
-    from fsdp_matrix.matrix import PACKAGES
+    from fsdp_matrix.matrix import RULE_PACKAGES
 
     out: Dict[str, Optional[str]] = {}
-    for name in PACKAGES:
+    for name in RULE_PACKAGES:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

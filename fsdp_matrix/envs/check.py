@@ -80,6 +80,20 @@ def mismatches(installed: Mapping[str, Optional[str]], pins: Mapping[str, str]) 
     ]
 
 
+OPTIONAL_IMPORTS = {"trl": "trl.trainer.sft_trainer"}
+"""What an optional package's cells import: ``import trl`` is lazy and succeeds where its trainers cannot import
+(trl 0.8.6 without ``rich``, observed 2026-11-24 on peft0.10-tf4.40)."""
+
+
+def imports_for(installed: Sequence[str], imports: Sequence[str] = DEFAULT_IMPORTS) -> List[str]:
+    """``imports`` plus each optional package (trl) among ``installed``: an env that pins one must import it, or
+    every cell that needs it would fail one by one instead of one env-error."""
+    from fsdp_matrix.rules import OPTIONAL_PACKAGES
+
+    wanted = [OPTIONAL_IMPORTS.get(p, p) for p in OPTIONAL_PACKAGES if p in installed]
+    return list(imports) + [m for m in wanted if m not in imports]
+
+
 def import_check(python: Path, modules: Sequence[str] = DEFAULT_IMPORTS, timeout: float = 300) -> Optional[str]:
     """None when the modules import in the env, else why not (the error's last lines, a timeout, no interpreter)."""
     if not modules:

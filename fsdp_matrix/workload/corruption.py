@@ -196,6 +196,20 @@ def check_forward(
     return {"forward_max_diff": worst if math.isfinite(worst) else str(worst), "forward_tol": [rtol, atol]}, failures
 
 
+def mixed_param_dtype(model: nn.Module) -> Optional[torch.dtype]:
+    """The compute dtype of the FSDP mixed precision in force on ``model`` (FSDP1 ``MixedPrecision.param_dtype``,
+    FSDP2 ``MixedPrecisionPolicy.param_dtype``), or None."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    for module in model.modules():
+        if isinstance(module, FullyShardedDataParallel):
+            return getattr(getattr(module, "mixed_precision", None), "param_dtype", None)
+        if isinstance(module, FSDPModule):
+            group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+            return getattr(getattr(group, "mp_policy", None), "param_dtype", None)
+    return None
+
+
 class CorruptionChecks:
     """The four checks around one training run: ``after_wrap`` before training, ``after_training`` after it.
 
@@ -226,14 +240,16 @@ class CorruptionChecks:
         kind = wrapper_kind(model)
         # a forward before this one (the caller's) can leave FSDP2's root unsharded; judge the sharded state
         reshard(model)
-        checks, failures, _ = check_sharding(model, kind, self.world_size, self.reference and self.reference.params)
+        names = self.trainable if self.trainable is not None else trainable_names(model)
+        master = names if mixed_param_dtype(model) in (torch.bfloat16, torch.float16) else ()
+        unwrapped = self.reference and self.reference.params
+        checks, failures, _ = check_sharding(model, kind, self.world_size, unwrapped, master)
         self.checks.update(checks)
         self.failures += failures
         if self.batch is not None:
             checks, failures = check_forward(model, self.reference, self.batch)
             self.checks.update(checks)
             self.failures += failures
-        names = self.trainable if self.trainable is not None else trainable_names(model)
         # the forward may have lazily initialized FSDP1 (its shard moved to _local_shard): read the pieces again
         self.before = snapshot_pieces(holding(model, kind, self.world_size), names)
         self.ran = True

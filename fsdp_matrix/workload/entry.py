@@ -5,7 +5,8 @@
 - ``accelerate``: ``Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(...))`` and ``accelerator.prepare``,
   with the plugin's own settings. Under ``accelerate launch --config_file <fsdp yaml>`` the plugin comes from the
   launcher's environment instead, as in a launched user script (``Accelerator()``).
-- ``trainer``: a transformers ``Trainer`` with ``fsdp=`` / ``fsdp_config`` as users write them (trainer.py).
+- ``trainer``: a transformers ``Trainer`` with ``fsdp=`` / ``fsdp_config`` as users write them (hf_trainer.py).
+- ``trl``: TRL's ``SFTTrainer`` / ``DPOTrainer`` with ``peft_config`` and the same ``fsdp`` args (trl_trainer.py).
 
 The setup functions are context managers that yield the prepared objects and clean up after the block, so other
 code (training checks, checkpoint round trips) can reuse them: ``accelerate_setup`` yields an ``AccelerateSetup``
@@ -40,7 +41,7 @@ from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import WRAPS
 
-ENTRIES = ("torch", "accelerate", "trainer")
+ENTRIES = ("torch", "accelerate", "trainer", "trl")
 """The entry axis values of matrix.yaml; a cell without the axis is ``torch``."""
 LAUNCHED = "ACCELERATE_USE_FSDP"
 """Set to ``true`` by ``accelerate launch`` with an FSDP config (and by transformers 4.x TrainingArguments)."""

@@ -49,12 +49,13 @@ def peft_model(params: Mapping[str, Any], ctx: RankContext, autocast: Optional[b
 def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext) -> dict:
     """Wrap per the ``entry``/``wrap``/``orig`` axes, train, check; the checks also say what was built.
 
-    ``entry`` (absent: ``torch``) is how FSDP is reached: FSDP called directly, accelerate's ``prepare``, or a
-    transformers Trainer (entry.py, hf_trainer.py). The trainable set is taken here, from the PEFT model's
-    ``requires_grad`` before wrapping, so the checks judge every tensor against what PEFT made trainable, whatever
-    the wrapper does. So is the reference of the forward and sharding checks (corruption.py): every entry takes it
-    from the model before wrapping (``init`` ``ram_efficient``: from rank 0's real weights, broadcast). ``init``
-    also says how ranks > 0 get their weights (meta_init.py).
+    ``entry`` (absent: ``torch``) is how FSDP is reached: FSDP called directly, accelerate's ``prepare``, a
+    transformers Trainer, or TRL's SFTTrainer given the adapter's config (entry.py, hf_trainer.py, trl_trainer.py).
+    The trainable set is taken here, from the PEFT model's ``requires_grad`` before wrapping, so the checks judge
+    every tensor against what PEFT made trainable, whatever the wrapper does (``trl``: from TRL's own PEFT model).
+    So is the reference of the forward and sharding checks (corruption.py): every entry takes it from the model
+    before wrapping (``init`` ``ram_efficient``: from rank 0's real weights, broadcast). ``init`` also says how
+    ranks > 0 get their weights (meta_init.py).
     """
     built = {"adapter_dtypes": adapter_dtypes(model), "linear4bit": count_linear4bit(model)}
     trainable = trainable_names(model)
@@ -62,6 +63,10 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
     init = init_of(params)
     if init != "full":
         built["init"] = init
+    if entry == "trl":
+        from fsdp_matrix.workload.trl_trainer import trl_entry_from_peft  # trl is optional: only its cells import it
+
+        return {**built, **trl_entry_from_peft(model, params, ctx)}
     reference = reference_for(model, synthetic_batch(ctx), ctx, params)
     if entry == "accelerate":
         return {**built, **accelerate_train_and_check(model, params, ctx, trainable, reference)}

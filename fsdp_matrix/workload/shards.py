@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Collection, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import distributed as dist
@@ -138,15 +138,26 @@ def _share(shape: Shape, group: int, kind: str) -> int:
 
 
 def check_sharding(
-    model: nn.Module, kind: str, world_size: int, unwrapped: Optional[Mapping[str, Tuple[Shape, torch.dtype]]]
+    model: nn.Module,
+    kind: str,
+    world_size: int,
+    unwrapped: Optional[Mapping[str, Tuple[Shape, torch.dtype]]],
+    master: Collection[str] = (),
 ) -> Tuple[Dict[str, Any], List[str], Holding]:
     """The sharding check right after wrapping: (checks, failures, this rank's holding). Collective.
 
     ``unwrapped``: cleaned name -> (shape, dtype) on the unwrapped model; None: counted from the wrapped model's own
-    shapes and dtypes (then an upcast before wrapping goes unseen)."""
+    shapes and dtypes (then an upcast before wrapping goes unseen). ``master``: trainable names that FSDP mixed
+    precision may keep as fp32 master weights (accelerate upcasts them when it wraps, and says so in a warning):
+    promised in fp32 when they are, and counted in ``checks["master_fp32"]``; a frozen tensor upcast still fails."""
     held = holding(model, kind, world_size)
     g = held.group
     inventory = dict(unwrapped or {})
+    masters = 0
+    for key, (_, dtype) in held.managed.items():
+        if key in master and key in inventory and dtype == torch.float32 and inventory[key][1].itemsize < 4:
+            inventory[key] = (inventory[key][0], dtype)
+            masters += 1
     for key, (shape, dtype) in held.managed.items():
         inventory.setdefault(key, (shape, dtype))
     for key, tensor in held.unmanaged.items():
@@ -193,6 +204,8 @@ def check_sharding(
             )
     per_rank = {d: [s[0].get(d, 0) for s in seen] for d in sorted({d for s in seen for d in s[0]})}
     checks = {"shard_group": g, "bytes_per_rank": per_rank, "bytes_promised": dict(sorted(promised.items()))}
+    if masters:
+        checks["master_fp32"] = masters
     return checks, failures, held
 
 

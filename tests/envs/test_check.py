@@ -54,3 +54,11 @@ def test_a_hanging_interpreter_is_an_env_error_not_a_crash(tmp_path):
     with pytest.raises(EnvError, match="did not answer within 1s"):
         envs.installed_versions(slow, ["peft"], timeout=1)
     assert time.monotonic() - start < 25
+
+
+def test_an_env_that_pins_trl_must_import_its_trainers():
+    from fsdp_matrix.envs.check import DEFAULT_IMPORTS, imports_for
+
+    assert imports_for(["torch", "peft"]) == list(DEFAULT_IMPORTS)
+    # `import trl` is lazy: trl 0.8.6 imports without `rich`, its SFTTrainer does not (observed 2026-11-24)
+    assert imports_for(["torch", "trl"]) == [*DEFAULT_IMPORTS, "trl.trainer.sft_trainer"]
