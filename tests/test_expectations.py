@@ -135,7 +135,8 @@ def test_a_hang_rule_carries_its_timeout_and_where_the_stack_must_be():
     assert Expected.from_json(e.to_json()) == e
     assert e.describe() == "hang within 20s, a rank's stack matching /all_gather/"
     # any other rule leaves the cell on the launch's own timeout
-    assert expected_for(parse_matrix(matrix_data()).case("lora-requires-grad"), _cell(orig=1), CURRENT).timeout_s is None
+    plain = parse_matrix(matrix_data()).case("lora-requires-grad")
+    assert expected_for(plain, _cell(orig=1), CURRENT).timeout_s is None
 
 
 def test_warning_rules_say_a_warning_appears_or_does_not():

@@ -56,7 +56,7 @@ def run(params, ctx):
         time.sleep(params.get("sleep", 0))
         return {"sum": total}
     if fault == "warn":
-        warnings.warn(f"injected warning on rank {ctx.rank}", UserWarning)
+        warnings.warn(f"injected warning on rank {ctx.rank}", UserWarning, stacklevel=1)
         return {"sum": total}
     if fault == "raise_both":
         raise ValueError(f"injected error on rank {ctx.rank}")

@@ -20,7 +20,13 @@ from fsdp_matrix.runner.session import Session
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 12.0
-TORCH_PINS = {"torch": "2.13.0", "peft": "0.21.2", "transformers": "5.23.0", "accelerate": "1.15.0", "bitsandbytes": "0.50.2"}
+TORCH_PINS = {
+    "torch": "2.13.0",
+    "peft": "0.21.2",
+    "transformers": "5.23.0",
+    "accelerate": "1.15.0",
+    "bitsandbytes": "0.50.2",
+}
 SEQUENCE = [
     "ok",
     "hang_rank1",
@@ -279,6 +285,8 @@ def test_an_expected_hang_uses_its_rules_short_timeout_and_keeps_every_ranks_sta
     from fsdp_matrix.cells import expand
     from fsdp_matrix.matrix import parse_matrix
 
+    S = {"source": "s"}
+
     matrix = parse_matrix(
         {
             "combos": [{"id": "local", "pins": dict(TORCH_PINS)}],
@@ -290,8 +298,8 @@ def test_an_expected_hang_uses_its_rules_short_timeout_and_keeps_every_ranks_sta
                     "repro": "fault_cells.py",
                     "grids": [{"fault": ["hang_rank1", "ok", "warn"]}],
                     "expect": [
-                        {"when": {"fault": "hang_rank1"}, "hang": {"timeout_s": 3, "stack": "fault_cells"}, "source": "s"},
-                        {"when": {"fault": "warn"}, "warning": {"type": "UserWarning", "match": "injected"}, "source": "s"},
+                        {"when": {"fault": "hang_rank1"}, "hang": {"timeout_s": 3, "stack": "fault_cells"}, **S},
+                        {"when": {"fault": "warn"}, "warning": {"type": "UserWarning", "match": "injected"}, **S},
                         {"ok": True, "no_warning": {"type": "UserWarning", "match": "injected"}, "source": "s"},
                     ],
                 }

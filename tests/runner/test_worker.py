@@ -85,11 +85,13 @@ def test_warnings_raised_in_run_are_recorded_per_cell_deduplicated_and_counted()
 
     def fn(params, ctx):
         for _ in range(3):
-            warnings.warn("frozen and trainable in one unit", UserWarning)
-        warnings.warn("old api", FutureWarning)
+            warnings.warn("frozen and trainable in one unit", UserWarning, stacklevel=1)
+        warnings.warn("old api", FutureWarning, stacklevel=1)
         if params.get("raise"):
             raise ValueError("after the warnings")
         return {}
+
+    import torch  # noqa: F401 - its import adds filters of its own; they are not the cell's
 
     filters = list(warnings.filters)
     ctx = SimpleNamespace(seed=0)
