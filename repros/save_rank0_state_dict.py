@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import torch
 from torch import distributed as dist
@@ -32,7 +33,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import is_adapter, lora_config
-from fsdp_matrix.workload.checkpoint import Saved, adapter_key, cell_dir, check_saved, full_shapes, read_adapter_dir
+from fsdp_matrix.workload.checkpoint import adapter_key, cell_dir, check_saved, full_shapes, read_adapter_dir
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import build_model
 from fsdp_matrix.workload.params import axis
@@ -104,8 +105,10 @@ def _tail(key: str) -> str:
 def _check_file(path, shapes: dict, state: dict) -> dict:
     """Every adapter tensor is in the written file, with its full shape and the trained (gathered) values."""
     saved = read_adapter_dir(path)
-    saved = Saved(
-        saved.where, {_tail(k): v for k, v in saved.shapes.items()}, {_tail(k): v for k, v in saved.tensors.items()}
+    saved = replace(
+        saved,
+        shapes={_tail(k): v for k, v in saved.shapes.items()},
+        tensors={_tail(k): v for k, v in saved.tensors.items()},
     )
     trained = {_tail(k): v for k, v in state.items() if is_adapter(k)}
     return check_saved(saved, {_tail(k): v for k, v in shapes.items()}, trained)
