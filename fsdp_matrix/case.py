@@ -36,6 +36,7 @@ from fsdp_matrix.workload.checkpoint_hf import HF_SAVES, hf_roundtrip
 from fsdp_matrix.workload.checkpoint_torch import RAW_PATHS, raw_roundtrip
 from fsdp_matrix.workload.checks import Failures, TrainingChecks, clean_name, full_parameters
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.entry import accelerate_setup
 from fsdp_matrix.workload.generation import greedy_generate, train_unsharded
 from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
@@ -111,6 +112,7 @@ __all__ = [
     "train_and_check",
     "trainable_names",
     "synthetic_batch",
+    "take_reference",
     "wrapper_kind",
     "TrainingChecks",
     "Failures",

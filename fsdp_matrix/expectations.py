@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -31,11 +31,12 @@ class Expected:
     """The expected outcome of one cell in one env."""
 
     kind: str
-    """``ok``, ``error``, ``skip``, or ``none`` when no rule matched (always a failure: matrix.yaml needs a rule)."""
+    """``ok``, ``error``, ``skip``, ``hang``, ``warning`` (trains, and raises a warning), or ``none`` when no rule
+    matched (always a failure: matrix.yaml needs a rule)."""
     error_type: Optional[str] = None
     """Expected exception class name (kind ``error``)."""
     match: Optional[str] = None
-    """Regex searched in the error message (kind ``error``)."""
+    """Regex searched in the error message (kind ``error``), or in the ranks' stacks (kind ``hang``)."""
     module: Optional[str] = None
     """Expected raising module prefix, if the rule gives one."""
     reason: Optional[str] = None
@@ -46,13 +47,24 @@ class Expected:
     """The rule's citation."""
     platform: Optional[str] = None
     """Id of the platform skip that gave this outcome (then ``rule`` is None)."""
+    timeout_s: Optional[float] = None
+    """The cell's own timeout (kind ``hang``); None: the launch's cell timeout."""
+    warning: Optional[Dict[str, str]] = None
+    """``{type, match}``: the warning some rank must raise (kind ``warning``)."""
+    no_warning: Optional[Dict[str, str]] = None
+    """``{type, match}``: a warning no rank may raise (kind ``ok``)."""
     signatures: Tuple[Dict[str, Any], ...] = ()
     """The platform signatures that apply to this cell and env: ``{id, reason, source, errors: [{type, match,
     module}]}``. An observed error the rule did not expect that fits one is judged skipped."""
 
     def describe(self) -> str:
         if self.kind == "ok":
-            return "ok"
+            return "ok" + (f", without {_warning_text(self.no_warning)}" if self.no_warning else "")
+        if self.kind == "warning":
+            return f"ok, with {_warning_text(self.warning)}"
+        if self.kind == "hang":
+            where = f", a rank's stack matching /{self.match}/" if self.match else ""
+            return f"hang within {self.timeout_s:g}s{where}"
         if self.kind == "error":
             where = f" in {self.module}" if self.module else ""
             return f"{self.error_type}: /{self.match}/{where}"
@@ -70,6 +82,10 @@ class Expected:
     def from_json(cls, data: Mapping[str, Any]) -> Expected:
         fields = {k: data.get(k) for k in cls.__dataclass_fields__ if k != "signatures"}
         return cls(**fields, signatures=tuple(data.get("signatures") or ()))
+
+
+def _warning_text(sig: Optional[Mapping[str, str]]) -> str:
+    return f"{sig['type']}: /{sig['match']}/" if sig else ""
 
 
 @dataclass(frozen=True)
@@ -142,9 +158,14 @@ def _why(whens: List[Dict[str, Any]], specs: Mapping[str, str], cell: Cell, vers
 
 def _rule_expected(rule: Rule, index: int) -> Expected:
     if rule.ok:
-        return Expected("ok", rule=index, source=rule.source)
+        quiet = rule.no_warning.model_dump() if rule.no_warning else None
+        return Expected("ok", rule=index, source=rule.source, no_warning=quiet)
     if rule.skip is not None:
         return Expected("skip", reason=rule.skip, rule=index, source=rule.source)
+    if rule.hang is not None:
+        return Expected("hang", match=rule.hang.stack, timeout_s=rule.hang.timeout_s, rule=index, source=rule.source)
+    if rule.warning is not None:
+        return Expected("warning", warning=rule.warning.model_dump(), rule=index, source=rule.source)
     err = rule.error
     return Expected("error", err.type, err.match, err.module, rule=index, source=rule.source)
 
@@ -264,3 +285,23 @@ def platform_signature(
         if any(error_fits(e, error_type, message, location) for e in sig.get("errors", ())):
             return sig
     return None
+
+
+def _type_fits(want: str, got: Optional[str]) -> bool:
+    return bool(got) and (got == want or got.rsplit(".", 1)[-1] == want)
+
+
+def warning_raised(sig: Mapping[str, str], warnings: Sequence[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+    """The first recorded warning (``{category, message, ...}``, see RankResult.warnings) that fits ``{type,
+    match}``: the category by class name, with or without its module; the regex searched in the message."""
+    for w in warnings:
+        if _type_fits(sig["type"], w.get("category")) and re.search(sig["match"], w.get("message") or ""):
+            return w
+    return None
+
+
+def stack_fits(expected: Expected, stacks: Sequence[Optional[str]]) -> bool:
+    """Does a hang fit a ``hang`` rule: without a stack regex any hang does; with one, some rank's stack holds it."""
+    if expected.match is None:
+        return True
+    return any(re.search(expected.match, s) for s in stacks if s)

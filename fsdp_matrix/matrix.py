@@ -126,6 +126,9 @@ class Combo(Strict):
     """A CPU run may install the CUDA build of torch when no CPU build of the pin is reachable through the user's
     pip/uv configuration (about 3 GB, announced with its size before the download). The torch axis needs it: only
     torch 2.13.0 has a local CPU build here. The default ``cpu`` combos leave it off and refuse a CUDA torch."""
+    cases: List[str] = []
+    """When given, only these cases run on this combo: a combo that pairs versions for one report (e.g. accelerate
+    1.12 with torch 2.6 for accelerate#3923), whose other cells no one observed there. Empty: every case."""
     floating: Union[bool, Literal["main"]] = False
     """The pins are a last known resolution, not what runs. ``true``: at run time every package resolves to its
     newest release on the configured indexes (``nox -s newest``). ``main``: the packages in ``sources`` are built
@@ -289,6 +292,15 @@ class Matrix(Strict):
                                 raise ValueError(
                                     f"{where}: unknown value {value!r} (the axis has: {shown(known[key])})"
                                 )
+
+    @model_validator(mode="after")
+    def _combo_cases_exist(self) -> Matrix:
+        known = {case.id for case in self.cases}
+        for i, combo in enumerate(self.combos):
+            for case_id in combo.cases:
+                if case_id not in known:
+                    raise ValueError(f"combos[{i}]({combo.id}).cases: unknown case {case_id!r}")
+        return self
 
     @model_validator(mode="after")
     def _hand_platform_to_cases(self) -> Matrix:

@@ -96,17 +96,20 @@ class Progress:
 
 
 def _cases(config: pytest.Config) -> Optional[List[str]]:
-    """The case ids of ``--cases``, each checked against matrix.yaml: a typo must not select zero cells silently."""
+    """The case ids of ``--cases``, each checked against matrix.yaml: a typo must not select zero cells silently.
+    A combo that names its own ``cases`` keeps only those (possibly none); None: every case."""
     ids = _options(config).cases
-    if not ids:
-        return None
     matrix = _matrix(config)
-    for case_id in ids:
+    for case_id in ids or ():
         try:
             matrix.case(case_id)
         except MatrixError as exc:
             raise pytest.UsageError(f"--cases: {exc}") from None
-    return ids
+    combo = _options(config).combo
+    own = next((c.cases for c in matrix.combos if c.id == combo), None) if combo else None
+    if own:
+        return [c for c in (ids or own) if c in own]
+    return ids or None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -120,7 +123,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     config = metafunc.config
     device = _device(config)
-    cells = expand(_matrix(config), device, _world_size(config, device), _cases(config))
+    cases = _cases(config)
+    cells = [] if cases == [] else expand(_matrix(config), device, _world_size(config, device), cases)
     metafunc.parametrize("cell", [pytest.param(c, id=c.key, marks=pytest.mark.cell) for c in cells])
 
 

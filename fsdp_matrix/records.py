@@ -22,9 +22,10 @@ from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 SCHEMA = 4
-"""4: ``versions.trl`` (TRL, None where the env has none). 3: ``Observed.env_removed`` (the caller's variables kept
-from the ranks). 2: ``sources`` (packages built from a git ref or a checkout). 1: none of these. Older records read
-as before (the new fields default to empty)."""
+"""4: ``versions.trl`` (TRL, None where the env has none), ``RankResult.warnings`` (the warnings each rank's run()
+raised; rules may expect one, or its absence). 3: ``Observed.env_removed`` (the caller's variables kept from the
+ranks). 2: ``sources`` (packages built from a git ref or a checkout). 1: none of these. Older records read as before
+(the new fields default to empty)."""
 RECORDS_FILE = "cells.jsonl"
 
 
@@ -56,6 +57,9 @@ class RankResult:
     """Post-training checks and their measured values."""
     duration_s: Optional[float] = None
     """Time this rank spent in the cell."""
+    warnings: List[Dict[str, Any]] = field(default_factory=list)
+    """The Python warnings run() raised on this rank, once per (category, message) in the order first raised:
+    ``{category, message, filename, lineno, count}`` (schema 4; empty in older records)."""
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> RankResult:

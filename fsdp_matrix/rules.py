@@ -67,6 +67,47 @@ class ErrorSignature(Strict):
         return value
 
 
+class HangExpectation(Strict):
+    """The cell is known to hang: it gets a short timeout of its own, and a rank's stack must show where."""
+
+    timeout_s: float = Field(gt=0, le=3600)
+    """Seconds the cell may run before it is declared hung (instead of the launch's cell timeout), so a known hang
+    costs seconds, not minutes."""
+    stack: Optional[str] = None
+    """Regex searched in every rank's dumped stack: at least one must hold it (a hang elsewhere is another bug)."""
+
+    @field_validator("stack")
+    @classmethod
+    def _regex(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"invalid regex: {exc}") from None
+        return value
+
+
+class WarningSignature(Strict):
+    """A Python warning: its category's class name and a regex searched in its message."""
+
+    type: str
+    """Warning class name, e.g. ``UserWarning`` (matched by name, with or without its module)."""
+    match: str
+
+    @field_validator("match")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"invalid regex: {exc}") from None
+        return value
+
+
+OUTCOMES = ("ok", "error", "skip", "hang", "warning")
+"""A rule gives exactly one of these."""
+
+
 class Rule(Strict):
     """One known behaviour: when params and versions match, this is the expected outcome."""
 
@@ -78,6 +119,12 @@ class Rule(Strict):
     error: Optional[ErrorSignature] = None
     skip: Optional[str] = None
     """Reason the cell cannot run in such an env (observed, e.g. no 4-bit on CPU); never a pass or a fail."""
+    hang: Optional[HangExpectation] = None
+    """The cell hangs (the bug): reproduced when it is declared hung within ``timeout_s`` and a rank's stack fits."""
+    warning: Optional[WarningSignature] = None
+    """The cell trains, and raises this warning (the bug): reproduced when some rank's run() raised it."""
+    no_warning: Optional[WarningSignature] = None
+    """With ``ok``: the cell trains without raising this warning (the fix); raising it is a REGRESSION."""
     source: str = Field(min_length=1)
     """Where the behaviour comes from: seed report, issue or PR number, observation."""
 
@@ -88,9 +135,11 @@ class Rule(Strict):
 
     @model_validator(mode="after")
     def _one_outcome(self) -> Rule:
-        given = [k for k in ("ok", "error", "skip") if getattr(self, k) is not None]
+        given = [k for k in OUTCOMES if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"needs exactly one of ok/error/skip, got {given or 'none'}")
+            raise ValueError(f"needs exactly one of {'/'.join(OUTCOMES)}, got {given or 'none'}")
+        if self.no_warning is not None and not self.ok:
+            raise ValueError(f"no_warning goes with ok, not with {given[0]}")
         return self
 
 

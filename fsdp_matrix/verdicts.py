@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from fsdp_matrix.clip import first_line
-from fsdp_matrix.expectations import Expected, platform_signature, signature_matches
+from fsdp_matrix.expectations import Expected, platform_signature, signature_matches, stack_fits, warning_raised
 
 
 class Verdict(str, enum.Enum):
@@ -74,21 +74,41 @@ def judge(
     error_type: Optional[str] = None,
     message: Optional[str] = None,
     location: Optional[str] = None,
+    *,
+    stacks: Sequence[Optional[str]] = (),
+    warnings: Sequence[Mapping[str, Any]] = (),
 ) -> Judgement:
     """The verdict for one cell: what matrix.yaml expected against what the ranks observed.
 
     hang, crash, env-error and skipped are verdicts of their own whatever was expected: none of them says anything
-    about the bug. Otherwise ok meets ok (fix-holds) or an error (UNEXPECTED-FIX); an error meets ok (REGRESSION), or
-    is matched against the expected signature (reproduced, else DIFFERENT-ERROR). A cell no rule covers never passes.
+    about the bug, except a hang that a ``hang`` rule expects: reproduced when some rank's ``stacks`` fits the rule
+    (else DIFFERENT-ERROR: it hung elsewhere). Otherwise ok meets ok (fix-holds, or REGRESSION when it raised the
+    rule's ``no_warning``), a ``warning`` rule (reproduced when some rank raised it: ``warnings`` are every rank's,
+    see RankResult.warnings; else UNEXPECTED-FIX) or an error or hang rule (UNEXPECTED-FIX); an error meets ok
+    (REGRESSION), or is matched against the expected signature (reproduced, else DIFFERENT-ERROR). A cell no rule
+    covers never passes.
 
     An error that would be REGRESSION or DIFFERENT-ERROR but fits one of the platform signatures the Expected carries
     is skipped instead: the env cannot run the cell (e.g. FSDP2 on a torch without a CPU path). The line keeps the
     observed error and names the signature, and the record keeps the observed error as it was.
     """
     observed = _describe(status, error_type, message, location)
+    if status == "ok" and (expected.warning or expected.no_warning):
+        sig = expected.warning or expected.no_warning
+        seen = warning_raised(sig, warnings)
+        observed += (
+            f", with {seen['category']}: {first_line(seen['message'], 200)}"
+            if seen
+            else (f", without {sig['type']}: /{sig['match']}/")
+        )
     line = f"expected {expected.describe()} / observed {observed}"
     if status not in STATUSES:
         raise ValueError(f"unknown observed status {status!r}")
+    if status == "hang" and expected.kind == "hang":
+        if stack_fits(expected, stacks):
+            return Judgement(Verdict.REPRODUCED, line)
+        elsewhere = f" (no rank's stack matches /{expected.match}/: hung elsewhere)"
+        return Judgement(Verdict.DIFFERENT_ERROR, line + elsewhere)
     if status in ("hang", "crash", "env-error", "skipped"):
         return Judgement(Verdict(status), line)
     if expected.kind == "skip":
@@ -96,8 +116,12 @@ def judge(
         return Judgement(Verdict.DIFFERENT_ERROR, line + " (a skip rule matched, yet the cell ran)")
     if status == "ok":
         if expected.kind == "ok":
-            return Judgement(Verdict.FIX_HOLDS, line)
-        if expected.kind == "error":
+            raised = expected.no_warning and warning_raised(expected.no_warning, warnings)
+            return Judgement(Verdict.REGRESSION if raised else Verdict.FIX_HOLDS, line)
+        if expected.kind == "warning":
+            seen = warning_raised(expected.warning, warnings)
+            return Judgement(Verdict.REPRODUCED if seen else Verdict.UNEXPECTED_FIX, line)
+        if expected.kind in ("error", "hang"):
             return Judgement(Verdict.UNEXPECTED_FIX, line)
         return Judgement(Verdict.DIFFERENT_ERROR, line + " (no rule in matrix.yaml matches this cell)")
     if signature_matches(expected, error_type, message, location):

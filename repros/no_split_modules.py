@@ -4,6 +4,9 @@ With FSDP_TRANSFORMER_CLS_TO_WRAP unset, ``"".split(",")`` gives ``[""]`` and th
 ``Could not find the transformer layer class to wrap in the model.`` (``Exception``, later ``TypeError``); fixed in
 PEFT 0.14.0 (PR #2167). When the policy comes back, the cell wraps with it under FSDP1 and trains, so a fix only
 holds if training works. ``cls_env`` ``bogus`` sets the variable to a class the model lacks, which raises by design.
+
+``entry: trainer``: the same models through the transformers Trainer, which calls PEFT's policy itself for a PEFT
+model (``_fsdp_qlora_plugin_updates``); ``bogus`` is then ``fsdp_config["transformer_layer_cls_to_wrap"]``.
 """
 
 from __future__ import annotations
@@ -26,12 +29,32 @@ ENV_VAR = "FSDP_TRANSFORMER_CLS_TO_WRAP"
 CLS_ENV = {"unset": None, "bogus": "NoSuchDecoderLayer"}
 
 
+def through_trainer(model, value, params: dict, ctx: RankContext) -> dict:
+    """The Trainer with ``fsdp="full_shard auto_wrap"``: for a PEFT model it builds PEFT's policy itself. The class
+    to wrap is given as its users give it, ``fsdp_config["transformer_layer_cls_to_wrap"]`` (the Trainer exports it
+    as the variable), or not at all."""
+    from unittest import mock
+
+    from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
+    from fsdp_matrix.workload.training import trainable_names
+
+    params = {**params, "wrap": "decoder_layer"}  # FSDP1, the Trainer's policy: the class is the cell's, or none
+    extra = {"transformer_layer_cls_to_wrap": [value]} if value else {}
+    trainable = trainable_names(model)
+    with mock.patch.dict(os.environ):  # the caller's (or an earlier cell's) class must not reach this cell
+        os.environ.pop(ENV_VAR, None)
+        with trainer_setup(model, params, ctx, fsdp_config=extra) as trainer:
+            return trainer_train_and_check(trainer, params, ctx, trainable)
+
+
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     model = build_tinynet(axis(params, "shape", ("plain", "hf_none")), ctx)
     torch.manual_seed(ctx.seed)
     model = get_peft_model(model, lora_config(task_type=None))
     value = CLS_ENV[axis(params, "cls_env", tuple(CLS_ENV), default="unset")]
+    if axis(params, "entry", ("trainer",), default=None) == "trainer":
+        return through_trainer(model, value, params, ctx)
     saved = os.environ.pop(ENV_VAR, None)
     try:
         if value is not None:

@@ -62,6 +62,7 @@ HOME = {
     "train_and_check": "fsdp_matrix.workload.training",
     "trainable_names": "fsdp_matrix.workload.training",
     "synthetic_batch": "fsdp_matrix.workload.training",
+    "take_reference": "fsdp_matrix.workload.corruption",
     "wrapper_kind": "fsdp_matrix.workload.training",
     "TrainingChecks": "fsdp_matrix.workload.checks",
     "Failures": "fsdp_matrix.workload.checks",

@@ -1,3 +1,5 @@
+import pytest
+
 from fsdp_matrix.cells import Cell
 from fsdp_matrix.expectations import Expected, expected_for, signature_matches, trace, version_matches
 from fsdp_matrix.matrix import parse_matrix
@@ -146,3 +148,59 @@ def case_cells(case):
     from fsdp_matrix.cells import expand_case
 
     return expand_case(case, "cpu", 2)
+
+
+# ---- hang and warning expectations --------------------------------------------------------------------------------
+
+
+def _one_rule_case(rule):
+    data = matrix_data()
+    data["cases"][0]["expect"] = [rule]
+    return parse_matrix(data).case("lora-requires-grad")
+
+
+def test_a_hang_rule_carries_its_timeout_and_where_the_stack_must_be():
+    case = _one_rule_case({"hang": {"timeout_s": 20, "stack": "all_gather"}, "source": "observed"})
+    e = expected_for(case, _cell(orig=1, wrap="decoder_layer"), CURRENT)
+    assert (e.kind, e.timeout_s, e.match) == ("hang", 20, "all_gather")
+    assert Expected.from_json(e.to_json()) == e
+    assert e.describe() == "hang within 20s, a rank's stack matching /all_gather/"
+    # any other rule leaves the cell on the launch's own timeout
+    plain = parse_matrix(matrix_data()).case("lora-requires-grad")
+    assert expected_for(plain, _cell(orig=1), CURRENT).timeout_s is None
+
+
+def test_warning_rules_say_a_warning_appears_or_does_not():
+    warned = _one_rule_case({"warning": {"type": "UserWarning", "match": "requires_grad"}, "source": "observed"})
+    e = expected_for(warned, _cell(orig=1, wrap="decoder_layer"), CURRENT)
+    assert (e.kind, e.warning) == ("warning", {"type": "UserWarning", "match": "requires_grad"})
+    assert e.describe() == "ok, with UserWarning: /requires_grad/"
+    assert Expected.from_json(e.to_json()) == e
+    quiet = _one_rule_case({"ok": True, "no_warning": {"type": "UserWarning", "match": "x"}, "source": "observed"})
+    q = expected_for(quiet, _cell(orig=1, wrap="decoder_layer"), CURRENT)
+    assert (q.kind, q.no_warning) == ("ok", {"type": "UserWarning", "match": "x"})
+    assert q.describe() == "ok, without UserWarning: /x/"
+    assert Expected.from_json(q.to_json()) == q
+
+
+@pytest.mark.parametrize(
+    "rule,message",
+    [
+        ({"hang": {"timeout_s": 0}, "source": "s"}, "timeout_s"),
+        ({"hang": {"timeout_s": 10, "stack": "("}, "source": "s"}, "invalid regex"),
+        ({"hang": {"timeout_s": 10}, "ok": True, "source": "s"}, "needs exactly one of ok/error/skip/hang/warning"),
+        ({"warning": {"type": "UserWarning", "match": "["}, "source": "s"}, "invalid regex"),
+        (
+            {"error": {"type": "X", "match": "y"}, "no_warning": {"type": "W", "match": "z"}, "source": "s"},
+            "no_warning goes with ok",
+        ),
+    ],
+)
+def test_malformed_hang_and_warning_rules_are_one_line(rule, message):
+    from fsdp_matrix.errors import MatrixConfigError
+
+    data = matrix_data()
+    data["cases"][0]["expect"] = [rule]
+    with pytest.raises(MatrixConfigError) as err:
+        parse_matrix(data)
+    assert message in str(err.value) and "\n" not in str(err.value)

@@ -198,3 +198,10 @@ def test_the_repo_matrix_declares_every_axis_with_a_meaning():
         used = {name for grid in case.grids for name in grid}
         declared = {**m.axes, **case.axes}
         assert used <= set(declared) and all(axis.meaning for axis in declared.values()), case.id
+
+
+def test_a_combos_cases_must_exist():
+    data = copy.deepcopy(matrix_data())
+    data["combos"][0]["cases"] = ["no-such-case"]
+    with pytest.raises(MatrixConfigError, match=r"combos\[0\]\(current\)\.cases: unknown case 'no-such-case'"):
+        parse_matrix(data)

@@ -93,12 +93,10 @@ def differences():
     matrix = load_matrix()
     main = decode(json.loads(FIXTURE.read_text()))
     now = outcomes(matrix)
-    # main's combos all stay; a combo added since (the `main` combo, issue 16) has no outcome in the fixture
-    assert set(main) <= set(now), "combos of main's are missing"
+    # combos added since (torch2.6-acc1.12, for one case) have their own observed rules; main's all stay
+    assert set(main) <= set(now), "main's combos are missing"
     found = []
-    for combo in matrix.combos:
-        if combo.id not in main:
-            continue
+    for combo in (c for c in matrix.combos if c.id in main):
         old_cells, new_cells = main[combo.id], now[combo.id]
         # main's cells all stay (new cases only add cells, compared by their own observed rules)
         assert set(old_cells) <= set(new_cells), f"{combo.id}: main's cells are missing"
@@ -169,6 +167,8 @@ def test_a_newcomers_case_without_platform_rules_gets_them_on_every_combo(tmp_pa
     case = matrix.case("my-bug")
     seen = Counter()
     for combo in matrix.combos:
+        if combo.cases:
+            continue  # a pairing combo runs only its own cases (torch2.6-acc1.12: accelerate-ignored-params)
         pins = combo.pins.model_dump()
         for cell in expand_case(case, device_of(combo)):
             tr = trace(case, cell, pins)

@@ -88,3 +88,19 @@ def test_plugin_cases_filter_that_matches_nothing_is_a_usage_error(tmp_path):
     matrix = write_matrix(tmp_path, matrix_data())
     line = _usage_error(_pytest("--matrix", str(matrix), "--cases", "lora-requires-gard"))
     assert "--cases" in line and "'lora-requires-gard'" in line, line
+
+
+def test_a_combo_that_pairs_versions_for_some_cases_runs_only_those(tmp_path):
+    """A combo with ``cases:`` (e.g. torch2.6-acc1.12, built for accelerate#3923) collects only their cells there,
+    also under a wider ``--cases``; other combos collect every cell."""
+    data = matrix_data()
+    other = {**data["cases"][0], "id": "other-case"}
+    data["cases"].append(other)
+    data["combos"].append({**data["combos"][0], "id": "pairing", "cases": ["other-case"]})
+    matrix = write_matrix(tmp_path, data)
+    paired = _pytest("--matrix", str(matrix), "--combo", "pairing").stdout
+    assert "other-case/" in paired and "lora-requires-grad/" not in paired, paired
+    wider = _pytest("--matrix", str(matrix), "--combo", "pairing", "--cases", "lora-requires-grad").stdout
+    assert "lora-requires-grad/" not in wider and "other-case/" not in wider, wider  # nothing of either here
+    everything = _pytest("--matrix", str(matrix), "--combo", "current").stdout
+    assert "other-case/" in everything and "lora-requires-grad/" in everything, everything

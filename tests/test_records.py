@@ -145,3 +145,18 @@ def test_concurrent_appends_never_interleave(tmp_path):
         p.join()
     cells = [r.cell for r in records.iter_records(tmp_path)]
     assert sorted(cells) == sorted(f"{t}-{i}" for t in "abcd" for i in range(20))
+
+
+def test_schema_4_records_each_ranks_warnings_and_older_records_read_without_them(tmp_path):
+    assert records.SCHEMA == 4
+    warned = {"category": "UserWarning", "message": "m", "filename": "f.py", "lineno": 3, "count": 2}
+    rec = _record()
+    rec.observed.ranks[0].warnings = [warned]
+    records.append(tmp_path, rec)
+    line = json.loads((tmp_path / "cells.jsonl").read_text())
+    assert line["schema"] == 4 and line["observed"]["ranks"][0]["warnings"] == [warned]
+    del line["observed"]["ranks"][0]["warnings"]
+    line["schema"] = 3
+    (tmp_path / "old.jsonl").write_text(json.dumps(line) + "\n")
+    [old] = list(records.iter_records(tmp_path / "old.jsonl"))
+    assert old.observed.ranks[0].warnings == [] and old.schema == 3

@@ -85,3 +85,61 @@ def test_platform_signature_relabels_only_unexpected_errors(expected, status, et
     if verdict is Verdict.SKIPPED:
         # the line still shows what was observed, then which signature judged it
         assert f"observed {etype}: {msg}" in judgement.line and "platform signature fsdp2-no-cpu" in judgement.line
+
+
+# ---- hang and warning expectations --------------------------------------------------------------------------------
+
+HANG = Expected("hang", match="_all_gather_base|all_gather", timeout_s=20)
+STUCK = 'File ".../torch/distributed/distributed_c10d.py", line 3420 in all_gather_into_tensor'
+ELSEWHERE = 'File ".../time.py", line 1 in sleep'
+WARN = Expected("warning", warning={"type": "UserWarning", "match": "requires_grad=True and False"})
+QUIET = Expected("ok", no_warning={"type": "UserWarning", "match": "requires_grad=True and False"})
+SEEN = {"category": "UserWarning", "message": "x has both parameters with requires_grad=True and False.", "count": 1}
+
+
+@pytest.mark.parametrize(
+    "expected,status,stacks,verdict",
+    [
+        (HANG, "hang", [None, STUCK], Verdict.REPRODUCED),  # any rank's stack where the rule says
+        (HANG, "hang", [ELSEWHERE, ELSEWHERE], Verdict.DIFFERENT_ERROR),  # hung, but somewhere else
+        (HANG, "hang", [], Verdict.DIFFERENT_ERROR),  # no stack at all: nothing shows where it hung
+        (Expected("hang", timeout_s=20), "hang", [ELSEWHERE], Verdict.REPRODUCED),  # no stack regex: any hang
+        (HANG, "ok", [], Verdict.UNEXPECTED_FIX),
+        (HANG, "crash", [], Verdict.CRASH),
+        (OK, "hang", [STUCK], Verdict.HANG),  # an unexpected hang stays a hang
+        (ERR, "hang", [STUCK], Verdict.HANG),
+    ],
+)
+def test_hang_expectations(expected, status, stacks, verdict):
+    assert judge(expected, status, stacks=stacks).verdict is verdict
+
+
+def test_an_error_where_a_hang_was_expected_is_a_different_error():
+    j = judge(HANG, "error", "ValueError", "boom", "x.y")
+    assert j.verdict is Verdict.DIFFERENT_ERROR
+    assert j.line.startswith("expected hang within 20s")
+
+
+@pytest.mark.parametrize(
+    "expected,warnings,verdict",
+    [
+        (WARN, [SEEN], Verdict.REPRODUCED),
+        (WARN, [], Verdict.UNEXPECTED_FIX),
+        (WARN, [{**SEEN, "category": "FutureWarning"}], Verdict.UNEXPECTED_FIX),  # the type must be the rule's
+        (WARN, [{**SEEN, "category": "some.module.UserWarning"}], Verdict.REPRODUCED),  # qualified by its module
+        (QUIET, [], Verdict.FIX_HOLDS),
+        (QUIET, [SEEN], Verdict.REGRESSION),
+        (OK, [SEEN], Verdict.FIX_HOLDS),  # a rule that says nothing about warnings ignores them
+    ],
+)
+def test_warning_expectations_on_a_run_that_trained(expected, warnings, verdict):
+    assert judge(expected, "ok", warnings=warnings).verdict is verdict
+
+
+def test_warning_lines_say_what_was_raised():
+    assert judge(QUIET, "ok", warnings=[SEEN]).line == (
+        "expected ok, without UserWarning: /requires_grad=True and False/ / observed ok, with UserWarning: "
+        "x has both parameters with requires_grad=True and False."
+    )
+    assert judge(WARN, "ok").line.endswith("observed ok, without UserWarning: /requires_grad=True and False/")
+    assert judge(WARN, "error", "ValueError", "boom", None).verdict is Verdict.DIFFERENT_ERROR

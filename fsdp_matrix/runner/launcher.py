@@ -212,6 +212,8 @@ class Launcher:
         while self._queue:
             task = self._queue.pop(0)
             live.submitted.append(task.key)
+            if task.timeout_s is not None:
+                live.timeouts[task.key] = task.timeout_s
             self._write_task(live, task)
 
     @staticmethod

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from fsdp_matrix.records import RankResult
 
@@ -116,6 +116,9 @@ class Task:
     """Absolute path of the repro script whose ``run`` the ranks call."""
     params: Dict[str, Any]
     """The cell's axis values."""
+    timeout_s: Optional[float] = None
+    """Seconds this cell may run before it is declared hung; None: the launcher's ``cell_timeout`` (a rule that
+    expects a hang sets a short one)."""
     op: str = "cell"
 
 

@@ -78,7 +78,15 @@ def make_record(
     ``versions`` is what the env really holds (never the pins alone), so a record read later says what ran.
     ``sources`` defaults to the source builds of this interpreter's env (fsdp_matrix.envs.sources).
     """
-    judgement = judge(expected, observed.status, observed.error_type, observed.error_message, observed.location)
+    judgement = judge(
+        expected,
+        observed.status,
+        observed.error_type,
+        observed.error_message,
+        observed.location,
+        stacks=[r.stack for r in observed.ranks],
+        warnings=[w for r in observed.ranks for w in r.warnings],
+    )
     sources = env_sources(versions=versions) if sources is None else sources
     line = judgement.line
     if sources and not judgement.verdict.passed and observed.status in ("ok", "error"):
@@ -195,7 +203,8 @@ class Session:
 
     def _task(self, cell: Cell) -> Task:
         repro = (self.repo_root / self.matrix.case(cell.case).repro).resolve()
-        return Task(key=cell.key, repro=str(repro), params=cell.params_dict)
+        # a rule that expects a hang gives the cell its own short timeout: a known hang costs seconds
+        return Task(key=cell.key, repro=str(repro), params=cell.params_dict, timeout_s=self.expected(cell).timeout_s)
 
     def close(self) -> None:
         self.launcher.close()

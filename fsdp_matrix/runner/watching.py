@@ -85,6 +85,9 @@ class _Live:
     retiring: Optional[str] = None
     born: float = field(default_factory=time.monotonic)
     submitted: List[str] = field(default_factory=list)
+    timeouts: Dict[str, float] = field(default_factory=dict)
+    """Cells with a timeout of their own (Task.timeout_s: a rule that expects a hang); the others use the
+    launcher's ``cell_timeout``."""
     watchdog: Optional[subprocess.Popen] = None
     """The launch's watchdog process (watchdog.py)."""
     gone: bool = False
@@ -222,18 +225,21 @@ class Watching:
             first = min(live.started[key].values())
             ends = live.ended.get(key, {})
             errored = [r for r in ends.values() if r.status == "error"]
+            limit = live.timeouts.get(key, self.cell_timeout)
+            # the ranks' barrier after a cell waits min(30, cell_timeout) (launcher.py), whatever the cell's own limit
+            cleanup = max(limit, min(30.0, self.cell_timeout))
             if exited:
                 self._crash(live, key)
             elif len(ends) == self.world_size:
-                # past the ranks' own barrier timeout (at most cell_timeout): the healthy ones have reported by then
-                if now - live.end_t[key] > self.cell_timeout + self.grace_s:
-                    self._stuck_in_cleanup(live, key)
+                # past the ranks' own barrier timeout: the healthy ones have reported by then
+                if now - live.end_t[key] > cleanup + self.grace_s:
+                    self._stuck_in_cleanup(live, key, cleanup)
             elif errored and now - live.end_t[key] > self.grace_s:
                 self._stuck(
                     live, key, "error", live.end_t[key], f"rank {errored[0].rank} raised; the others did not finish"
                 )
-            elif now - first > self.cell_timeout:
-                self._stuck(live, key, "hang", first + self.cell_timeout, f"no result within {self.cell_timeout:.0f}s")
+            elif now - first > limit:
+                self._stuck(live, key, "hang", first + limit, f"no result within {limit:g}s")
         if live.gone:
             return
         idle = all(k in self._done for k in live.started)
@@ -279,9 +285,11 @@ class Watching:
         )
 
     def _stuck(self, live: _Live, key: str, status: str, since: float, note: str) -> None:
-        """Some ranks did not finish the cell: dump their stacks, then kill the launch."""
-        missing = {r: ident for r, ident in live.pids.items() if r not in live.ended.get(key, {})}
-        stacks = procs.dump_stacks(missing, live.run_dir)
+        """Some ranks did not finish the cell: dump their stacks (for a hang, every rank's: where the finished ones
+        wait is what the stuck one owes them), then kill the launch."""
+        ended = live.ended.get(key, {})
+        missing = {r: ident for r, ident in live.pids.items() if r not in ended}
+        stacks = procs.dump_stacks(dict(live.pids) if status == "hang" else missing, live.run_dir)
         what = "did not finish after another rank raised" if status == "error" else "did not finish the cell"
         extra = [
             RankResult(
@@ -292,17 +300,19 @@ class Watching:
             )
             for r in missing
         ]
+        if status == "hang":
+            extra += [replace(ended[r], stack=stacks.get(r) or "(no stack dumped)") for r in ended if r in live.pids]
         self._finish(live, key, status, extra, detect_s=round(time.time() - since, 3), note=note)
         self._replace(live, note)
 
-    def _stuck_in_cleanup(self, live: _Live, key: str) -> None:
+    def _stuck_in_cleanup(self, live: _Live, key: str, limit: float) -> None:
         """Every rank ended the cell, but some never reported Clean: hung in the cleanup after the cell. The cell
         is a hang (it must not pass: the launch is gone), told by the stuck ranks with their stacks."""
         stuck = {r: ident for r, ident in live.pids.items() if r not in live.clean.get(key, {})}
         stacks = procs.dump_stacks(stuck, live.run_dir)
         note = (
             f"hung in cleanup after the cell: rank(s) {', '.join(map(str, sorted(stuck)))} reported their result "
-            f"but not their cleanup within {self.cell_timeout + self.grace_s:.0f}s"
+            f"but not their cleanup within {limit + self.grace_s:.0f}s"
         )
         extra = [
             replace(
@@ -314,7 +324,7 @@ class Watching:
             )
             for r in stuck
         ]
-        since = live.end_t[key] + self.cell_timeout + self.grace_s
+        since = live.end_t[key] + limit + self.grace_s
         self._finish(live, key, "hang", extra, detect_s=round(time.time() - since, 3), note=note)
         self._replace(live, note)
 

@@ -19,11 +19,13 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import ReproError
 from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner import procs
@@ -78,21 +80,45 @@ def _release(exc: BaseException) -> None:
     exc.__traceback__ = None
 
 
+MAX_WARNINGS = 50
+"""Distinct warnings kept per cell and rank (a warning raised every step is one entry with its count)."""
+
+
+def _warnings(caught: List[warnings.WarningMessage]) -> List[Dict[str, Any]]:
+    """One entry per (category, message), in the order first raised, with how often it was raised."""
+    out: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for w in caught:
+        cls = w.category
+        name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+        message = clip(str(w.message), 2000)
+        key = (name, message)
+        if key in out:
+            out[key]["count"] += 1
+        elif len(out) < MAX_WARNINGS:
+            out[key] = {"category": name, "message": message, "filename": w.filename, "lineno": w.lineno, "count": 1}
+    return list(out.values())
+
+
 def run_cell(fn: Callable[[Dict[str, Any], Any], Any], params: Dict[str, Any], ctx: Any, rank: int) -> RankResult:
-    """Run one cell on this rank and describe what happened. Never raises (except KeyboardInterrupt)."""
+    """Run one cell on this rank and describe what happened, with the warnings run() raised (a rule may expect
+    one, or its absence). Never raises (except KeyboardInterrupt)."""
     import torch
 
     torch.manual_seed(ctx.seed)
     start = time.monotonic()
-    try:
-        checks = _checks(fn(dict(params), ctx))
-        result = RankResult(rank=rank, status="ok", checks=checks)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # SystemExit from a cell is an observed outcome too
-        result = RankResult(rank=rank, status="error", **error_details(exc))
-        _release(exc)
-        del exc
+    # "always": a warning an earlier cell of this process raised from the same line is this cell's warning too
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            checks = _checks(fn(dict(params), ctx))
+            result = RankResult(rank=rank, status="ok", checks=checks)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit from a cell is an observed outcome too
+            result = RankResult(rank=rank, status="error", **error_details(exc))
+            _release(exc)
+            del exc
+    result.warnings = _warnings(caught)
     result.duration_s = round(time.monotonic() - start, 4)
     return result
 

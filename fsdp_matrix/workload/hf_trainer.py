@@ -50,7 +50,8 @@ class TokenRows(torch.utils.data.Dataset):
 def trainer_fsdp_config(model: nn.Module, params: Mapping[str, Any]) -> Dict[str, Any]:
     """``fsdp_config`` for the cell's ``wrap``/``orig`` axes, as a user writes it.
 
-    The decoder-layer class to wrap, ``use_orig_params``, ``version`` (transformers 5.x defaults to 2; older releases
+    The decoder-layer class to wrap (left out for a model that has none, e.g. the tiny nets of tinynets.py, as
+    their user would), ``use_orig_params``, ``version`` (transformers 5.x defaults to 2; older releases
     ignore the key and build FSDP1), and ``sync_module_states`` false (transformers' default true makes accelerate
     refuse a CPU-only machine: "There are currently no available devices found"; every rank builds identical
     weights, so nothing needs syncing). ``peft_policy`` cannot be asked for: for a PEFT model the Trainer puts PEFT's
@@ -59,7 +60,6 @@ def trainer_fsdp_config(model: nn.Module, params: Mapping[str, Any]) -> Dict[str
     if axis(params, "wrap", WRAPS) == "peft_policy":
         raise ValueError("the Trainer has no setting for PEFT's policy: use wrap decoder_layer (it swaps PEFT's in)")
     config: Dict[str, Any] = {
-        "transformer_layer_cls_to_wrap": [decoder_layer_class(model).__name__],
         "version": fsdp_version(params),
         # also for FSDP2 cells: a transformers that ignores "version" builds FSDP1, and the cell must then fail on
         # the wrapper it got, not on the CPU-only refusal
@@ -70,6 +70,8 @@ def trainer_fsdp_config(model: nn.Module, params: Mapping[str, Any]) -> Dict[str
         config.update(cpu_ram_efficient_loading="true", sync_module_states="true")
     if fsdp_version(params) == 1:
         config["use_orig_params"] = str(flag(params, "orig")).lower()
+    if any(type(m).__name__.endswith("DecoderLayer") for m in model.modules()):
+        config["transformer_layer_cls_to_wrap"] = [decoder_layer_class(model).__name__]
     return config
 
 

@@ -28,7 +28,8 @@ class _Layers(nn.Module):
         self.v_proj = nn.Linear(HIDDEN, HIDDEN)
         self.head = nn.Linear(HIDDEN, VOCAB)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor = None) -> CausalLMOutput:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor = None, **unused) -> CausalLMOutput:
+        # ``unused``: what a Trainer's PEFT model passes along (attention_mask, ...), as a transformers model takes it
         # the output must be a type FSDP1 looks into (ModelOutput is a dict): it hooks the root's backward on the
         # tensors it finds there, and without that hook no unit is reset after backward
         logits = self.head(F.gelu(self.v_proj(F.gelu(self.q_proj(self.embed(input_ids))))))

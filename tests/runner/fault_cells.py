@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -53,6 +54,9 @@ def run(params, ctx):
     total = _collective(ctx)
     if fault == "ok":
         time.sleep(params.get("sleep", 0))
+        return {"sum": total}
+    if fault == "warn":
+        warnings.warn(f"injected warning on rank {ctx.rank}", UserWarning, stacklevel=1)
         return {"sum": total}
     if fault == "raise_both":
         raise ValueError(f"injected error on rank {ctx.rank}")

@@ -51,7 +51,11 @@ def test_a_cell_that_leaves_global_state_changed_never_taints_the_next(tmp_path)
         r.line for _, r in probes
     ]
     for fault, rec in zip(faults, recs):
-        if fault != "probe":
+        if fault == "warn_error":
+            # the worker records each cell's warnings inside catch_warnings, which puts the filters back as they
+            # were: the change never outlives the cell, so the ranks need no restart (the probe after it passes)
+            assert rec.observed.note == "", rec.observed.note
+        elif fault != "probe":
             assert "global state changed by the cell" in rec.observed.note, (fault, rec.observed.note)
             assert "ranks restarted before the next cell" in rec.observed.note, (fault, rec.observed.note)
 

@@ -20,6 +20,13 @@ from fsdp_matrix.runner.session import Session
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 12.0
+TORCH_PINS = {
+    "torch": "2.13.0",
+    "peft": "0.21.2",
+    "transformers": "5.23.0",
+    "accelerate": "1.15.0",
+    "bitsandbytes": "0.50.2",
+}
 SEQUENCE = [
     "ok",
     "hang_rank1",
@@ -266,3 +273,53 @@ def test_the_callers_fsdp_and_accelerate_variables_do_not_reach_the_ranks(tmp_pa
         [rec] = run_sequence(tmp_path, ["probe"])
     assert rec.verdict == "fix-holds", rec.line
     assert sorted(rec.observed.env_removed) == sorted(leaked)
+
+
+# ---- expected hangs and warnings ----------------------------------------------------------------------------------
+
+
+def test_an_expected_hang_uses_its_rules_short_timeout_and_keeps_every_ranks_stack(tmp_path):
+    """A rule that expects a hang gives its cell a short timeout of its own: the cell is reproduced after that
+    timeout (the launch's is far longer), with every rank's stack; an unexpected hang stays a hang; a cell that
+    expects a warning sees it in the ranks' records."""
+    from fsdp_matrix.cells import expand
+    from fsdp_matrix.matrix import parse_matrix
+
+    S = {"source": "s"}
+
+    matrix = parse_matrix(
+        {
+            "combos": [{"id": "local", "pins": dict(TORCH_PINS)}],
+            "cases": [
+                {
+                    "id": "known-hang",
+                    "title": "t",
+                    "report": "r",
+                    "repro": "fault_cells.py",
+                    "grids": [{"fault": ["hang_rank1", "ok", "warn"]}],
+                    "expect": [
+                        {"when": {"fault": "hang_rank1"}, "hang": {"timeout_s": 3, "stack": "fault_cells"}, **S},
+                        {"when": {"fault": "warn"}, "warning": {"type": "UserWarning", "match": "injected"}, **S},
+                        {"ok": True, "no_warning": {"type": "UserWarning", "match": "injected"}, "source": "s"},
+                    ],
+                }
+            ],
+        }
+    )
+    launcher = Launcher(run_root=tmp_path / "launches", cell_timeout=300, python=sys.executable)
+    session = Session(matrix, launcher, tmp_path / "results", {"torch": "2.13.0"}, repo_root=HERE)
+    cells = {c.params_dict["fault"]: c for c in expand(matrix)}
+    order = [cells["hang_rank1"], cells["ok"], cells["warn"]]
+    session.prefetch(order)
+    try:
+        hang, ok, warn = [session.run(c) for c in order]
+    finally:
+        session.close()
+    assert hang.verdict == "reproduced", hang.line
+    assert hang.expected["timeout_s"] == 3
+    assert "no result within 3s" in hang.observed.note  # the rule's timeout, not the launch's 300 s
+    stacks = {r.rank: r.stack or "" for r in hang.observed.ranks}
+    assert set(stacks) == {0, 1} and "fault_cells.py" in stacks[1] and stacks[0] not in ("", "(no stack dumped)")
+    assert ok.verdict == "fix-holds" and all(r.warnings == [] for r in ok.observed.ranks)
+    assert warn.verdict == "reproduced", warn.line
+    assert all(any("injected warning" in w["message"] for w in r.warnings) for r in warn.observed.ranks)

@@ -73,3 +73,32 @@ def test_repros_with_the_same_file_name_are_different_modules(tmp_path):
     assert load_repro(str(tmp_path / "a" / "repro.py")).run({}, None) == {"who": "a"}
     assert load_repro(str(tmp_path / "b" / "repro.py")).run({}, None) == {"who": "b"}
     assert load_repro(str(tmp_path / "a" / "repro.py")) is load_repro(str(tmp_path / "a" / "repro.py"))
+
+
+def test_warnings_raised_in_run_are_recorded_per_cell_deduplicated_and_counted():
+    """A rule may expect a warning (or its absence): every cell records the warnings its run() raised, also one
+    that an earlier cell of the same process raised already (Python shows a warning once per place by default)."""
+    import warnings
+    from types import SimpleNamespace
+
+    from fsdp_matrix.runner.worker import run_cell
+
+    def fn(params, ctx):
+        for _ in range(3):
+            warnings.warn("frozen and trainable in one unit", UserWarning, stacklevel=1)
+        warnings.warn("old api", FutureWarning, stacklevel=1)
+        if params.get("raise"):
+            raise ValueError("after the warnings")
+        return {}
+
+    import torch  # noqa: F401 - its import adds filters of its own; they are not the cell's
+
+    filters = list(warnings.filters)
+    ctx = SimpleNamespace(seed=0)
+    first, second = run_cell(fn, {}, ctx, 0), run_cell(fn, {"raise": True}, ctx, 0)
+    for result in (first, second):
+        got = [(w["category"], w["message"], w["count"]) for w in result.warnings]
+        assert got == [("UserWarning", "frozen and trainable in one unit", 3), ("FutureWarning", "old api", 1)]
+        assert all(w["filename"].endswith("test_worker.py") for w in result.warnings)
+    assert second.status == "error"  # a cell that raised keeps the warnings raised before
+    assert warnings.filters == filters  # the caller's filters are left as they were
