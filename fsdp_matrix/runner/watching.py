@@ -91,12 +91,33 @@ class _Live:
     """Replaced or closed: nothing more is decided about it."""
     env_removed: List[str] = field(default_factory=list)
     """The caller's variables its ranks were started without."""
+    more_agents: List[Tuple[Path, subprocess.Popen]] = field(default_factory=list)
+    """A multi-node launch on this machine: the run directory and torchrun agent of nodes 1, 2, ... (node 0's are
+    ``run_dir`` and ``proc``). Each node has its own directory, as each machine of a real multi-node run would."""
+
+    @property
+    def agents(self) -> List[Tuple[Path, subprocess.Popen]]:
+        """(run directory, torchrun) of every node this launcher started, node 0 first."""
+        return [(self.run_dir, self.proc), *self.more_agents]
+
+    def exited(self) -> bool:
+        """Some node's torchrun has exited (for a one-node launch: torchrun has)."""
+        return any(proc.poll() is not None for _, proc in self.agents)
+
+    def returncode(self) -> Optional[int]:
+        """The first non-zero exit code of the agents that exited, else 0 when all did, else None."""
+        codes = [proc.poll() for _, proc in self.agents]
+        bad = [c for c in codes if c not in (None, 0)]
+        return bad[0] if bad else (0 if all(c == 0 for c in codes) else None)
 
 
 class Settings(Protocol):
     """The launcher's settings that watching reads (read at each poll: a caller may change them between cells)."""
 
     world_size: int
+    """Ranks per node."""
+    nodes: int
+    """Nodes (torchrun agents) this launcher starts; the ranks it watches are world_size x nodes."""
     cell_timeout: float
     grace_s: float
     startup_timeout: float
@@ -119,8 +140,19 @@ class Watching:
         self.launch_seconds = launch_seconds
 
     @property
-    def world_size(self) -> int:
+    def per_node(self) -> int:
         return self.settings.world_size
+
+    @property
+    def world_size(self) -> int:
+        """Ranks this launcher watches: every rank of every node it started (a rank's slot is node x per_node +
+        local rank: its global rank when this launcher started every node)."""
+        return self.settings.world_size * getattr(self.settings, "nodes", 1)
+
+    def where(self, live: _Live, slot: int) -> Tuple[Path, int]:
+        """The run directory of the node that runs ``slot``, and the slot's local rank there."""
+        node, local = divmod(slot, self.per_node)
+        return live.agents[node][0], local
 
     @property
     def cell_timeout(self) -> float:
@@ -137,7 +169,8 @@ class Watching:
     # ---- events -------------------------------------------------------------------------------------------------
     def read_events(self, live: _Live) -> None:
         for rank in range(self.world_size):
-            path = live.run_dir / events_file(rank)
+            run_dir, local = self.where(live, rank)
+            path = run_dir / events_file(local)
             if not path.exists():
                 continue
             with open(path, encoding="utf-8") as fh:
@@ -206,7 +239,7 @@ class Watching:
     # ---- deciding -----------------------------------------------------------------------------------------------
     def poll(self, live: _Live) -> None:
         # exit first, events second: an exited launch's last words are all on disk by now
-        exited = live.proc.poll() is not None
+        exited = live.exited()
         self.read_events(live)
         for key, ends in list(live.ended.items()):
             if (
@@ -238,10 +271,11 @@ class Watching:
             return
         idle = all(k in self._done for k in live.started)
         if exited:
-            if live.proc.returncode == 0 and not live.retiring and all(k in self._done for k in live.submitted):
+            code = live.returncode()
+            if code == 0 and not live.retiring and all(k in self._done for k in live.submitted):
                 self._replace(live, "")  # every rank said goodbye: nothing failed, nothing to re-run
                 return
-            self._replace(live, live.retiring or f"torchrun exited with {live.proc.returncode}")
+            self._replace(live, live.retiring or f"torchrun exited with {code}")
         elif live.retiring and idle:
             self._replace(live, live.retiring)
         elif len(live.ready) < self.world_size and time.monotonic() - live.born > self.startup_timeout:
@@ -278,10 +312,25 @@ class Watching:
             env_removed=list(live.env_removed),
         )
 
+    def _dump_stacks(self, live: _Live, ranks: Dict[int, Tuple[int, float]]) -> Dict[int, str]:
+        """procs.dump_stacks, node by node: each node's ranks dump into its own directory, by local rank."""
+        out: Dict[int, str] = {}
+        for node, (run_dir, _) in enumerate(live.agents):
+            here = {
+                local: ranks[slot]
+                for slot in ranks
+                for local in [slot - node * self.per_node]
+                if 0 <= local < self.per_node
+            }
+            if here:
+                dumped = procs.dump_stacks(here, run_dir)
+                out.update({node * self.per_node + local: text for local, text in dumped.items()})
+        return out
+
     def _stuck(self, live: _Live, key: str, status: str, since: float, note: str) -> None:
         """Some ranks did not finish the cell: dump their stacks, then kill the launch."""
         missing = {r: ident for r, ident in live.pids.items() if r not in live.ended.get(key, {})}
-        stacks = procs.dump_stacks(missing, live.run_dir)
+        stacks = self._dump_stacks(live, missing)
         what = "did not finish after another rank raised" if status == "error" else "did not finish the cell"
         extra = [
             RankResult(
@@ -299,7 +348,7 @@ class Watching:
         """Every rank ended the cell, but some never reported Clean: hung in the cleanup after the cell. The cell
         is a hang (it must not pass: the launch is gone), told by the stuck ranks with their stacks."""
         stuck = {r: ident for r, ident in live.pids.items() if r not in live.clean.get(key, {})}
-        stacks = procs.dump_stacks(stuck, live.run_dir)
+        stacks = self._dump_stacks(live, stuck)
         note = (
             f"hung in cleanup after the cell: rank(s) {', '.join(map(str, sorted(stuck)))} reported their result "
             f"but not their cleanup within {self.cell_timeout + self.grace_s:.0f}s"
@@ -323,8 +372,18 @@ class Watching:
         or signal: torchrun's root cause, or any rank that died of something other than torchrun's own SIGTERM.
         The ranks torchrun stopped after it are "stopped". A rank that had already reported End died in the cleanup
         after the cell, and its End does not make the cell pass."""
-        log = (live.run_dir / TORCHRUN_OUT).read_text(errors="replace")
-        codes, root = procs.torchrun_failures(log), procs.torchrun_root_cause(log)
+        codes: Dict[int, int] = {}
+        root: set = set()
+        running: Dict[int, int] = {}  # slot -> its node, for ranks whose node's torchrun is still up
+        for node, (run_dir, proc) in enumerate(live.agents):
+            first = node * self.per_node
+            if proc.poll() is None:
+                running.update({first + local: node for local in range(self.per_node)})
+                continue
+            log = (run_dir / TORCHRUN_OUT).read_text(errors="replace")
+            # by local rank, so that a node started with --node-rank k reads its own ranks as its slots
+            codes.update({first + r: c for r, c in procs.torchrun_failures(log, local=True).items()})
+            root.update(first + r for r in procs.torchrun_root_cause(log, local=True))
         died = {r for r, code in codes.items() if r in root or code != -signal.SIGTERM}
         culprits = ", ".join(f"rank {r}" for r in sorted(died)) or "a rank"
         ended = live.ended.get(key, {})
@@ -333,8 +392,13 @@ class Watching:
             code = codes.get(rank)
             if rank in ended and rank not in died:
                 continue  # it finished the cell and was only stopped afterwards: its End stands
-            stderr, error_file = procs.rank_logs(live.run_dir / LOGS, rank)
+            run_dir, local = self.where(live, rank)
+            stderr, error_file = procs.rank_logs(run_dir / LOGS, local)
             how = dict(exit_code=code, signal=procs.signal_name(code), traceback=error_file, stack=stderr)
+            if rank in running and rank not in ended:
+                message = f"rank {rank} was still running on node {running[rank]} when another node's torchrun exited"
+                extra.append(RankResult(rank=rank, status="stopped", error_message=message + f" ({culprits} died)"))
+                continue
             if rank in ended:
                 message = f"rank {rank} died in the cleanup after the cell, {_death(code)} (its own result was "
                 extra.append(
@@ -350,7 +414,7 @@ class Watching:
                 )
                 extra.append(RankResult(rank=rank, status="stopped", error_message=message, **how))
             else:
-                message = f"rank {rank} is gone, exit code unknown (torchrun exited with {live.proc.returncode})"
+                message = f"rank {rank} is gone, exit code unknown (torchrun exited with {live.returncode()})"
                 extra.append(RankResult(rank=rank, status="crash", error_message=message, **how))
         # a rank that died takes precedence: the others' errors ("connection closed by peer") are its echo
         status = "crash" if any(r.status == "crash" for r in extra) else "error"
@@ -360,7 +424,7 @@ class Watching:
             status,
             extra,
             detect_s=round(time.time() - max(live.started[key].values()), 3),
-            note=f"torchrun exited with {live.proc.returncode}",
+            note=f"torchrun exited with {live.returncode()}",
         )
 
 

@@ -92,7 +92,7 @@ def trainer_setup(
     version = fsdp_version(params)
     with isolated_accelerate_state(), cpu_fsdp_shim(ctx.device, version, trainer=True, saves=saves) as shim:
         kwargs: Dict[str, Any] = dict(
-            output_dir=output_dir or str(ctx.scratch / "trainer"),
+            output_dir=output_dir or str((ctx.shared or ctx.scratch) / "trainer"),
             per_device_train_batch_size=2,
             max_steps=3,
             learning_rate=1e-2,
