@@ -69,7 +69,9 @@ def _mesh(ctx: RankContext, hybrid: bool):
         return init_device_mesh(ctx.device.type, (ctx.world_size,))
     per_node = ctx.local_world_size or ctx.world_size
     # explicit: on CPU FSDP1 would otherwise derive its node groups from the (GPU) device count
-    return init_device_mesh(ctx.device.type, (ctx.world_size // per_node, per_node), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(
+        ctx.device.type, (ctx.world_size // per_node, per_node), mesh_dim_names=("replicate", "shard")
+    )
 
 
 def _wrap(model: torch.nn.Module, params: dict, ctx: RankContext, mesh) -> torch.nn.Module:
