@@ -38,7 +38,7 @@ def test_ids_name_the_global_world_size_and_the_nodes():
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     results = tmp_path_factory.mktemp("nodes")
-    opts = LaunchOptions(results=results, matrix=MATRIX, cell_timeout=20.0)
+    opts = LaunchOptions(results=results, matrix=MATRIX, cell_timeout=15.0)
     session = open_session(opts, load_matrix(MATRIX), python=sys.executable, versions={"torch": "2.13.0"})
     cells = _cells()
     order = ["where-2x1", "where-4x2", "exit_rank3-4x2", "hang_rank2-4x2"]
