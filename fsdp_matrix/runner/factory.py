@@ -79,7 +79,8 @@ def open_session(
     run_root = launches or opts.results / "launches"
     common = dict(run_root=run_root, device=device, cell_timeout=opts.cell_timeout, python=python, **launcher)
     world_size, nodes = run_layout(opts, device)
-    run = Launcher(world_size=world_size // nodes, torchrun_args=opts.torchrun_argv, **common)
+    args = dict(torchrun_args=opts.torchrun_argv, shared_dir=opts.shared_dir)
+    run = Launcher(world_size=world_size // nodes, **args, **common)
 
     def make_launcher(world_size: int, nodes: int) -> Launcher:
         """A launcher of another layout than the run's, on this machine: ``nodes`` agents of world_size / nodes."""

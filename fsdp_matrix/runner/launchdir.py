@@ -37,15 +37,17 @@ ORPHAN_AGE_S = 3600.0
 """A directory with no launch.json (a coordinator killed while creating it) is prunable after this long."""
 
 
-def create(run_root: Path, number: int, launch_id: str, shared: bool = True, **settings: Any) -> Path:
+def create(run_root: Path, number: int, launch_id: str, shared: Optional[str] = None, **settings: Any) -> Path:
     """``run_root/launch-<number>-<launch_id>`` with its task folder, scratch folder, the folder all its nodes share
-    (unless ``shared`` is False: one node of a rendezvous of several machines) and launch.json (``settings``: the
-    LaunchConfig fields other than the folders and the coordinator, which this fills in)."""
+    and launch.json (``settings``: the LaunchConfig fields other than the folders and the coordinator, which this
+    fills in). ``shared``: None makes the launch's own (``shared/`` in it); a path (a folder on shared storage, for
+    one node of a rendezvous of several machines) or "" (none) is handed on as it is."""
     run_dir = Path(run_root) / f"launch-{number}-{launch_id}"
     (run_dir / TASKS).mkdir(parents=True)
-    if shared:
+    if shared is None:
         (run_dir / SHARED).mkdir()
-    _configure(run_dir, str(run_dir / SHARED) if shared else "", **settings)
+        shared = str(run_dir / SHARED)
+    _configure(run_dir, shared, **settings)
     return run_dir
 
 

@@ -65,6 +65,9 @@ class Launcher:
     """Seconds for every rank to import, rendezvous and report ready."""
     torchrun_args: List[str] = field(default_factory=lambda: ["--standalone"])
     """Rendezvous options; the default lets torchrun pick a free port, so concurrent runs never collide."""
+    shared_dir: Optional[Path] = None
+    """Under a rendezvous of several machines: a folder every node sees (the same path on each), handed to the ranks
+    as ``ctx.shared``; None there leaves them none. A launch on this machine makes its own."""
     python: str = sys.executable
     """Interpreter of the env under test."""
     env: Dict[str, str] = field(default_factory=dict)
@@ -179,7 +182,9 @@ class Launcher:
             barrier_timeout=min(30.0, self.cell_timeout),
             leak_budget_mb=self.leak_budget_mb,
         )
-        run_dir = launchdir.create(self.run_root, number, launch_id, shared=not self.external_rendezvous, **settings)
+        external = self.external_rendezvous
+        shared = (str(self.shared_dir) if self.shared_dir else "") if external else None
+        run_dir = launchdir.create(self.run_root, number, launch_id, shared=shared, **settings)
         # node k > 0 of a launch on this machine: a directory of its own (tasks, events, scratch), as on its own host
         node_dirs = [run_dir] + [launchdir.create_node(run_dir, k, **settings) for k in range(1, self.nodes)]
         inherited, removed = launch_environ(dict(os.environ))

@@ -68,6 +68,9 @@ class LaunchOptions(BaseModel):
     """Keep cells whose newest record, made with this env's installed versions, is an outcome; run the rest."""
     cell_timeout: Annotated[float, Field(gt=0, le=MAX_CELL_TIMEOUT_S, allow_inf_nan=False)] = CELL_TIMEOUT_S
     """Seconds a cell may run on any rank before it counts as hung (also the ranks' process-group timeout)."""
+    shared_dir: Optional[Path] = None
+    """A folder every node sees (shared storage), the same path on each, for what one rank writes and every rank
+    reads (checkpoints) in a rendezvous of several machines (--torchrun-args --nnodes); not needed on one machine."""
     torchrun_args: str = "--standalone"
     """Rendezvous options passed to torchrun, e.g. for multi-node: '--nnodes=2 --node-rank=N --rdzv-endpoint=HOST:PORT
     ...' (a fixed node count: each cell runs at the world size its id names)."""
