@@ -36,6 +36,7 @@ from fsdp_matrix.workload.checkpoint_hf import HF_SAVES, hf_roundtrip
 from fsdp_matrix.workload.checkpoint_torch import RAW_PATHS, raw_roundtrip
 from fsdp_matrix.workload.checks import Failures, TrainingChecks, clean_name, full_parameters
 from fsdp_matrix.workload.context import RankContext
+from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.entry import accelerate_setup
 from fsdp_matrix.workload.generation import greedy_generate, train_unsharded
 from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
@@ -45,6 +46,8 @@ from fsdp_matrix.workload.models import (
     build_model,
     decoder_layer_class,
     decoder_layers,
+    save_model_files,
+    save_once,
     torch_dtype,
 )
 from fsdp_matrix.workload.params import UnknownAxisValue, axis, flag
@@ -76,6 +79,9 @@ __all__ = [
     "decoder_layers",
     "decoder_layer_class",
     "TINY_SHAPE",
+    # files a node's ranks share (its scratch: written by its local rank 0)
+    "save_once",
+    "save_model_files",
     "lora_config",
     "add_adapter",
     "adapter_dtypes",
@@ -103,6 +109,7 @@ __all__ = [
     "Failures",
     "clean_name",
     "full_parameters",
+    "take_reference",
     # checkpoints
     "cell_dir",
     "check_saved",

@@ -14,10 +14,11 @@ import inspect
 import torch
 from peft import PeftModel, get_peft_model
 
+from fsdp_matrix.case import save_once
 from fsdp_matrix.workload.adapters import lora_config
 from fsdp_matrix.workload.checks import Failures
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import DTYPES, build_model, save_once
+from fsdp_matrix.workload.models import DTYPES, build_model
 from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.recipe import MODELS
 from fsdp_matrix.workload.training import synthetic_batch

@@ -29,14 +29,24 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from fsdp_matrix.case import CheckFailed, RankContext, fully_shard
-from fsdp_matrix.workload.adapters import lora_config
-from fsdp_matrix.workload.checkpoint import cell_dir
-from fsdp_matrix.workload.corruption import take_reference
-from fsdp_matrix.workload.models import TINY_SHAPE, decoder_layers, save_model_files, save_once
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.training import synthetic_batch, train_and_check, trainable_names
-from fsdp_matrix.workload.wrapping import decoder_layer_policy
+from fsdp_matrix.case import (
+    TINY_SHAPE,
+    CheckFailed,
+    RankContext,
+    axis,
+    cell_dir,
+    decoder_layer_policy,
+    decoder_layers,
+    flag,
+    fully_shard,
+    lora_config,
+    save_model_files,
+    save_once,
+    synthetic_batch,
+    take_reference,
+    train_and_check,
+    trainable_names,
+)
 
 CASE = "uneven-shards"
 HIDDEN = {42: dict(hidden_size=42, intermediate_size=90, num_attention_heads=3, num_key_value_heads=3)}
