@@ -37,7 +37,8 @@ def _save_adapter(params: dict, ctx: RankContext):
         get_peft_model(base, config).save_pretrained(str(path))
 
     # this node's scratch, written by its local rank 0: on several machines each node has its own
-    return save_once(ctx, f"adapter-{model}-{dtype}-seed{ctx.seed}", save, marker="adapter_config.json")
+    name = "-".join(["adapter", model, dtype, f"seed{ctx.seed}"])  # no folded constant inside an f-string (export)
+    return save_once(ctx, name, save, marker="adapter_config.json")
 
 
 def run(params: dict, ctx: RankContext) -> dict:

@@ -62,7 +62,7 @@ def _base(params: dict, ctx: RankContext, seed: int) -> torch.nn.Module:
         torch.manual_seed(seed)
         save_model_files(LlamaForCausalLM(LlamaConfig(**shape)), path)
 
-    path = save_once(ctx, f"{CASE}-hidden{shape['hidden_size']}-seed{seed}", save)
+    path = save_once(ctx, "-".join([CASE, f"hidden{shape['hidden_size']}", f"seed{seed}"]), save)
     return LlamaForCausalLM.from_pretrained(path).to(ctx.device)
 
 

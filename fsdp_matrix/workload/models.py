@@ -79,7 +79,7 @@ def build_4bit_model(name: str, compute_dtype: str, storage: str, ctx: RankConte
     dtype = torch_dtype(compute_dtype)
     path = save_once(
         ctx,
-        f"{name}-{compute_dtype}-seed{ctx.seed}",
+        "-".join([name, compute_dtype, f"seed{ctx.seed}"]),  # no folded constant inside an f-string (export)
         lambda out: save_model_files(build_model(name, compute_dtype, replace(ctx, device=torch.device("cpu"))), out),
     )
     storage_dtype = torch.uint8 if storage == "uint8" else torch_dtype(storage)
