@@ -17,8 +17,13 @@ from pydantic import Field, field_validator
 
 from fsdp_matrix.rules import Scalar, Strict
 
-BUILTIN_AXES = {"device": ("cpu", "cuda"), "world_size": None}
-"""Axes every cell has besides its grid's: ``when`` may match them (world size: any positive integer)."""
+BUILTIN_AXES = {"device": ("cpu", "cuda"), "world_size": None, "nodes": None}
+"""Axes every cell has besides its grid's: ``when`` may match them (world size, nodes: any positive integer)."""
+
+LAYOUT_AXES = ("world_size", "nodes")
+"""Built-in axes a grid may pin: the cell's launch layout (global ranks, and the nodes they are spread over), not a
+param handed to the repro. A grid without them takes the run's layout (``--world-size``, 1 node). They are spelled
+as the id's suffix (``-ws4``, ``-ws4-n2``), never as ``name_value``."""
 
 ID_ORDER = ("adapter", "dtype", "orig", "wrap", "model")
 """Axes named in the id in this order, bare; any other axis follows, sorted, as ``name_value``."""
@@ -67,9 +72,35 @@ def format_value(name: str, value: Any) -> str:
     return f"{name}_{value}"
 
 
-def cell_id(params: Dict[str, Any], world_size: int) -> str:
+def cell_id(params: Dict[str, Any], world_size: int, nodes: int = 1) -> str:
+    """The public id: params in ID_ORDER then sorted, then ``ws<global world size>``, then ``n<nodes>`` when the
+    cell spans more than one node (a one-node id is what it always was)."""
     names = [n for n in ID_ORDER if n in params] + sorted(n for n in params if n not in ID_ORDER)
-    return "-".join([format_value(n, params[n]) for n in names] + [f"ws{world_size}"])
+    tail = [f"ws{world_size}"] + ([f"n{nodes}"] if nodes > 1 else [])
+    return "-".join([format_value(n, params[n]) for n in names] + tail)
+
+
+def parse_layout(cell: str) -> Optional[Tuple[int, int]]:
+    """(world size, nodes) from an id's suffix (``...-ws4-n2``, ``...-ws2``), or None when it has none."""
+    match = re.search(r"-ws(\d+)(?:-n(\d+))?$", "-" + cell)
+    if not match:
+        return None
+    return int(match.group(1)), int(match.group(2) or 1)
+
+
+def check_layout(where: str, grid: Dict[str, List[Any]]) -> None:
+    """A grid's pinned layout: positive integers, ``nodes`` only beside ``world_size``, each world size a multiple
+    of each node count (every node runs the same number of ranks). Raises ValueError naming the key."""
+    for name in LAYOUT_AXES:
+        for value in grid.get(name, ()):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{where}.{name}: {value!r} is not a positive integer")
+    if "nodes" in grid and "world_size" not in grid:
+        raise ValueError(f"{where}.nodes: give world_size beside it (the global ranks the nodes share)")
+    for ws in grid.get("world_size", ()):
+        for nodes in grid.get("nodes", [1]):
+            if ws % nodes:
+                raise ValueError(f"{where}.world_size: {ws} ranks do not split evenly over {nodes} nodes")
 
 
 def shown(values: Optional[Iterable[Any]]) -> str:
@@ -123,6 +154,9 @@ def check_grids(case_id: str, index: int, grids: List[Dict[str, List[Any]]]) -> 
         where = f"cases[{index}]({case_id}).grids[{j}]"
         if not grid:
             raise ValueError(f"{where}: an empty grid has no axes, so no cell; name at least one axis")
+        check_layout(where, grid)
+        if "device" in grid:
+            raise ValueError(f"{where}.device: the device is the run's (--device), not a grid axis")
         for name, values in grid.items():
             problem = name_problem(name)
             if problem:

@@ -49,6 +49,8 @@ from fsdp_matrix.workload.models import (
     build_model,
     decoder_layer_class,
     decoder_layers,
+    save_model_files,
+    save_once,
     torch_dtype,
 )
 from fsdp_matrix.workload.params import UnknownAxisValue, axis, flag
@@ -87,6 +89,9 @@ __all__ = [
     "init_of",
     "build_rank0_model",
     "has_meta",
+    # files a node's ranks share (its scratch: written by its local rank 0)
+    "save_once",
+    "save_model_files",
     "lora_config",
     "add_adapter",
     "adapter_dtypes",
@@ -118,6 +123,7 @@ __all__ = [
     "Failures",
     "clean_name",
     "full_parameters",
+    "take_reference",
     # checkpoints
     "cell_dir",
     "check_saved",

@@ -6,7 +6,13 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from fsdp_matrix.axes import ID_ORDER, cell_id, same_value  # noqa: F401 (cell_id, ID_ORDER: re-exported)
+from fsdp_matrix.axes import (  # noqa: F401 (cell_id, ID_ORDER: re-exported)
+    ID_ORDER,
+    LAYOUT_AXES,
+    cell_id,
+    parse_layout,
+    same_value,
+)
 from fsdp_matrix.errors import UnknownCellError
 from fsdp_matrix.matrix import Case, Matrix, Requirement
 
@@ -22,15 +28,22 @@ class Cell:
     device: str = "cpu"
     """``cpu`` (gloo) or ``cuda`` (nccl)."""
     world_size: int = 2
-    """Ranks in the launch."""
+    """Ranks in the process group, over all nodes: the cell runs at exactly this size."""
+    nodes: int = 1
+    """Nodes those ranks are spread over (``world_size / nodes`` ranks each): 1, or a multi-node launch."""
 
     @property
     def params_dict(self) -> Dict[str, Any]:
         return dict(self.params)
 
     @property
+    def layout(self) -> Tuple[int, int]:
+        """(world size, nodes): the launch this cell needs. A session runs each layout in launches of its own."""
+        return self.world_size, self.nodes
+
+    @property
     def id(self) -> str:
-        return cell_id(self.params_dict, self.world_size)
+        return cell_id(self.params_dict, self.world_size, self.nodes)
 
     @property
     def key(self) -> str:
@@ -39,42 +52,55 @@ class Cell:
 
     def context(self) -> Dict[str, Any]:
         """What expectation and requirement rules can match on: params plus device and world size."""
-        return {**self.params_dict, "device": self.device, "world_size": self.world_size}
+        return {**self.params_dict, "device": self.device, "world_size": self.world_size, "nodes": self.nodes}
 
 
-def expand_case(case: Case, device: str = "cpu", world_size: int = 2) -> List[Cell]:
+def expand_case(case: Case, device: str = "cpu", world_size: int = 2, nodes: int = 1) -> List[Cell]:
+    """The case's cells. ``world_size``/``nodes`` is the run's layout, taken by every grid that pins none
+    (LAYOUT_AXES); a grid that pins one gives its cells that layout whatever the run's."""
     cells: Dict[str, Cell] = {}
     for grid in case.grids:
-        names = sorted(grid)
-        for values in itertools.product(*(grid[n] for n in names)):
-            cell = Cell(case.id, tuple(zip(names, values)), device, world_size)
-            cells.setdefault(cell.id, cell)
+        names = sorted(n for n in grid if n not in LAYOUT_AXES)
+        # a grid that pins a world size is on one node unless it pins nodes too; one that pins neither takes the run's
+        layouts = grid.get("world_size", [world_size]), grid.get("nodes", [1 if "world_size" in grid else nodes])
+        for ws, n in itertools.product(*layouts):
+            for values in itertools.product(*(grid[name] for name in names)):
+                cell = Cell(case.id, tuple(zip(names, values)), device, ws, n)
+                cells.setdefault(cell.id, cell)
     return list(cells.values())
 
 
 def expand(
-    matrix: Matrix, device: str = "cpu", world_size: int = 2, cases: Optional[Iterable[str]] = None
+    matrix: Matrix,
+    device: str = "cpu",
+    world_size: int = 2,
+    cases: Optional[Iterable[str]] = None,
+    nodes: int = 1,
 ) -> List[Cell]:
     """Every cell of the matrix, or of the ``cases`` named (each must exist: a typo must not select nothing)."""
     wanted = set(cases) if cases else None
     for case_id in sorted(wanted or ()):
         matrix.case(case_id)  # raises UnknownCellError naming it
     return [
-        c for case in matrix.cases if wanted is None or case.id in wanted for c in expand_case(case, device, world_size)
+        c
+        for case in matrix.cases
+        if wanted is None or case.id in wanted
+        for c in expand_case(case, device, world_size, nodes)
     ]
 
 
 def find_cell(matrix: Matrix, ref: str, device: str = "cpu", world_size: Optional[int] = None) -> Cell:
     """Resolve ``case/cell`` or a bare cell id (when unique) to a Cell.
 
-    The world size comes from the id's ``wsN`` suffix unless given, so an id copied from a report resolves as is.
+    The layout comes from the id's ``wsN`` / ``wsN-nK`` suffix unless a world size is given, so an id copied from
+    a report resolves as is.
     """
     case_id, _, cid = ref.rpartition("/")
+    nodes = 1
     if world_size is None:
-        tail = cid.rsplit("-", 1)[-1]
-        world_size = int(tail[2:]) if tail.startswith("ws") and tail[2:].isdigit() else 2
+        world_size, nodes = parse_layout(cid) or (2, 1)
     try:
-        cells = expand(matrix, device, world_size, [case_id] if case_id else None)
+        cells = expand(matrix, device, world_size, [case_id] if case_id else None, nodes)
     except UnknownCellError as exc:
         raise UnknownCellError(f"no cell {ref!r} in matrix.yaml: {exc}") from None
     hits = [c for c in cells if c.id == cid]

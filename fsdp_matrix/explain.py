@@ -62,7 +62,11 @@ def _installed() -> Dict[str, Optional[str]]:
 
 def render(cell: Cell, tr: Trace, versions: Dict[str, Optional[str]], where: str) -> List[str]:
     shown = ", ".join(f"{k} {v or '(not installed)'}" for k, v in versions.items())
-    lines = [f"cell {cell.key} (device {cell.device}, world size {cell.world_size})", f"versions ({where}): {shown}"]
+    nodes = f" on {cell.nodes} nodes" if cell.nodes > 1 else ""
+    lines = [
+        f"cell {cell.key} (device {cell.device}, world size {cell.world_size}{nodes})",
+        f"versions ({where}): {shown}",
+    ]
     for stage, title in STAGES:
         trials = [t for t in tr.trials if t.stage == stage]
         lines.append(f"{title}:" + ("" if trials else " none"))

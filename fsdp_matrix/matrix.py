@@ -20,6 +20,7 @@ from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, field_
 
 from fsdp_matrix.axes import (
     BUILTIN_AXES,
+    LAYOUT_AXES,
     Axis,
     allowed,
     check_grids,
@@ -261,6 +262,8 @@ class Matrix(Strict):
             for j, grid in enumerate(case.grids):
                 for name, values in grid.items():
                     where = f"cases[{i}]({case.id}).grids[{j}].{name}"
+                    if name in LAYOUT_AXES:
+                        continue  # checked by check_grids: a launch layout, not a declared axis
                     if name not in declared:
                         raise ValueError(
                             f"{where}: axis {name!r} is not declared (add it to axes: or the case's axes:)"

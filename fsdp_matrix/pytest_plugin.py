@@ -19,7 +19,7 @@ from fsdp_matrix.matrix import Matrix, load_matrix
 from fsdp_matrix.records import Record
 from fsdp_matrix.report.failure import failure_text
 from fsdp_matrix.runner import options
-from fsdp_matrix.runner.factory import open_session, resolve_device, resolve_world_size
+from fsdp_matrix.runner.factory import open_session, resolve_device, run_layout
 from fsdp_matrix.runner.options import LaunchOptions
 from fsdp_matrix.runner.session import Session
 from fsdp_matrix.verdicts import Verdict
@@ -50,8 +50,9 @@ def _device(config: pytest.Config) -> str:
     return resolve_device(_options(config).device)
 
 
-def _world_size(config: pytest.Config, device: str) -> int:
-    return resolve_world_size(_options(config).world_size, device)
+def _layout(config: pytest.Config, device: str) -> tuple:
+    """(world size, nodes) of the cells whose grid pins none: the run's (factory.run_layout)."""
+    return run_layout(_options(config), device)
 
 
 def _matrix(config: pytest.Config) -> Matrix:
@@ -65,6 +66,11 @@ def _matrix(config: pytest.Config) -> Matrix:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cell: a matrix cell run on a multi-rank torchrun launch")
+    config.addinivalue_line(
+        "markers",
+        "layout: a cell whose grid pins its own world size or node count (4 ranks, 2 nodes): a launch of its own; "
+        "deselect with -m 'not layout'",
+    )
     _options(config)
     if config.getoption("--progress-line") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(Progress(config), "fsdp-matrix-progress")
@@ -123,9 +129,31 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     config = metafunc.config
     device = _device(config)
+    world_size, nodes = _layout(config, device)
     cases = _cases(config)
-    cells = [] if cases == [] else expand(_matrix(config), device, _world_size(config, device), cases)
-    metafunc.parametrize("cell", [pytest.param(c, id=c.key, marks=pytest.mark.cell) for c in cells])
+    cells = [] if cases == [] else expand(_matrix(config), device, world_size, cases, nodes)
+    default = (world_size, nodes)
+    metafunc.parametrize(
+        "cell",
+        [
+            pytest.param(c, id=c.key, marks=[pytest.mark.cell] + ([pytest.mark.layout] if c.layout != default else []))
+            for c in cells
+        ],
+    )
+
+
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    """Cells of one layout (world size, nodes) next to each other, the run's own first, each in its order: a
+    session keeps one launch per layout, and stops one when the next layout's cells start."""
+    order: dict = {}
+
+    def rank(item: pytest.Item) -> int:
+        cell = getattr(getattr(item, "callspec", None), "params", {}).get("cell")
+        if not isinstance(cell, Cell) or not item.get_closest_marker("layout"):
+            return 0
+        return order.setdefault(cell.layout, len(order) + 1)
+
+    items.sort(key=rank)  # stable: every other test keeps its place
 
 
 @pytest.fixture(scope="session")

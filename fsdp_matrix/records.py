@@ -22,10 +22,11 @@ from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 SCHEMA = 4
-"""4: ``versions.trl`` (TRL, None where the env has none), ``RankResult.warnings`` (the warnings each rank's run()
-raised; rules may expect one, or its absence). 3: ``Observed.env_removed`` (the caller's variables kept from the
-ranks). 2: ``sources`` (packages built from a git ref or a checkout). 1: none of these. Older records read as before
-(the new fields default to empty)."""
+"""4: ``nodes`` (``world_size`` is the global world size, over every node), ``versions.trl`` (TRL, None where the
+env has none), ``RankResult.warnings`` (the warnings each rank's run() raised; rules may expect one, or its absence).
+3: ``Observed.env_removed`` (the caller's variables kept from the ranks). 2: ``sources`` (packages built from a git
+ref or a checkout). 1: none of these. Older records read as before (the new fields default to empty, and ``nodes``
+to 1)."""
 RECORDS_FILE = "cells.jsonl"
 
 
@@ -110,7 +111,7 @@ class Record:
     device: str
     """cpu or cuda."""
     world_size: int
-    """Ranks in the launch."""
+    """Ranks in the process group, over every node (the global world size the cell ran at)."""
     expected: Dict[str, Any]
     """The matching rule's outcome (see Expected)."""
     observed: Observed
@@ -132,6 +133,8 @@ class Record:
     sources: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     """Packages built from source instead of a release: ``{pkg: {url, ref, commit, dirty, release}}``. ``versions``
     still holds the installed version string; ``release`` is the release tag the rules judged the build as."""
+    nodes: int = 1
+    """Nodes the ranks were spread over (schema 4; an older record ran on one)."""
     schema: int = SCHEMA
     """Record format version."""
 

@@ -73,7 +73,7 @@ def main(run: Callable[[Dict[str, Any], Any], Any], case: str, argv: List[str] =
         scratch.mkdir(exist_ok=True)
     else:
         scratch = Path(tempfile.mkdtemp(prefix="fsdp-matrix-"))
-    ctx = make_context(scratch)
+    ctx = make_context(scratch)  # one machine: its scratch is every rank's (RankContext.shared_dir)
     try:
         init_process_group(ctx, args.timeout)
         start = time.monotonic()

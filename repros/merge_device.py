@@ -13,8 +13,8 @@ import inspect
 
 import torch
 from peft import PeftModel, get_peft_model
-from torch import distributed as dist
 
+from fsdp_matrix.case import save_once
 from fsdp_matrix.workload.adapters import lora_config
 from fsdp_matrix.workload.checks import Failures
 from fsdp_matrix.workload.context import RankContext
@@ -28,22 +28,17 @@ CASE = "merge-device"
 
 def _save_adapter(params: dict, ctx: RankContext):
     model, dtype = axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32")
-    path = ctx.scratch / f"adapter-{model}-{dtype}-seed{ctx.seed}"
-    failed = None
-    if ctx.is_main and not (path / "adapter_config.json").exists():
-        try:
-            base = build_model(model, dtype, ctx)
-            torch.manual_seed(ctx.seed)
-            # init_lora_weights=False: random lora_B, so the adapter (and merging it) changes the output
-            config = lora_config(task_type=None, init_lora_weights=False)
-            get_peft_model(base, config).save_pretrained(str(path))
-        except Exception as exc:  # reach the barrier anyway, so the other ranks fail too instead of hanging
-            failed = exc
-    if dist.is_initialized():
-        dist.barrier()
-    if failed is not None:
-        raise failed
-    return path
+
+    def save(path):
+        base = build_model(model, dtype, ctx)
+        torch.manual_seed(ctx.seed)
+        # init_lora_weights=False: random lora_B, so the adapter (and merging it) changes the output
+        config = lora_config(task_type=None, init_lora_weights=False)
+        get_peft_model(base, config).save_pretrained(str(path))
+
+    # this node's scratch, written by its local rank 0: on several machines each node has its own
+    name = "-".join(["adapter", model, dtype, f"seed{ctx.seed}"])  # no folded constant inside an f-string (export)
+    return save_once(ctx, name, save, marker="adapter_config.json")
 
 
 def run(params: dict, ctx: RankContext) -> dict:

@@ -57,7 +57,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     axis(params, "adapter", ("prompt",))
     orig, strict, kind = flag(params, "orig"), flag(params, "strict"), axis(params, "wrap", WRAPS)
-    path = ctx.scratch / f"{CASE}-{kind}-orig{int(orig)}-strict{int(strict)}-seed{ctx.seed}"
+    path = ctx.shared_dir() / f"{CASE}-{kind}-orig{int(orig)}-strict{int(strict)}-seed{ctx.seed}"
     if ctx.is_main:
         shutil.rmtree(path, ignore_errors=True)
     dist.barrier()

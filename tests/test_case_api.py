@@ -81,6 +81,8 @@ HOME = {
     "hf_roundtrip": "fsdp_matrix.workload.checkpoint_hf",
     "RAW_PATHS": "fsdp_matrix.workload.checkpoint_torch",
     "raw_roundtrip": "fsdp_matrix.workload.checkpoint_torch",
+    "save_once": "fsdp_matrix.workload.models",
+    "save_model_files": "fsdp_matrix.workload.models",
 }
 """Every public name of the facade and the module it has always been importable from."""
 

@@ -67,3 +67,51 @@ def test_cell_ids_of_main_never_change(device):
     assert [k for k in pinned if k not in set(now)] == []
     # main's cells keep their order; cells added since follow in the order of their cases
     assert [k for k in now if k in set(pinned)] == pinned
+
+
+def _with_layout_grid(**layout):
+    data = matrix_data()
+    data["cases"][0]["grids"].append(
+        {"adapter": ["lora"], "dtype": ["fp32"], "wrap": ["fsdp2"], "model": ["gemma"], **layout}
+    )
+    return data
+
+
+def test_a_grid_pins_its_layout_and_the_id_names_it():
+    m = parse_matrix(_with_layout_grid(world_size=[4], nodes=[1, 2]))
+    cells = {c.id: c for c in expand(m)}
+    assert cells["lora-fp32-fsdp2-gemma-ws4"].layout == (4, 1)
+    assert cells["lora-fp32-fsdp2-gemma-ws4-n2"].layout == (4, 2)
+    assert "world_size" not in cells["lora-fp32-fsdp2-gemma-ws4"].params_dict  # a launch setting, not a param
+    # the grids that pin nothing take the run's layout, pinned ones keep theirs
+    again = {c.id for c in expand(m, "cpu", 8, nodes=2)}
+    assert {"lora-fp32-fsdp2-llama-ws8-n2", "lora-fp32-fsdp2-gemma-ws4", "lora-fp32-fsdp2-gemma-ws4-n2"} <= again
+    assert cell_id({"adapter": "lora"}, 4, 1) == "lora-ws4"
+
+
+def test_find_cell_takes_the_layout_from_the_id():
+    m = parse_matrix(_with_layout_grid(world_size=[4], nodes=[2]))
+    assert find_cell(m, "lora-requires-grad/lora-fp32-fsdp2-gemma-ws4-n2").layout == (4, 2)
+    assert find_cell(m, "lora-fp32-fsdp2-llama-ws4-n2").layout == (4, 2)  # a grid without one, at that layout
+
+
+def test_rules_can_match_the_node_count():
+    cell = Cell("c", (("wrap", "fsdp2"),), "cpu", 4, 2)
+    assert matches({"nodes": 2, "world_size": 4}, cell.context())
+    assert not matches({"nodes": 1}, cell.context())
+
+
+@pytest.mark.parametrize(
+    "layout, named",
+    [
+        ({"nodes": [2]}, "grids[2].nodes: give world_size beside it"),
+        ({"world_size": [5], "nodes": [2]}, "grids[2].world_size: 5 ranks do not split evenly over 2 nodes"),
+        ({"world_size": [0]}, "grids[2].world_size: 0 is not a positive integer"),
+        ({"world_size": ["4"]}, "grids[2].world_size: '4' is not a positive integer"),
+        ({"device": ["cpu"]}, "grids[2].device: the device is the run's"),
+    ],
+)
+def test_a_bad_layout_is_one_line_naming_the_key(layout, named):
+    with pytest.raises(Exception) as info:
+        parse_matrix(_with_layout_grid(**layout))
+    assert named in str(info.value) and "\n" not in str(info.value).strip()

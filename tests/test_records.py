@@ -160,3 +160,20 @@ def test_schema_4_records_each_ranks_warnings_and_older_records_read_without_the
     (tmp_path / "old.jsonl").write_text(json.dumps(line) + "\n")
     [old] = list(records.iter_records(tmp_path / "old.jsonl"))
     assert old.observed.ranks[0].warnings == [] and old.schema == 3
+
+
+def test_a_record_holds_the_global_world_size_and_the_node_count(tmp_path):
+    from dataclasses import replace
+
+    records.append(tmp_path, replace(_record(cell="c-ws4-n2"), world_size=4, nodes=2))
+    line = json.loads((tmp_path / "cells.jsonl").read_text())
+    assert (line["world_size"], line["nodes"], line["schema"]) == (4, 2, 4)
+
+
+def test_a_schema_3_record_without_nodes_ran_on_one_node(tmp_path):
+    data = _record().to_json()
+    del data["nodes"]
+    data["schema"] = 3
+    (tmp_path / "cells.jsonl").write_text(json.dumps(data) + "\n")
+    [back] = list(records.iter_records(tmp_path))
+    assert (back.world_size, back.nodes, back.schema) == (2, 1, 3)

@@ -153,7 +153,7 @@ def build_grid(
     combo_pos = {c.id: i for i, c in enumerate(matrix.combos)} if matrix else {}
     order = sorted(by_col, key=lambda c: (combo_pos.get(c, len(combo_pos)), c == LOCAL, _natural(c)))
     columns = [_column(cid, n, by_col[cid]) for n, cid in enumerate(order, 1)]
-    rows = {Row(r.case, r.cell): r.world_size for r in newest.values()}
+    rows = {Row(r.case, r.cell): (r.world_size, r.nodes) for r in newest.values()}
     return Grid(
         columns,
         sorted(rows, key=_row_order(matrix, set(rows.items()))),
@@ -189,8 +189,8 @@ def _row_order(matrix: Optional[Matrix], rows: set):
     case_pos = {c.id: i for i, c in enumerate(matrix.cases)}
     cell_pos: Dict[str, int] = {}
     for case in matrix.cases:
-        for ws in sorted({ws for row, ws in rows if row.case == case.id}):
-            for i, cell in enumerate(expand_case(case, world_size=ws)):
+        for ws, nodes in sorted({layout for row, layout in rows if row.case == case.id}):
+            for i, cell in enumerate(expand_case(case, world_size=ws, nodes=nodes)):
                 cell_pos.setdefault(cell.key, i)
     return lambda row: (case_pos.get(row.case, len(case_pos)), row.case, cell_pos.get(row.key, len(cell_pos)), row.cell)
 

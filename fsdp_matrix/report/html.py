@@ -241,7 +241,9 @@ def _pane(anchor: str, col: Column, row: Row, rec: Record) -> str:
         (
             "run",
             esc(
-                f"{rec.device}, world size {rec.world_size}, {rec.duration_s:.1f}s, host {rec.host}, "
+                f"{rec.device}, world size {rec.world_size}"
+                + (f" on {rec.nodes} nodes" if rec.nodes > 1 else "")
+                + f", {rec.duration_s:.1f}s, host {rec.host}, "
                 f"run {rec.run_id or '-'}, at {_when(rec.finished_at)}"
             ),
         ),

@@ -28,6 +28,7 @@ def record_summary(rec: Record) -> Dict[str, Any]:
         **({"sources": rec.sources} if rec.sources else {}),
         "device": rec.device,
         "world_size": rec.world_size,
+        "nodes": rec.nodes,
         "duration_s": rec.duration_s,
         "run_id": rec.run_id,
         "host": rec.host,

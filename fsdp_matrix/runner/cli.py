@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import List
 
-from fsdp_matrix.cells import expand, find_cell
+from fsdp_matrix.cells import expand, find_cell, parse_layout
 from fsdp_matrix.errors import UnknownCellError
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.runner import options
@@ -27,23 +27,27 @@ def main(argv: List[str]) -> int:
         opts = options.from_namespace(args)
     except options.OptionError as exc:
         p.error(str(exc))
-    from fsdp_matrix.runner.factory import open_session, resolve_device, resolve_world_size
+    from fsdp_matrix.runner.factory import open_session, resolve_device, run_layout
 
     matrix = load_matrix(opts.matrix)
     device = resolve_device(opts.device)
-    world_size = resolve_world_size(opts.world_size, device)
+    world_size, nodes = run_layout(opts, device)
     try:
-        selected = expand(matrix, device, world_size, opts.cases)
+        selected = expand(matrix, device, world_size, opts.cases, nodes)
     except UnknownCellError as exc:
         raise UnknownCellError(f"--cases: {exc}") from None
-    cells = [find_cell(matrix, ref, device, world_size) for ref in args.cells] or selected
+    # an id names its own layout (-ws4-n2); a bare one without a suffix takes the run's
+    cells = [find_cell(matrix, ref, device, None if parse_layout(ref) else world_size) for ref in args.cells]
+    cells = cells or sorted(selected, key=lambda c: c.layout != (world_size, nodes))
     if opts.cases:
         cells = [c for c in cells if c.case in opts.cases]
     if not cells:
         raise UnknownCellError(f"no cell of {', '.join(args.cells)} is in --cases {','.join(opts.cases or [])}")
     session = open_session(opts, matrix, launches=opts.results / "launches" / "cli")
     failed = 0
-    print(f"{len(cells)} cell(s) to run ({device}, world size {world_size})", file=sys.stderr, flush=True)
+    layouts = sorted({c.layout for c in cells})
+    shown = ", ".join(f"world size {ws}" + (f" on {n} nodes" if n > 1 else "") for ws, n in layouts)
+    print(f"{len(cells)} cell(s) to run ({device}, {shown})", file=sys.stderr, flush=True)
     try:
         session.prefetch(cells)
         for cell in cells:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
+from fsdp_matrix.errors import LaunchError
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.runner.launcher import Launcher
-from fsdp_matrix.runner.options import LaunchOptions
+from fsdp_matrix.runner.options import LaunchOptions, rendezvous_nodes
 from fsdp_matrix.runner.session import Session
 
 
@@ -33,6 +34,34 @@ def resolve_world_size(world_size: Optional[int], device: str) -> int:
     return 2
 
 
+def run_layout(opts: LaunchOptions, device: str) -> Tuple[int, int]:
+    """(global world size, nodes) of the cells whose grid pins no layout: ``--world-size`` ranks on each node of
+    ``--torchrun-args``' rendezvous (one node unless it says ``--nnodes``)."""
+    nodes = rendezvous_nodes(opts.torchrun_argv)
+    return resolve_world_size(opts.world_size, device) * nodes, nodes
+
+
+def layout_refusal(opts: LaunchOptions, device: str, world_size: int, nodes: int) -> Optional[str]:
+    """Why this run cannot launch ``world_size`` ranks on ``nodes`` nodes, in one line; None when it can (on this
+    machine, as one torchrun agent per node with c10d on 127.0.0.1)."""
+    theirs = rendezvous_nodes(opts.torchrun_argv)
+    if theirs > 1 and (world_size, nodes) != run_layout(opts, device):
+        ws, n = run_layout(opts, device)
+        return (
+            f"this run is one node of the {n}-node rendezvous of --torchrun-args ({ws // n} ranks each), which runs "
+            f"only cells of that layout"
+        )
+    if opts.torchrun_argv != ["--standalone"] and theirs == 1 and nodes > 1:
+        return "--torchrun-args gives a rendezvous of its own; a multi-node cell needs the harness's (the default)"
+    if device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count()
+        if world_size // nodes * nodes > have:
+            return f"needs {world_size} GPUs on this machine (one per rank); it has {have}"
+    return None
+
+
 def open_session(
     opts: LaunchOptions,
     matrix: Matrix,
@@ -47,15 +76,19 @@ def open_session(
     from fsdp_matrix.envs import local_versions
 
     device = resolve_device(opts.device)
-    run = Launcher(
-        run_root=launches or opts.results / "launches",
-        device=device,
-        world_size=resolve_world_size(opts.world_size, device),
-        cell_timeout=opts.cell_timeout,
-        torchrun_args=opts.torchrun_argv,
-        python=python,
-        **launcher,
-    )
+    run_root = launches or opts.results / "launches"
+    common = dict(run_root=run_root, device=device, cell_timeout=opts.cell_timeout, python=python, **launcher)
+    world_size, nodes = run_layout(opts, device)
+    args = dict(torchrun_args=opts.torchrun_argv, shared_dir=opts.shared_dir)
+    run = Launcher(world_size=world_size // nodes, **args, **common)
+
+    def make_launcher(world_size: int, nodes: int) -> Launcher:
+        """A launcher of another layout than the run's, on this machine: ``nodes`` agents of world_size / nodes."""
+        refusal = layout_refusal(opts, device, world_size, nodes)
+        if refusal:
+            raise LaunchError(refusal)
+        return Launcher(world_size=world_size // nodes, nodes=nodes, **common)
+
     return Session(
         matrix,
         run,
@@ -64,4 +97,5 @@ def open_session(
         combo=opts.combo,
         resume=opts.resume,
         repo_root=(opts.matrix or DEFAULT_MATRIX).resolve().parent,
+        make_launcher=make_launcher,
     )

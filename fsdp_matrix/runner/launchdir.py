@@ -21,8 +21,10 @@ import psutil
 from fsdp_matrix.runner import procs
 from fsdp_matrix.runner.protocol import (
     LAUNCH_JSON,
+    NODE_DIR,
     RETIRED,
     SCRATCH,
+    SHARED,
     TASKS,
     LaunchConfig,
     Order,
@@ -35,20 +37,42 @@ ORPHAN_AGE_S = 3600.0
 """A directory with no launch.json (a coordinator killed while creating it) is prunable after this long."""
 
 
-def create(run_root: Path, number: int, launch_id: str, **settings: Any) -> Path:
-    """``run_root/launch-<number>-<launch_id>`` with its task folder, scratch folder and launch.json (``settings``:
-    the LaunchConfig fields other than scratch and coordinator, which this fills in)."""
+def create(run_root: Path, number: int, launch_id: str, shared: Optional[str] = None, **settings: Any) -> Path:
+    """``run_root/launch-<number>-<launch_id>`` with its task folder, scratch folder, the folder all its nodes share
+    and launch.json (``settings``: the LaunchConfig fields other than the folders and the coordinator, which this
+    fills in). ``shared``: None makes the launch's own (``shared/`` in it); a path (a folder on shared storage, for
+    one node of a rendezvous of several machines) or "" (none) is handed on as it is."""
     run_dir = Path(run_root) / f"launch-{number}-{launch_id}"
     (run_dir / TASKS).mkdir(parents=True)
+    if shared is None:
+        (run_dir / SHARED).mkdir()
+        shared = str(run_dir / SHARED)
+    _configure(run_dir, shared, **settings)
+    return run_dir
+
+
+def create_node(run_dir: Path, node: int, **settings: Any) -> Path:
+    """Node ``node``'s own directory inside the launch directory ``run_dir`` (a multi-node launch on this machine):
+    its tasks, events and scratch, as on a host of its own; only the launch's shared folder is common."""
+    node_dir = run_dir / NODE_DIR.format(node)
+    (node_dir / TASKS).mkdir(parents=True)
+    _configure(node_dir, str(run_dir / SHARED), **settings)
+    return node_dir
+
+
+def _configure(run_dir: Path, shared: str, **settings: Any) -> None:
     (run_dir / SCRATCH).mkdir()
     me = psutil.Process()
     config = LaunchConfig(
-        scratch=str(run_dir / SCRATCH), coordinator=me.pid, coordinator_create_time=me.create_time(), **settings
+        scratch=str(run_dir / SCRATCH),
+        shared=shared,
+        coordinator=me.pid,
+        coordinator_create_time=me.create_time(),
+        **settings,
     )
     tmp = run_dir / f".{LAUNCH_JSON}.tmp"
     tmp.write_text(encode_config(config))
     os.replace(tmp, run_dir / LAUNCH_JSON)  # a rank or a pruner never reads half of it
-    return run_dir
 
 
 def write_order(run_dir: Path, seq: int, order: Order) -> None:

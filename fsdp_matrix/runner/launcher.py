@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import psutil
 
@@ -52,7 +52,11 @@ class Launcher:
     device: str = "cpu"
     """``cpu`` (gloo) or ``cuda`` (nccl, one GPU per rank)."""
     world_size: int = 2
-    """Ranks per launch (per node when torchrun_args asks for several nodes)."""
+    """Ranks per node (torchrun's --nproc-per-node)."""
+    nodes: int = 1
+    """Nodes this launcher starts on this machine, one torchrun agent each (``--nnodes N --node-rank k``, c10d
+    rendezvous on 127.0.0.1): a multi-node launch on one machine, every node with its own launch directory and
+    scratch. Above 1, ``torchrun_args`` must be the default (the rendezvous is this launcher's own)."""
     cell_timeout: float = CELL_TIMEOUT_S
     """Seconds a cell may run on any rank before it is declared hung."""
     grace_s: float = 5.0
@@ -61,6 +65,9 @@ class Launcher:
     """Seconds for every rank to import, rendezvous and report ready."""
     torchrun_args: List[str] = field(default_factory=lambda: ["--standalone"])
     """Rendezvous options; the default lets torchrun pick a free port, so concurrent runs never collide."""
+    shared_dir: Optional[Path] = None
+    """Under a rendezvous of several machines: a folder every node sees (the same path on each), handed to the ranks
+    as ``ctx.shared``; None there leaves them none. A launch on this machine makes its own."""
     python: str = sys.executable
     """Interpreter of the env under test."""
     env: Dict[str, str] = field(default_factory=dict)
@@ -78,6 +85,11 @@ class Launcher:
 
     def __post_init__(self) -> None:
         self.run_root = Path(self.run_root)
+        if self.nodes > 1 and self.torchrun_args != ["--standalone"]:
+            raise LaunchError(
+                f"a {self.nodes}-node launch on this machine makes its own rendezvous; torchrun args "
+                f"{' '.join(self.torchrun_args)!r} cannot be added to it"
+            )
         self._live: Optional[_Live] = None
         self._queue: List[Task] = []
         self._tasks: Dict[str, Task] = {}
@@ -123,14 +135,32 @@ class Launcher:
         self._write_task(live, Stop())
         # once every rank has said goodbye there is nothing left to lose: killing beats torchrun's slow shutdown
         deadline = time.monotonic() + 30
-        while len(live.byes) < self.world_size and live.proc.poll() is None and time.monotonic() < deadline:
+        while len(live.byes) < self.ranks and not live.exited() and time.monotonic() < deadline:
             self.watching.read_events(live)
             time.sleep(0.01)
-        clean = len(live.byes) == self.world_size or live.proc.returncode == 0
+        clean = len(live.byes) == self.ranks or live.returncode() == 0
         try:
             self._kill(live)
         finally:
-            self._retire(live, None if clean else f"ranks did not stop when asked (torchrun: {live.proc.returncode})")
+            self._retire(live, None if clean else f"ranks did not stop when asked (torchrun: {live.returncode()})")
+
+    @property
+    def layout(self) -> Tuple[int, int]:
+        """(global world size, nodes) of the cells this launcher runs: its own nodes, or the rendezvous' node count
+        when it starts one node of several machines."""
+        from fsdp_matrix.runner.options import rendezvous_nodes
+
+        nodes = self.nodes if self.nodes > 1 else rendezvous_nodes(self.torchrun_args)
+        return self.world_size * nodes, nodes
+
+    def idle(self) -> bool:
+        """Every cell submitted so far has its result."""
+        return all(key in self._done for key in self._tasks)
+
+    @property
+    def ranks(self) -> int:
+        """Ranks this launcher starts and watches: world_size on each of its nodes."""
+        return self.world_size * self.nodes
 
     def __enter__(self) -> Launcher:
         return self
@@ -146,15 +176,17 @@ class Launcher:
         self.launch_ids.append(launch_id)
         if not self.keep_dirs:
             launchdir.prune(self.run_root, self.keep_failed)  # earlier runs' launches, killed before they could
-        run_dir = launchdir.create(
-            self.run_root,
-            number,
-            launch_id,
+        settings = dict(
             seed=self.seed,
             cell_timeout=self.cell_timeout,
             barrier_timeout=min(30.0, self.cell_timeout),
             leak_budget_mb=self.leak_budget_mb,
         )
+        external = self.external_rendezvous
+        shared = (str(self.shared_dir) if self.shared_dir else "") if external else None
+        run_dir = launchdir.create(self.run_root, number, launch_id, shared=shared, **settings)
+        # node k > 0 of a launch on this machine: a directory of its own (tasks, events, scratch), as on its own host
+        node_dirs = [run_dir] + [launchdir.create_node(run_dir, k, **settings) for k in range(1, self.nodes)]
         inherited, removed = launch_environ(dict(os.environ))
         env = {
             **inherited,
@@ -164,34 +196,70 @@ class Launcher:
             "PYTHONUNBUFFERED": "1",
         }
         if self.device == "cpu":
-            # two ranks fighting over every core makes each cell slower, not faster
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // self.world_size)))
+            # ranks fighting over every core makes each cell slower, not faster
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // self.ranks)))
+        if self.nodes > 1:
+            loopback = procs.loopback_interface()
+            if loopback and not any(k in env for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")):
+                # the nodes of a launch on one machine talk over loopback only, never a real interface
+                env.update(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback)
         # the watchdog first: from the moment torchrun exists, something outside this process can take it down
         watchdog = self._start_watchdog(run_dir, launch_id)
-        cmd = [
-            self.python,
-            "-m",
-            "torch.distributed.run",
-            *self.torchrun_args,
-            f"--nproc-per-node={self.world_size}",
-            f"--log-dir={run_dir / LOGS}",
-            "--redirects=3",
-            "--max-restarts=0",
-            "-m",
-            "fsdp_matrix.runner.worker",
-            str(run_dir),
-        ]
-        out = open(run_dir / TORCHRUN_OUT, "w")
+        agents = []
         try:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            for node, node_dir in enumerate(node_dirs):
+                cmd = [
+                    self.python,
+                    "-m",
+                    "torch.distributed.run",
+                    *self._rendezvous(node, launch_id),
+                    f"--nproc-per-node={self.world_size}",
+                    f"--log-dir={node_dir / LOGS}",
+                    "--redirects=3",
+                    "--max-restarts=0",
+                    "-m",
+                    "fsdp_matrix.runner.worker",
+                    str(node_dir),
+                ]
+                with open(node_dir / TORCHRUN_OUT, "w") as out:
+                    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                agents.append((node_dir, proc))
         except OSError as exc:
+            for _, proc in agents:
+                proc.kill()
+                proc.wait()
             watchdog.kill()
             watchdog.wait()
             raise LaunchError(f"cannot start torchrun with {self.python}: {exc}") from None
-        finally:
-            out.close()
-        self._live = _Live(number, run_dir, proc, launch_id, watchdog=watchdog, env_removed=removed)
+        (_, proc), more = agents[0], agents[1:]
+        self._live = _Live(number, run_dir, proc, launch_id, watchdog=watchdog, env_removed=removed, more_agents=more)
         self._feed(self._live)
+
+    @property
+    def external_rendezvous(self) -> bool:
+        """torchrun_args name a rendezvous of several machines (--nnodes above 1): this launcher starts one node of
+        it, and no folder is shared by every rank."""
+        from fsdp_matrix.runner.options import rendezvous_nodes
+
+        return rendezvous_nodes(self.torchrun_args) > 1
+
+    def _rendezvous(self, node: int, launch_id: str) -> List[str]:
+        """torchrun's rendezvous options for ``node``: the caller's for a one-node launch; for a launch of several
+        nodes on this machine, c10d on 127.0.0.1 with node 0 hosting the store (``is_host``), so neither agent has
+        to guess from host names which one serves it."""
+        if self.nodes == 1:
+            return list(self.torchrun_args)
+        if node == 0:
+            self._port = procs.free_port()
+        return [
+            f"--nnodes={self.nodes}",
+            f"--node-rank={node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{self._port}",
+            f"--rdzv-id={launch_id}",
+            f"--rdzv-conf=is_host={int(node == 0)}",
+            "--local-addr=127.0.0.1",
+        ]
 
     @staticmethod
     def _start_watchdog(run_dir: Path, launch_id: str) -> subprocess.Popen:
@@ -218,7 +286,8 @@ class Launcher:
 
     @staticmethod
     def _write_task(live: _Live, order: Order) -> None:
-        launchdir.write_order(live.run_dir, live.seq, order)
+        for run_dir, _ in live.agents:  # every node reads its own copy, as on its own host
+            launchdir.write_order(run_dir, live.seq, order)
         live.seq += 1
 
     def _replace(self, live: _Live, note: str) -> None:
@@ -236,15 +305,17 @@ class Launcher:
                 if self._failed_starts >= 2:
                     self._fail_queue(live, note)
             # every rank said goodbye (a planned retirement, e.g. over the leak budget): nothing to inspect
-            self._retire(live, None if not note or len(live.byes) == self.world_size else note)
+            self._retire(live, None if not note or len(live.byes) == self.ranks else note)
 
     def _retire(self, live: _Live, failed: Optional[str]) -> None:
         launchdir.retire(live.run_dir, failed, self.keep_dirs, self.keep_failed)
 
     def _fail_queue(self, live: _Live, note: str) -> None:
         """Two launches in a row died before running anything: the env is broken; say why instead of looping."""
-        log = (
-            (live.run_dir / TORCHRUN_OUT).read_text(errors="replace") if (live.run_dir / TORCHRUN_OUT).exists() else ""
+        log = "\n".join(
+            (run_dir / TORCHRUN_OUT).read_text(errors="replace")
+            for run_dir, _ in live.agents
+            if (run_dir / TORCHRUN_OUT).exists()
         )
         message = f"{note}\n{clip(log, lines=40, tail=True)}"
         for task in self._queue:
@@ -264,10 +335,12 @@ class Launcher:
         """SIGKILL the launch: torchrun's tree, and every process with its marker (ranks in their own sessions, the
         watchdog). Raises LaunchError if torchrun is still there ``KILL_WAIT_S`` later: that is never normal (a
         process stuck in the kernel, e.g. on a hung device), and a launch that cannot be ended must not be hidden."""
-        victims = {p.pid: p for p in procs.tree(live.proc.pid) + procs.marked(live.launch_id)}
+        trees = [p for _, agent in live.agents for p in procs.tree(agent.pid)]
+        victims = {p.pid: p for p in trees + procs.marked(live.launch_id)}
         procs.kill_all(victims.values())
         stuck = []
-        for name, child in (("torchrun", live.proc), ("watchdog", live.watchdog)):
+        agents = [(f"torchrun of node {k}" if k else "torchrun", agent) for k, (_, agent) in enumerate(live.agents)]
+        for name, child in (*agents, ("watchdog", live.watchdog)):
             if child is None:
                 continue
             if child.poll() is None and name == "watchdog":

@@ -58,7 +58,8 @@ class LaunchOptions(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     """cpu (gloo) or cuda (nccl, one GPU per rank); auto picks cuda when a GPU is visible."""
     world_size: Optional[Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]] = None
-    """Ranks per launch, per node under a multi-node --torchrun-args (default: 2; 1 on a machine with one GPU)."""
+    """Ranks per node of the cells whose grid names no world size (default: 2; 1 on a machine with one GPU); their
+    ids say the global world size (x the --nnodes of --torchrun-args)."""
     combo: Optional[str] = None
     """matrix.yaml combo id this env was built for (nox sets it); records are filed under it."""
     cases: Optional[List[str]] = None
@@ -67,8 +68,12 @@ class LaunchOptions(BaseModel):
     """Keep cells whose newest record, made with this env's installed versions, is an outcome; run the rest."""
     cell_timeout: Annotated[float, Field(gt=0, le=MAX_CELL_TIMEOUT_S, allow_inf_nan=False)] = CELL_TIMEOUT_S
     """Seconds a cell may run on any rank before it counts as hung (also the ranks' process-group timeout)."""
+    shared_dir: Optional[Path] = None
+    """A folder every node sees (shared storage), the same path on each, for what one rank writes and every rank
+    reads (checkpoints) in a rendezvous of several machines (--torchrun-args --nnodes); not needed on one machine."""
     torchrun_args: str = "--standalone"
-    """Rendezvous options passed to torchrun, e.g. for multi-node: '--nnodes=2 --rdzv-endpoint=HOST:PORT ...'."""
+    """Rendezvous options passed to torchrun, e.g. for multi-node: '--nnodes=2 --node-rank=N --rdzv-endpoint=HOST:PORT
+    ...' (a fixed node count: each cell runs at the world size its id names)."""
 
     @field_validator("cases", mode="before")
     @classmethod
@@ -86,9 +91,13 @@ class LaunchOptions(BaseModel):
         import shlex
 
         try:
-            shlex.split(value)
+            words = shlex.split(value)
         except ValueError as exc:
             raise ValueError(f"cannot split into words: {exc}") from None
+        for word in words:
+            if word.split("=", 1)[0].replace("_", "-") == "--nproc-per-node":
+                raise ValueError("ranks per node are --world-size's (a cell's world size is in its id), not torchrun's")
+        rendezvous_nodes(words)
         return value
 
     @property
@@ -99,6 +108,20 @@ class LaunchOptions(BaseModel):
 
 
 FIELDS = tuple(LaunchOptions.model_fields)
+
+
+def rendezvous_nodes(words: Sequence[str]) -> int:
+    """The node count that torchrun args (split into words) ask for: their ``--nnodes=N`` (or ``--nnodes N``),
+    else 1. An elastic range (``1:4``) is refused (ValueError): a cell must run at the world size its id names."""
+    for i, word in enumerate(words):
+        name, eq, text = word.partition("=")
+        if name.replace("_", "-") != "--nnodes":
+            continue
+        text = text if eq else (words[i + 1] if i + 1 < len(words) else "")
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"--nnodes={text}: give a fixed node count (a cell runs at the world size its id names)")
+        return int(text)
+    return 1
 
 
 def flag(name: str) -> str:

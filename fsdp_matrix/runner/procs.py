@@ -34,6 +34,23 @@ def same_process(pid: int, create_time: float) -> Optional[psutil.Process]:
     return None
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (the OS picks it), for a rendezvous this harness starts itself."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def loopback_interface() -> Optional[str]:
+    """The name of the interface that holds 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS), or None."""
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == "127.0.0.1" for a in addrs):
+            return name
+    return None
+
+
 def tree(pid: int) -> List[psutil.Process]:
     try:
         root = psutil.Process(pid)
@@ -106,22 +123,24 @@ def dump_stacks(ranks: Dict[int, Tuple[int, float]], stack_dir: Path, settle_s: 
 
 
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+_LOCAL_FAILURE = re.compile(r"rank\s*:\s*\d+\s*\(local_rank\s*:\s*(\d+)\s*\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
 _ROOT_CAUSE = "Root Cause (first observed failure)"
 
 
-def torchrun_failures(stderr: str) -> Dict[int, int]:
+def torchrun_failures(stderr: str, local: bool = False) -> Dict[int, int]:
     """rank -> exit code from torchrun's ChildFailedError summary (negative = killed by that signal). It lists the
-    ranks it stopped itself (SIGTERM, after the first failure) as failures too; see ``torchrun_root_cause``."""
-    return {int(rank): int(code) for rank, code in _FAILURE.findall(stderr)}
+    ranks it stopped itself (SIGTERM, after the first failure) as failures too; see ``torchrun_root_cause``.
+    ``local`` keys them by local rank: what one node's agent started, whatever its node rank."""
+    return {int(rank): int(code) for rank, code in (_LOCAL_FAILURE if local else _FAILURE).findall(stderr)}
 
 
-def torchrun_root_cause(stderr: str) -> Set[int]:
+def torchrun_root_cause(stderr: str, local: bool = False) -> Set[int]:
     """The ranks torchrun names as the root cause (first observed failure); every listed rank when the summary
-    has no such section (older releases list only the culprit)."""
+    has no such section (older releases list only the culprit). ``local``: by local rank."""
     head, found, tail = stderr.rpartition(_ROOT_CAUSE)
-    return {int(rank) for rank, _ in _FAILURE.findall(tail if found else stderr)}
+    return {int(rank) for rank, _ in (_LOCAL_FAILURE if local else _FAILURE).findall(tail if found else stderr)}
 
 
 def signal_name(exit_code: Optional[int]) -> Optional[str]:

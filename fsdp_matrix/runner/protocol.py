@@ -26,6 +26,11 @@ LAUNCH_JSON = "launch.json"
 """The launch's settings, in its directory."""
 SCRATCH = "scratch"
 """Folder the ranks of one node share (see LaunchConfig.scratch)."""
+SHARED = "shared"
+"""Folder every rank of a launch started on this machine shares, over all its nodes (see LaunchConfig.shared)."""
+NODE_DIR = "node{}"
+"""Directory of node k > 0 of a multi-node launch on this machine, inside the launch directory (node 0 uses the
+launch directory itself)."""
 LOGS = "logs"
 """torchrun's --log-dir: each rank's stdout/stderr and error file."""
 TORCHRUN_OUT = "torchrun.out"
@@ -81,7 +86,8 @@ class LaunchConfig:
     """What every rank of a launch needs to know before its first task."""
 
     scratch: str
-    """Folder shared by the ranks of the launch (e.g. a tiny model rank 0 saves for the others)."""
+    """Folder shared by the ranks of this node, and by no other node's (e.g. a tiny model this node's local rank 0
+    saves for the others): each node of a multi-node launch has its own, as each machine would."""
     seed: int
     """Seed every rank sets before each cell."""
     cell_timeout: float
@@ -94,6 +100,9 @@ class LaunchConfig:
     """pid of the process that started the launch: when it is gone, the ranks stop."""
     coordinator_create_time: float
     """Its create time (psutil): with the pid it names that process, not a later one that reuses the pid."""
+    shared: str = ""
+    """Folder every rank of the launch sees, over all its nodes (checkpoints written by one rank and read by all);
+    empty when the ranks share none (one node of a rendezvous of several machines)."""
 
 
 def encode_config(config: LaunchConfig) -> str:

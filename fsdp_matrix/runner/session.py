@@ -9,11 +9,12 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from fsdp_matrix import records
 from fsdp_matrix.cells import Cell, unmet_requirement
 from fsdp_matrix.envs.sources import changed_note, env_sources, rule_versions
+from fsdp_matrix.errors import LaunchError
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.records import Observed, Record
@@ -98,6 +99,7 @@ def make_record(
         versions=dict(versions),
         device=cell.device,
         world_size=cell.world_size,
+        nodes=cell.nodes,
         expected=expected.to_json(),
         observed=observed,
         verdict=judgement.verdict.value,
@@ -129,8 +131,17 @@ class Session:
     """Where repro paths in matrix.yaml are relative to."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     """Stamped on every record of this session."""
+    make_launcher: Optional[Callable[[int, int], Launcher]] = None
+    """A launcher for the cells of another layout (world size, nodes), or LaunchError saying in one line why this
+    run cannot launch it; None: only ``launcher``'s layout runs here. A cell never runs at another world size than
+    its id's: cells are grouped by layout, each group in launches of its own size, or skipped with that line."""
 
     def __post_init__(self) -> None:
+        # a stand-in launcher without a layout (a test's) runs the default cells: 2 ranks on one node
+        layout = getattr(self.launcher, "layout", (getattr(self.launcher, "world_size", 2), 1))
+        self._launchers: Dict[Tuple[int, int], Launcher] = {layout: self.launcher}
+        self._refused: Dict[Tuple[int, int], str] = {}
+        self._active: Optional[Launcher] = None
         self._recorded: Dict[Tuple[str, str], Record] = {}
         if self.resume and (self.results / records.RECORDS_FILE).exists():
             newest: Dict[Tuple[str, str], Record] = {}
@@ -158,7 +169,38 @@ class Session:
         """Queue every cell that will run, so ranks go from one to the next without waiting for the caller."""
         for cell in cells:
             if (cell.key, cell.device) not in self._recorded and self._skip_reason(cell, self.expected(cell)) is None:
-                self.launcher.submit(self._task(cell))
+                self._launcher(cell).submit(self._task(cell))
+
+    def _launcher(self, cell: Cell) -> Launcher:
+        """The launcher of the cell's layout (made on first use); ``_layout_refused`` has said it can be made."""
+        if cell.layout not in self._launchers:
+            self._launchers[cell.layout] = self.make_launcher(*cell.layout)
+        return self._launchers[cell.layout]
+
+    def _layout_refused(self, cell: Cell) -> Optional[str]:
+        """Why this run cannot launch the cell's layout, or None."""
+        if cell.layout in self._launchers:
+            return None
+        if cell.layout not in self._refused:
+            if self.make_launcher is None:
+                ws, nodes = next(iter(self._launchers))
+                self._refused[cell.layout] = f"this run launches only {_layout_text(ws, nodes)}"
+            else:
+                try:
+                    self._launchers[cell.layout] = self.make_launcher(*cell.layout)
+                    return None
+                except LaunchError as exc:
+                    self._refused[cell.layout] = str(exc)
+        ws, nodes = cell.layout
+        return f"needs {_layout_text(ws, nodes)} (its id's world size): {self._refused[cell.layout]}"
+
+    def _switch(self, launcher: Launcher) -> None:
+        """Before a cell of another layout: stop the launch of the last one if nothing is queued there any more, so
+        that two layouts' ranks do not sit in memory side by side."""
+        idle = getattr(self._active, "idle", lambda: False)
+        if self._active is not None and self._active is not launcher and idle():
+            self._active.close()
+        self._active = launcher
 
     def run(self, cell: Cell) -> Record:
         """The record of one cell: resumed, skipped, or run now. Appended to cells.jsonl as soon as it exists."""
@@ -179,9 +221,11 @@ class Session:
                 self.run_id,
             )
         else:
-            self.launcher.submit(self._task(cell))
+            launcher = self._launcher(cell)
+            self._switch(launcher)
+            launcher.submit(self._task(cell))
             start = time.monotonic()
-            run = self.launcher.wait(cell.key)
+            run = launcher.wait(cell.key)
             rec = make_record(
                 cell,
                 expected,
@@ -196,7 +240,7 @@ class Session:
         return rec
 
     def _skip_reason(self, cell: Cell, expected: Expected) -> Optional[str]:
-        reason = unmet_requirement(self.matrix.case(cell.case).requires, cell)
+        reason = unmet_requirement(self.matrix.case(cell.case).requires, cell) or self._layout_refused(cell)
         if reason:
             return reason
         return f"{expected.reason} [{expected.source}]" if expected.kind == "skip" else None
@@ -207,4 +251,17 @@ class Session:
         return Task(key=cell.key, repro=str(repro), params=cell.params_dict, timeout_s=self.expected(cell).timeout_s)
 
     def close(self) -> None:
-        self.launcher.close()
+        failed = None
+        for launcher in self._launchers.values():
+            try:
+                launcher.close()
+            except LaunchError as exc:  # close every one before saying so
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+
+def _layout_text(world_size: int, nodes: int) -> str:
+    if nodes == 1:
+        return f"{world_size} rank{'s' if world_size > 1 else ''} on one node"
+    return f"{world_size} ranks on {nodes} nodes ({world_size // nodes} each)"

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Protocol, Tuple
 
 from fsdp_matrix.clip import clip
 from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner import procs
+from fsdp_matrix.runner.live import CellRun, _Live  # noqa: F401 (re-exported: their home before the split)
 from fsdp_matrix.runner.protocol import (
     LOGS,
     TORCHRUN_OUT,
@@ -40,66 +40,13 @@ from fsdp_matrix.runner.protocol import (
 )
 
 
-@dataclass(kw_only=True)
-class CellRun:
-    """What the launcher observed for one cell, before it is judged."""
-
-    key: str
-    """``case/cell``."""
-    status: str
-    """ok / error / hang / crash / env-error."""
-    ranks: List[RankResult]
-    """Per-rank results, with stacks (hang) and exit codes (crash)."""
-    duration_s: float
-    """From the first rank's start to the last rank's end (or to detection)."""
-    launch: int = 0
-    """Which launch ran it (0, 1, ... as launches are replaced)."""
-    detect_s: Optional[float] = None
-    """For hang/crash/one-rank errors: seconds from the first sign of trouble to the verdict."""
-    note: str = ""
-    """Why the launch was replaced after this cell, if it was."""
-    hygiene: List[str] = field(default_factory=list)
-    """Problems a rank found after the cell (leaked modules, child processes, broken group): the launch was replaced."""
-    env_removed: List[str] = field(default_factory=list)
-    """The caller's variables the launch's ranks were started without (protocol.STRIPPED_ENV_PREFIXES)."""
-
-
-@dataclass
-class _Live:
-    """Bookkeeping for the launch currently running."""
-
-    number: int
-    run_dir: Path
-    proc: subprocess.Popen
-    launch_id: str
-    seq: int = 0
-    pids: Dict[int, Tuple[int, float]] = field(default_factory=dict)
-    """rank -> (pid, create time) from its Hello: names the process, not just whoever holds the pid later."""
-    ready: set = field(default_factory=set)
-    byes: set = field(default_factory=set)
-    offsets: Dict[int, int] = field(default_factory=dict)
-    started: Dict[str, Dict[int, float]] = field(default_factory=dict)
-    ended: Dict[str, Dict[int, RankResult]] = field(default_factory=dict)
-    end_t: Dict[str, float] = field(default_factory=dict)
-    clean: Dict[str, Dict[int, List[str]]] = field(default_factory=dict)
-    retiring: Optional[str] = None
-    born: float = field(default_factory=time.monotonic)
-    submitted: List[str] = field(default_factory=list)
-    timeouts: Dict[str, float] = field(default_factory=dict)
-    """Cells with a timeout of their own (Task.timeout_s: a rule that expects a hang); the others use the
-    launcher's ``cell_timeout``."""
-    watchdog: Optional[subprocess.Popen] = None
-    """The launch's watchdog process (watchdog.py)."""
-    gone: bool = False
-    """Replaced or closed: nothing more is decided about it."""
-    env_removed: List[str] = field(default_factory=list)
-    """The caller's variables its ranks were started without."""
-
-
 class Settings(Protocol):
     """The launcher's settings that watching reads (read at each poll: a caller may change them between cells)."""
 
     world_size: int
+    """Ranks per node."""
+    nodes: int
+    """Nodes (torchrun agents) this launcher starts; the ranks it watches are world_size x nodes."""
     cell_timeout: float
     grace_s: float
     startup_timeout: float
@@ -122,8 +69,19 @@ class Watching:
         self.launch_seconds = launch_seconds
 
     @property
-    def world_size(self) -> int:
+    def per_node(self) -> int:
         return self.settings.world_size
+
+    @property
+    def world_size(self) -> int:
+        """Ranks this launcher watches: every rank of every node it started (a rank's slot is node x per_node +
+        local rank: its global rank when this launcher started every node)."""
+        return self.settings.world_size * getattr(self.settings, "nodes", 1)
+
+    def where(self, live: _Live, slot: int) -> Tuple[Path, int]:
+        """The run directory of the node that runs ``slot``, and the slot's local rank there."""
+        node, local = divmod(slot, self.per_node)
+        return live.agents[node][0], local
 
     @property
     def cell_timeout(self) -> float:
@@ -140,7 +98,8 @@ class Watching:
     # ---- events -------------------------------------------------------------------------------------------------
     def read_events(self, live: _Live) -> None:
         for rank in range(self.world_size):
-            path = live.run_dir / events_file(rank)
+            run_dir, local = self.where(live, rank)
+            path = run_dir / events_file(local)
             if not path.exists():
                 continue
             with open(path, encoding="utf-8") as fh:
@@ -209,7 +168,7 @@ class Watching:
     # ---- deciding -----------------------------------------------------------------------------------------------
     def poll(self, live: _Live) -> None:
         # exit first, events second: an exited launch's last words are all on disk by now
-        exited = live.proc.poll() is not None
+        exited = live.exited()
         self.read_events(live)
         for key, ends in list(live.ended.items()):
             if (
@@ -244,10 +203,11 @@ class Watching:
             return
         idle = all(k in self._done for k in live.started)
         if exited:
-            if live.proc.returncode == 0 and not live.retiring and all(k in self._done for k in live.submitted):
+            code = live.returncode()
+            if code == 0 and not live.retiring and all(k in self._done for k in live.submitted):
                 self._replace(live, "")  # every rank said goodbye: nothing failed, nothing to re-run
                 return
-            self._replace(live, live.retiring or f"torchrun exited with {live.proc.returncode}")
+            self._replace(live, live.retiring or f"torchrun exited with {code}")
         elif live.retiring and idle:
             self._replace(live, live.retiring)
         elif len(live.ready) < self.world_size and time.monotonic() - live.born > self.startup_timeout:
@@ -284,12 +244,27 @@ class Watching:
             env_removed=list(live.env_removed),
         )
 
+    def _dump_stacks(self, live: _Live, ranks: Dict[int, Tuple[int, float]]) -> Dict[int, str]:
+        """procs.dump_stacks, node by node: each node's ranks dump into its own directory, by local rank."""
+        out: Dict[int, str] = {}
+        for node, (run_dir, _) in enumerate(live.agents):
+            here = {
+                local: ranks[slot]
+                for slot in ranks
+                for local in [slot - node * self.per_node]
+                if 0 <= local < self.per_node
+            }
+            if here:
+                dumped = procs.dump_stacks(here, run_dir)
+                out.update({node * self.per_node + local: text for local, text in dumped.items()})
+        return out
+
     def _stuck(self, live: _Live, key: str, status: str, since: float, note: str) -> None:
         """Some ranks did not finish the cell: dump their stacks (for a hang, every rank's: where the finished ones
         wait is what the stuck one owes them), then kill the launch."""
         ended = live.ended.get(key, {})
         missing = {r: ident for r, ident in live.pids.items() if r not in ended}
-        stacks = procs.dump_stacks(dict(live.pids) if status == "hang" else missing, live.run_dir)
+        stacks = self._dump_stacks(live, dict(live.pids) if status == "hang" else missing)
         what = "did not finish after another rank raised" if status == "error" else "did not finish the cell"
         extra = [
             RankResult(
@@ -309,7 +284,7 @@ class Watching:
         """Every rank ended the cell, but some never reported Clean: hung in the cleanup after the cell. The cell
         is a hang (it must not pass: the launch is gone), told by the stuck ranks with their stacks."""
         stuck = {r: ident for r, ident in live.pids.items() if r not in live.clean.get(key, {})}
-        stacks = procs.dump_stacks(stuck, live.run_dir)
+        stacks = self._dump_stacks(live, stuck)
         note = (
             f"hung in cleanup after the cell: rank(s) {', '.join(map(str, sorted(stuck)))} reported their result "
             f"but not their cleanup within {limit + self.grace_s:.0f}s"
@@ -333,8 +308,18 @@ class Watching:
         or signal: torchrun's root cause, or any rank that died of something other than torchrun's own SIGTERM.
         The ranks torchrun stopped after it are "stopped". A rank that had already reported End died in the cleanup
         after the cell, and its End does not make the cell pass."""
-        log = (live.run_dir / TORCHRUN_OUT).read_text(errors="replace")
-        codes, root = procs.torchrun_failures(log), procs.torchrun_root_cause(log)
+        codes: Dict[int, int] = {}
+        root: set = set()
+        running: Dict[int, int] = {}  # slot -> its node, for ranks whose node's torchrun is still up
+        for node, (run_dir, proc) in enumerate(live.agents):
+            first = node * self.per_node
+            if proc.poll() is None:
+                running.update({first + local: node for local in range(self.per_node)})
+                continue
+            log = (run_dir / TORCHRUN_OUT).read_text(errors="replace")
+            # by local rank, so that a node started with --node-rank k reads its own ranks as its slots
+            codes.update({first + r: c for r, c in procs.torchrun_failures(log, local=True).items()})
+            root.update(first + r for r in procs.torchrun_root_cause(log, local=True))
         died = {r for r, code in codes.items() if r in root or code != -signal.SIGTERM}
         culprits = ", ".join(f"rank {r}" for r in sorted(died)) or "a rank"
         ended = live.ended.get(key, {})
@@ -343,8 +328,13 @@ class Watching:
             code = codes.get(rank)
             if rank in ended and rank not in died:
                 continue  # it finished the cell and was only stopped afterwards: its End stands
-            stderr, error_file = procs.rank_logs(live.run_dir / LOGS, rank)
+            run_dir, local = self.where(live, rank)
+            stderr, error_file = procs.rank_logs(run_dir / LOGS, local)
             how = dict(exit_code=code, signal=procs.signal_name(code), traceback=error_file, stack=stderr)
+            if rank in running and rank not in ended:
+                message = f"rank {rank} was still running on node {running[rank]} when another node's torchrun exited"
+                extra.append(RankResult(rank=rank, status="stopped", error_message=message + f" ({culprits} died)"))
+                continue
             if rank in ended:
                 message = f"rank {rank} died in the cleanup after the cell, {_death(code)} (its own result was "
                 extra.append(
@@ -360,7 +350,7 @@ class Watching:
                 )
                 extra.append(RankResult(rank=rank, status="stopped", error_message=message, **how))
             else:
-                message = f"rank {rank} is gone, exit code unknown (torchrun exited with {live.proc.returncode})"
+                message = f"rank {rank} is gone, exit code unknown (torchrun exited with {live.returncode()})"
                 extra.append(RankResult(rank=rank, status="crash", error_message=message, **how))
         # a rank that died takes precedence: the others' errors ("connection closed by peer") are its echo
         status = "crash" if any(r.status == "crash" for r in extra) else "error"
@@ -370,7 +360,7 @@ class Watching:
             status,
             extra,
             detect_s=round(time.time() - max(live.started[key].values()), 3),
-            note=f"torchrun exited with {live.proc.returncode}",
+            note=f"torchrun exited with {live.returncode()}",
         )
 
 

@@ -189,7 +189,7 @@ def run_task(task: Task, ctx: Any, rank: int) -> RankResult:
     return run_cell(fn, task.params, ctx, rank)
 
 
-def make_context(scratch: Path, seed: int = 0) -> Any:
+def make_context(scratch: Path, seed: int = 0, shared: Optional[Path] = None) -> Any:
     import torch
 
     from fsdp_matrix.workload.context import RankContext
@@ -207,6 +207,8 @@ def make_context(scratch: Path, seed: int = 0) -> Any:
         backend="nccl" if cuda else "gloo",
         scratch=scratch,
         seed=seed,
+        shared=shared,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None,
     )
 
 
@@ -259,7 +261,7 @@ def main(run_dir: str) -> int:
     # import the workload stack now, as part of the launch (the per-launch cost), not inside the first cell
     import fsdp_matrix.workload.recipe  # noqa: F401
 
-    ctx = make_context(Path(config.scratch), config.seed)
+    ctx = make_context(Path(config.scratch), config.seed, Path(config.shared) if config.shared else None)
     init_process_group(ctx, config.cell_timeout)
     hygiene = Hygiene(config.leak_budget_mb << 20)
     log.write(Ready(pid=os.getpid()))

@@ -35,10 +35,12 @@ def lora_config(
 
     ``task_type`` None builds a bare ``PeftModel`` instead of ``PeftModelForCausalLM``. ``options`` go to LoraConfig
     as given (``use_dora``, ``modules_to_save``, ``init_lora_weights``, ``target_parameters``, ...): an option this
-    PEFT does not know raises its own TypeError, which some rules expect.
+    PEFT does not know raises its own TypeError, which some rules expect; ``r``, ``lora_alpha`` and
+    ``lora_dropout`` given there replace the defaults.
     """
     modules = list(TARGET_MODULES if target_modules is None else target_modules)
-    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=modules, task_type=task_type, **options)
+    options = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, **options}
+    return LoraConfig(target_modules=modules, task_type=task_type, **options)
 
 
 def add_adapter(model: nn.Module, adapter: str, seed: int, autocast: Optional[bool] = None) -> nn.Module:

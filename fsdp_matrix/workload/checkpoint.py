@@ -362,10 +362,11 @@ def check_restored(
 
 @contextlib.contextmanager
 def cell_dir(ctx: RankContext, params: Mapping[str, Any]) -> Iterator[Path]:
-    """An empty directory for this cell's checkpoints, the same path on every rank; rank 0 removes it after the
-    block. Collective on entry."""
+    """An empty directory for this cell's checkpoints, the same path on every rank, in the folder every node sees
+    (``ctx.shared_dir()``: one rank writes what all read back); rank 0 removes it after the block. Collective on
+    entry."""
     name = "checkpoint-" + "-".join(f"{k}_{v}" for k, v in sorted(params.items()))
-    path = ctx.scratch / name
+    path = ctx.shared_dir() / name
     if ctx.is_main:
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)

@@ -100,7 +100,7 @@ def trainer_setup(
     shim_on = cpu_fsdp_shim(ctx.device, version, trainer=True, saves=saves, ram_efficient=ram_efficient(params))
     with isolated_accelerate_state(), shim_on as shim:
         kwargs: Dict[str, Any] = dict(
-            output_dir=output_dir or str(ctx.scratch / "trainer"),
+            output_dir=output_dir or str((ctx.shared or ctx.scratch) / "trainer"),
             per_device_train_batch_size=2,
             max_steps=3,
             learning_rate=1e-2,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import transformers
@@ -67,22 +69,19 @@ def _dtype_kwarg() -> str:
 def build_4bit_model(name: str, compute_dtype: str, storage: str, ctx: RankContext) -> nn.Module:
     """The same tiny model saved once to ``ctx.scratch`` and loaded back through bitsandbytes 4-bit quantization.
 
+    The scratch folder is this node's: its local rank 0 saves (every node does, into its own), as a model a
+    multi-node user loads is on each machine's disk.
+
     ``storage`` is the dtype the packed 4-bit weights are stored in (``uint8``, bitsandbytes' default, or a float
     dtype name such as ``bf16``, which FSDP can flatten). Raises if the load did not produce ``Linear4bit`` layers:
     such a cell would not test 4-bit at all.
     """
     dtype = torch_dtype(compute_dtype)
-    path = ctx.scratch / f"{name}-{compute_dtype}-seed{ctx.seed}"
-    failed = None
-    if ctx.is_main and not (path / "config.json").exists():
-        try:
-            build_model(name, compute_dtype, replace(ctx, device=torch.device("cpu"))).save_pretrained(path)
-        except Exception as exc:  # reach the barrier anyway, so the other ranks fail on the missing files, not hang
-            failed = exc
-    if dist.is_initialized():
-        dist.barrier()
-    if failed is not None:
-        raise failed
+    path = save_once(
+        ctx,
+        "-".join([name, compute_dtype, f"seed{ctx.seed}"]),  # no folded constant inside an f-string (export)
+        lambda out: save_model_files(build_model(name, compute_dtype, replace(ctx, device=torch.device("cpu"))), out),
+    )
     storage_dtype = torch.uint8 if storage == "uint8" else torch_dtype(storage)
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=storage_dtype)
     _, cls = _config(name)
@@ -91,6 +90,39 @@ def build_4bit_model(name: str, compute_dtype: str, storage: str, ctx: RankConte
     if count_linear4bit(model) == 0:
         raise RuntimeError(f"4-bit load of {name} produced no bitsandbytes Linear4bit layers")
     return model
+
+
+def save_once(ctx: RankContext, name: str, save: Callable[[Path], Any], marker: str = "config.json") -> Path:
+    """``ctx.scratch / name``, written by ``save(path)`` on this node's local rank 0 unless ``marker`` is there
+    already; every rank of the node waits for it (a barrier over the whole group, so the other nodes' writers
+    finish too). A failed save raises on the writer; the others raise on the missing files instead of hanging.
+
+    Per node, never rank 0 alone: on several machines each node has its own scratch, and a file only rank 0
+    wrote would be missing on every other node (issue 17, defect 18d)."""
+    path = ctx.scratch / name
+    failed = None
+    if ctx.is_local_main and not (path / marker).exists():
+        try:
+            save(path)
+        except Exception as exc:  # reach the barrier anyway, so the other ranks fail on the missing files, not hang
+            failed = exc
+    if dist.is_initialized():
+        dist.barrier()
+    if failed is not None:
+        raise failed
+    return path
+
+
+def save_model_files(model: nn.Module, path: Path) -> None:
+    """``config.json`` and ``model.safetensors`` of a transformers model, as ``save_pretrained`` writes them, on
+    whichever rank calls it. transformers 5's ``save_pretrained`` writes nothing on a rank other than global rank 0
+    once a process group is up (``should_save_on_this_rank``, whatever ``is_main_process`` says; observed on 5.23),
+    so it cannot fill another node's scratch."""
+    from safetensors.torch import save_model
+
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(path)
+    save_model(model, str(path / "model.safetensors"), metadata={"format": "pt"})  # tied weights stored once
 
 
 def count_linear4bit(model: nn.Module) -> int:

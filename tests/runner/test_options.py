@@ -73,3 +73,29 @@ def test_bisect_commands_refuse_world_size_zero_before_anything_runs(command, ca
     assert exit_.value.code not in (0, None)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and "--world-size" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        ("--nnodes=1:4 --rdzv-endpoint=h:1", "give a fixed node count"),
+        ("--nnodes 1:2", "give a fixed node count"),
+        ("--nproc-per-node=4", "ranks per node are --world-size's"),
+        ("--nproc_per_node 4", "ranks per node are --world-size's"),
+    ],
+)
+def test_torchrun_args_that_would_change_a_cells_world_size_are_refused(args, named):
+    from fsdp_matrix.runner import options
+
+    with pytest.raises(options.OptionError) as info:
+        options.check("torchrun_args", args)
+    assert named in str(info.value) and str(info.value).startswith("--torchrun-args: ")
+
+
+def test_the_node_count_of_a_rendezvous():
+    from fsdp_matrix.runner.options import rendezvous_nodes
+
+    assert rendezvous_nodes(["--standalone"]) == 1
+    assert rendezvous_nodes(["--nnodes=2", "--node-rank=1"]) == 2
+    assert rendezvous_nodes(["--nnodes", "3"]) == 3
+    assert rendezvous_nodes(["--nnodes=1"]) == 1
