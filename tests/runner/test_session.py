@@ -140,7 +140,7 @@ def _healthy_cells(device="cpu"):
     return expand(load_matrix(HERE / "fault_matrix.yaml"), device, 2, ["healthy"])
 
 
-def _earlier(results, cell, verdict, status, combo="local", versions=None, device="cpu"):
+def _earlier(results, cell, verdict, status, combo="local", versions=None, device="cpu", sources=None):
     from fsdp_matrix.records import Observed, Record
 
     rec = Record(
@@ -156,6 +156,7 @@ def _earlier(results, cell, verdict, status, combo="local", versions=None, devic
         duration_s=1.0,
         combo=combo,
         run_id="earlier",
+        sources=sources or {},
     )
     records.append(results, rec)
 
@@ -189,3 +190,28 @@ def test_resume_without_a_combo_matches_device_and_versions(tmp_path):
     for cell in cells[:4]:
         session.run(cell)
     assert launcher.ran == [c.key for c in cells[1:4]]
+
+
+_SRC = {"peft": {"url": "/src/peft", "ref": "main", "commit": "a" * 40, "dirty": None, "release": "0.21.2"}}
+
+
+def test_resume_under_a_combo_keeps_only_records_of_the_installed_versions_and_sources(tmp_path, monkeypatch):
+    """Defect 5: after a pin bump (or a nightly move of the floating combo) the combo id is the same but the env is
+    not: a record is kept only when every version it recorded, and its source builds, are what is installed."""
+    cells = _healthy_cells()
+    env = {"torch": "2.13.0", "peft": "0.21.2", "transformers": "5.23.0", "python": "3.12.3"}
+    _earlier(tmp_path, cells[0], "fix-holds", "ok", combo="current", versions=env, sources=_SRC)  # kept
+    _earlier(tmp_path, cells[1], "fix-holds", "ok", combo="current", versions={**env, "peft": "0.20.0"})
+    _earlier(tmp_path, cells[2], "fix-holds", "ok", combo="current", versions={**env, "transformers": "4.57.6"})
+    _earlier(tmp_path, cells[3], "fix-holds", "ok", combo="current", versions=env)  # a release, now a source build
+    other = {"peft": {**_SRC["peft"], "commit": "b" * 40}}
+    _earlier(tmp_path, cells[4], "fix-holds", "ok", combo="current", versions=env, sources=other)  # another commit
+    _earlier(tmp_path, cells[5], "fix-holds", "ok", combo="current", versions={**env, "trl": "0.19.0"})
+    from fsdp_matrix.runner import session as session_module
+
+    # this env's peft is a source build (what fsdp_matrix.envs.sources reads from the env's prefix)
+    monkeypatch.setattr(session_module, "env_sources", lambda prefix=None, versions=None: dict(_SRC))
+    session, launcher = _session(tmp_path, combo="current", versions=env)
+    for cell in cells:
+        session.run(cell)
+    assert launcher.ran == [c.key for c in cells[1:]]
