@@ -123,6 +123,8 @@ class Session:
     """Stamped on every record of this session."""
 
     def __post_init__(self) -> None:
+        self.sources: Dict[str, Dict] = env_sources(versions=self.versions)
+        """This env's source builds (fsdp_matrix.envs.sources): stamped on every record, and matched by --resume."""
         self._recorded: Dict[Tuple[str, str], Record] = {}
         if self.resume and (self.results / records.RECORDS_FILE).exists():
             newest: Dict[Tuple[str, str], Record] = {}
@@ -135,16 +137,14 @@ class Session:
         self._records: Dict[str, Record] = {}
 
     def _same_env(self, rec: Record) -> bool:
-        """A record of this run's env: same combo; with no combo (a plain pytest run), the same installed versions."""
-        if rec.combo != self.combo:
-            return False
-        return self.combo is not None or rec.versions == dict(self.versions)
+        """A record of this run's env: the same combo id, and what it recorded as installed is what is installed now
+        (every version, python's too, and the same source builds). A combo id stays while its pins are bumped, and
+        the floating combo's versions move nightly: a record made before is another env's answer."""
+        return rec.combo == self.combo and rec.versions == dict(self.versions) and rec.sources == self.sources
 
     def expected(self, cell: Cell) -> Expected:
         # a source build is judged as its release base (fsdp_matrix.envs.sources.rule_versions)
-        return expected_for(
-            self.matrix.case(cell.case), cell, rule_versions(self.versions, env_sources(versions=self.versions))
-        )
+        return expected_for(self.matrix.case(cell.case), cell, rule_versions(self.versions, self.sources))
 
     def prefetch(self, cells: List[Cell]) -> None:
         """Queue every cell that will run, so ranks go from one to the next without waiting for the caller."""
@@ -169,6 +169,7 @@ class Session:
                 0.0,
                 self.combo,
                 self.run_id,
+                self.sources,
             )
         else:
             self.launcher.submit(self._task(cell))
@@ -182,6 +183,7 @@ class Session:
                 run.duration_s or time.monotonic() - start,
                 self.combo,
                 self.run_id,
+                self.sources,
             )
         records.append(self.results, rec)
         self._records[cell.key] = rec
