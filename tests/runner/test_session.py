@@ -215,3 +215,43 @@ def test_resume_under_a_combo_keeps_only_records_of_the_installed_versions_and_s
     for cell in cells:
         session.run(cell)
     assert launcher.ran == [c.key for c in cells[1:]]
+
+
+# ---- a megabyte error message (defect 18b) -------------------------------------------------------------------------
+
+
+class _HugeErrorLauncher(_CountingLauncher):
+    """Every cell raises on both ranks with an 8 MB message (and a traceback that ends with it)."""
+
+    MESSAGE = "HEAD of the message " + "x" * (8 << 20) + " the TAIL"
+
+    def wait(self, key):
+        from fsdp_matrix.records import RankResult
+        from fsdp_matrix.runner.launcher import CellRun
+
+        ranks = [
+            RankResult(
+                rank=r,
+                status="error",
+                error_type="ValueError",
+                error_message=self.MESSAGE,
+                location="repro.run",
+                traceback="Traceback (most recent call last):\n  File repro.py, in run\nValueError: " + self.MESSAGE,
+            )
+            for r in (0, 1)
+        ]
+        return CellRun(key=key, status="error", ranks=ranks, duration_s=0.1)
+
+
+def test_a_megabyte_error_message_is_clipped_in_the_record_keeping_head_and_tail(tmp_path):
+    session, _ = _session(tmp_path, resume=False)
+    session.launcher = _HugeErrorLauncher()
+    rec = session.run(_healthy_cells()[0])
+    assert rec.verdict == "REGRESSION"  # a healthy cell that raised: judged on what was raised
+    line = (tmp_path / records.RECORDS_FILE).read_bytes()
+    assert len(line) < 256 << 10, f"record line of {len(line)} bytes"
+    (kept,) = records.iter_records(tmp_path)
+    texts = [kept.observed.error_message] + [t for r in kept.observed.ranks for t in (r.error_message, r.traceback)]
+    for text in texts:
+        assert "HEAD of the message" in text and text.endswith(" the TAIL")
+    assert kept.observed.ranks[0].traceback.startswith("Traceback (most recent call last):")
