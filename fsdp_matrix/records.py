@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
@@ -21,10 +21,16 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from fsdp_matrix.clip import clip
+
 SCHEMA = 3
 """3: ``Observed.env_removed`` (the caller's variables kept from the ranks). 2: ``sources`` (packages built from a git
 ref or a checkout). 1: neither. Older records read as before (the new fields default to empty)."""
 RECORDS_FILE = "cells.jsonl"
+MESSAGE_CHARS = 8_000
+"""What a record keeps of an error message, head and tail (the verdict is judged on the whole message first)."""
+TEXT_CHARS = 64_000
+"""What a record keeps of a rank's traceback or stack dump, head and tail."""
 
 
 @dataclass(kw_only=True)
@@ -169,6 +175,25 @@ def env_error(message: str, error_type: str = "EnvError") -> Observed:
     launched: the installer's (or torchrun's) reason is the message."""
     rank = RankResult(rank=-1, status="env-error", error_type=error_type, error_message=message)
     return Observed(status="env-error", error_type=error_type, error_message=message, ranks=[rank])
+
+
+def clipped(observed: Observed) -> Observed:
+    """``observed`` with every error message, traceback and stack cut to its head and tail (MESSAGE_CHARS,
+    TEXT_CHARS): a cell that raises with megabytes of text gets a record line of kilobytes, not one copy per rank."""
+
+    def short(text: Optional[str], chars: int) -> Optional[str]:
+        return text if text is None or len(text) <= chars else clip(text, chars, middle=True)
+
+    ranks = [
+        replace(
+            r,
+            error_message=short(r.error_message, MESSAGE_CHARS),
+            traceback=short(r.traceback, TEXT_CHARS),
+            stack=short(r.stack, TEXT_CHARS),
+        )
+        for r in observed.ranks
+    ]
+    return replace(observed, error_message=short(observed.error_message, MESSAGE_CHARS), ranks=ranks)
 
 
 def append(results: Path, record: Record) -> None:

@@ -91,7 +91,7 @@ def make_record(
         device=cell.device,
         world_size=cell.world_size,
         expected=expected.to_json(),
-        observed=observed,
+        observed=records.clipped(observed),  # judged on the whole text above; stored as its head and tail
         verdict=judgement.verdict.value,
         duration_s=round(duration_s, 3),
         line=line,
