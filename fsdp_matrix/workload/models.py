@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import transformers
@@ -74,9 +78,9 @@ def build_4bit_model(name: str, compute_dtype: str, storage: str, ctx: RankConte
     dtype = torch_dtype(compute_dtype)
     path = ctx.scratch / f"{name}-{compute_dtype}-seed{ctx.seed}"
     failed = None
-    if ctx.is_main and not (path / "config.json").exists():
+    if ctx.is_main and not path.exists():
         try:
-            build_model(name, compute_dtype, replace(ctx, device=torch.device("cpu"))).save_pretrained(path)
+            _save_whole(build_model(name, compute_dtype, replace(ctx, device=torch.device("cpu"))), path)
         except Exception as exc:  # reach the barrier anyway, so the other ranks fail on the missing files, not hang
             failed = exc
     if dist.is_initialized():
@@ -91,6 +95,19 @@ def build_4bit_model(name: str, compute_dtype: str, storage: str, ctx: RankConte
     if count_linear4bit(model) == 0:
         raise RuntimeError(f"4-bit load of {name} produced no bitsandbytes Linear4bit layers")
     return model
+
+
+def _save_whole(model: nn.Module, path: Path) -> None:
+    """``save_pretrained`` into a temporary directory beside ``path``, renamed to ``path`` once complete: ``path``
+    exists only as a whole save. save_pretrained writes config.json first, so a save that failed half way (a full
+    disk, a kill) must never be where the next cell looks for a saved model."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        model.save_pretrained(tmp)
+        os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; a failed save's leftovers otherwise
 
 
 def count_linear4bit(model: nn.Module) -> int:

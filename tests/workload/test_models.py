@@ -88,6 +88,7 @@ def test_a_save_that_failed_half_way_is_not_reused_by_the_next_build(tmp_path, m
     monkeypatch.setattr(cls, "save_pretrained", half_save)
     with pytest.raises(OSError, match="No space left"):
         build_4bit_model("llama", "bf16", "uint8", cpu_context(tmp_path))
+    assert not list(tmp_path.iterdir())  # nothing of the failed save is left where a build would look
     monkeypatch.setattr(cls, "save_pretrained", lambda self, path, *a, **k: saves.append(path) or real_save(self, path))
     with pytest.raises(_Loaded) as loaded:
         build_4bit_model("llama", "bf16", "uint8", cpu_context(tmp_path))
