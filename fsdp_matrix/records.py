@@ -22,11 +22,14 @@ from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from fsdp_matrix.clip import clip
+from fsdp_matrix.errors import ResultsError
 
 SCHEMA = 3
 """3: ``Observed.env_removed`` (the caller's variables kept from the ranks). 2: ``sources`` (packages built from a git
 ref or a checkout). 1: neither. Older records read as before (the new fields default to empty)."""
 RECORDS_FILE = "cells.jsonl"
+MIN_FREE_BYTES = 1 << 20
+"""Free space the results file's device must have when a run starts (a clipped record is at most ~0.3 MB)."""
 MESSAGE_CHARS = 8_000
 """What a record keeps of an error message, head and tail (the verdict is judged on the whole message first)."""
 TEXT_CHARS = 64_000
@@ -194,6 +197,24 @@ def clipped(observed: Observed) -> Observed:
         for r in observed.ranks
     ]
     return replace(observed, error_message=short(observed.error_message, MESSAGE_CHARS), ranks=ranks)
+
+
+def check_appendable(results: Path) -> None:
+    """Raise ResultsError (one line naming the file) unless records can be appended to ``results/cells.jsonl``:
+    the directory and the file can be created, the file opened for appending and its lock taken, and its device
+    has MIN_FREE_BYTES free. Called once before a run's first launch, so that no cell runs to lose its verdict."""
+    file = results / RECORDS_FILE
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(results / (RECORDS_FILE + ".lock"))):
+            with open(file, "ab"):
+                pass
+        st = os.statvfs(results)
+    except OSError as exc:
+        raise ResultsError(f"cannot append records to {file}: {exc.strerror or exc}") from None
+    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
+        free = st.f_bavail * st.f_frsize
+        raise ResultsError(f"cannot append records to {file}: no space left on its device ({free:,} bytes free)")
 
 
 def append(results: Path, record: Record) -> None:

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 from fsdp_matrix import records
 from fsdp_matrix.cells import Cell, unmet_requirement
 from fsdp_matrix.envs.sources import changed_note, env_sources, rule_versions
+from fsdp_matrix.errors import ResultsError
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.records import Observed, Record
@@ -123,6 +124,7 @@ class Session:
     """Stamped on every record of this session."""
 
     def __post_init__(self) -> None:
+        records.check_appendable(self.results)  # before any launch: a cell that ran must not lose its verdict
         self.sources: Dict[str, Dict] = env_sources(versions=self.versions)
         """This env's source builds (fsdp_matrix.envs.sources): stamped on every record, and matched by --resume."""
         self._recorded: Dict[Tuple[str, str], Record] = {}
@@ -172,6 +174,7 @@ class Session:
                 self.sources,
             )
         else:
+            self._results_file()
             self.launcher.submit(self._task(cell))
             start = time.monotonic()
             run = self.launcher.wait(cell.key)
@@ -185,9 +188,21 @@ class Session:
                 self.run_id,
                 self.sources,
             )
-        records.append(self.results, rec)
+        file = self._results_file()
+        try:
+            records.append(self.results, rec)
+        except OSError as exc:  # a full disk, a file made immutable: the run stops rather than lose every verdict
+            raise ResultsError(f"cannot append records to {file}: {exc.strerror or exc}") from None
         self._records[cell.key] = rec
         return rec
+
+    def _results_file(self) -> Path:
+        """cells.jsonl, which check_appendable created: gone means the results were removed during the run, and a
+        new file would hold only what comes after, so the run stops (ResultsError) instead."""
+        file = self.results / records.RECORDS_FILE
+        if not file.exists():
+            raise ResultsError(f"{file} was removed during the run: stopping (records written to it are gone)")
+        return file
 
     def _skip_reason(self, cell: Cell, expected: Expected) -> Optional[str]:
         reason = unmet_requirement(self.matrix.case(cell.case).requires, cell)
