@@ -22,7 +22,7 @@ from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from fsdp_matrix.clip import clip
-from fsdp_matrix.errors import ResultsError
+from fsdp_matrix.errors import MatrixError, ResultsError
 
 SCHEMA = 3
 """3: ``Observed.env_removed`` (the caller's variables kept from the ranks). 2: ``sources`` (packages built from a git
@@ -254,6 +254,17 @@ def iter_records(path: Path, skipped: SkipSink = None) -> Iterator[Record]:
                     yield adapter.validate_json(raw.rstrip(b"\r\n"))
                 except ValidationError as exc:
                     report(Skipped(file, number, _reason(exc), torn=not raw.endswith(b"\n")))
+
+
+def read_all(path: Path, what: str = "--results") -> List[Record]:
+    """Every record of ``path`` (see iter_records). MatrixError (one line, naming ``what``) when it has lines and not
+    one is a record: a wrong path (a matrix.yaml, a log), not a results file that lacks the cell asked about."""
+    skipped: List[Skipped] = []
+    out = list(iter_records(path, skipped))
+    if skipped and not out:
+        first = clip(skipped[0].reason, 120, flat=True)
+        raise MatrixError(f"{what}: {path}: not a results file ({len(skipped)} lines, none a record: {first})")
+    return out
 
 
 def _reason(exc: ValidationError) -> str:
