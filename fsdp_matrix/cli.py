@@ -4,13 +4,13 @@ never imports torch."""
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.usage import OneLineParser, flat
 
 # command -> module whose main(argv) implements it; imported lazily so `report` never imports torch
 COMMANDS = {
@@ -34,7 +34,7 @@ def validate_main(argv: List[str]) -> int:
     from fsdp_matrix.lint import lint
     from fsdp_matrix.matrix import load_matrix
 
-    p = argparse.ArgumentParser(prog="fsdp_matrix validate", description=validate_main.__doc__)
+    p = OneLineParser(prog="fsdp_matrix validate", description=validate_main.__doc__)
     p.add_argument("matrix", nargs="?", type=Path)
     matrix = load_matrix(p.parse_args(argv).matrix)
     findings = lint(matrix)
@@ -52,10 +52,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"usage: python -m fsdp_matrix {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     command, rest = argv[0], argv[1:]
+    nul = next((arg for arg in rest if "\x00" in arg), None)
+    if nul is not None:  # no shell can pass one; a caller in this process can, and no path or id holds one
+        print(f"fsdp_matrix {command}: {flat(nul)[:80]}: an argument cannot hold a NUL byte", file=sys.stderr)
+        return 2
     try:
         if command == "validate":
             return validate_main(rest)
         return importlib.import_module(COMMANDS[command]).main(rest)
     except MatrixError as exc:
-        print(f"fsdp_matrix {command}: {exc}", file=sys.stderr)
+        # one line even when the message quotes an argument with a line break or a control character in it
+        print(f"fsdp_matrix {command}: {flat(exc)}", file=sys.stderr)
         return 2

@@ -24,6 +24,12 @@ class ReproError(MatrixError):
     ranks, where it becomes the cell's observed error (type ``fsdp_matrix.errors.ReproError``), naming the file."""
 
 
+class ResultsError(MatrixError):
+    """The results file cannot be appended to, or the results (or a launch) directory was removed during the run.
+    The run stops at once: a cell run now could not be recorded, and a cell whose launch directory went is not hung.
+    The message names the path."""
+
+
 class LaunchError(MatrixError):
     """torchrun could not be started or died before any cell ran."""
 

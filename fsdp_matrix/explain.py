@@ -8,7 +8,6 @@ record of the cell (on the same device; of the same combo when one is given) is 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -21,6 +20,7 @@ from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.expectations import Trace, trace
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
 from fsdp_matrix.rules import RULE_PACKAGES
+from fsdp_matrix.usage import OneLineParser
 
 STAGES = (
     ("requires", "requires (checked first: an unmet one skips the cell)"),
@@ -91,16 +91,12 @@ def render(cell: Cell, tr: Trace, versions: Dict[str, Optional[str]], where: str
 
 
 def newest_record(results: Path, cell: Cell, combo: Optional[str]) -> Optional[str]:
-    from fsdp_matrix.records import RECORDS_FILE, iter_records
+    from fsdp_matrix.records import RECORDS_FILE, read_all
 
     path = results / RECORDS_FILE if (results / RECORDS_FILE).exists() else results
     if not path.exists():
         raise MatrixError(f"--results: {results}: no such file or directory")
-    recs = [
-        r
-        for r in iter_records(path, skipped=lambda _: None)
-        if r.key == cell.key and r.device == cell.device and (combo is None or r.combo == combo)
-    ]
+    recs = [r for r in read_all(path) if r.key == cell.key and r.device == cell.device and combo in (None, r.combo)]
     if not recs:
         return None
     rec = max(recs, key=lambda r: r.finished_at)
@@ -108,7 +104,7 @@ def newest_record(results: Path, cell: Cell, combo: Optional[str]) -> Optional[s
 
 
 def main(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="fsdp_matrix explain", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="fsdp_matrix explain", description=__doc__.split("\n\n")[0])
     p.add_argument("cell", help="CASE/CELL or a cell id unique across cases")
     p.add_argument("--combo", help="use this combo's pins (and its device: cuda for gpu combos)")
     p.add_argument("--versions", default="", help="NAME=VERSION,... on top of the combo's pins or the installed ones")
@@ -118,7 +114,7 @@ def main(argv: List[str]) -> int:
     args = p.parse_args(argv)
     matrix: Matrix = load_matrix(args.matrix)
     overrides = parse_versions(args.versions)
-    if args.combo:
+    if args.combo is not None:  # --combo '' names no combo: an error, not the installed versions
         combo = matrix.combo(args.combo)
         versions: Dict[str, Optional[str]] = dict(combo.pins.model_dump())
         device = args.device or ("cuda" if "gpu" in combo.tags else "cpu")

@@ -382,7 +382,7 @@ def load_matrix(path: Union[str, Path, None] = None, check_repros: bool = True) 
     path = Path(path) if path else DEFAULT_MATRIX
     try:
         text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL in the path
         raise MatrixConfigError(one_line(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")) from None
     data = load_yaml(path, text)
     matrix = parse_matrix(data, origin=path.name)

@@ -14,7 +14,7 @@ from typing import List, Optional
 import pytest
 
 from fsdp_matrix.cells import Cell, expand
-from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.errors import MatrixError, ResultsError
 from fsdp_matrix.matrix import Matrix, load_matrix
 from fsdp_matrix.records import Record
 from fsdp_matrix.report.failure import failure_text
@@ -161,12 +161,25 @@ def matrix_session(request: pytest.FixtureRequest) -> Session:
     config = request.config
     opts = _options(config)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    session = open_session(opts, _matrix(config), launches=opts.results / "launches" / worker)
+    try:
+        session = open_session(opts, _matrix(config), launches=opts.results / "launches" / worker)
+    except ResultsError as exc:
+        pytest.exit(f"fsdp-matrix: {exc}", returncode=pytest.ExitCode.INTERRUPTED)
     if not hasattr(config, "workerinput"):
         # without xdist this process runs every collected cell, in collection order: queue them all now
         session.prefetch(_collected_cells(request.session))
     yield session
     session.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A cell whose record cannot be written, or whose launch directory was removed, stops the whole run with the
+    one line that names the path: every later cell would run only to lose its verdict too."""
+    try:
+        return (yield)
+    except ResultsError as exc:
+        pytest.exit(f"fsdp-matrix: {exc}", returncode=pytest.ExitCode.INTERRUPTED)
 
 
 def _collected_cells(session: pytest.Session) -> List[Cell]:

@@ -13,13 +13,16 @@ import os
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from fsdp_matrix.clip import clip
+from fsdp_matrix.errors import MatrixError, ResultsError
 
 SCHEMA = 4
 """4: ``nodes`` (``world_size`` is the global world size, over every node), ``versions.trl`` (TRL, None where the
@@ -28,6 +31,12 @@ env has none), ``RankResult.warnings`` (the warnings each rank's run() raised; r
 ref or a checkout). 1: none of these. Older records read as before (the new fields default to empty, and ``nodes``
 to 1)."""
 RECORDS_FILE = "cells.jsonl"
+MIN_FREE_BYTES = 1 << 20
+"""Free space the results file's device must have when a run starts (a clipped record is at most ~0.3 MB)."""
+MESSAGE_CHARS = 8_000
+"""What a record keeps of an error message, head and tail (the verdict is judged on the whole message first)."""
+TEXT_CHARS = 64_000
+"""What a record keeps of a rank's traceback or stack dump, head and tail."""
 
 
 @dataclass(kw_only=True)
@@ -179,6 +188,43 @@ def env_error(message: str, error_type: str = "EnvError") -> Observed:
     return Observed(status="env-error", error_type=error_type, error_message=message, ranks=[rank])
 
 
+def clipped(observed: Observed) -> Observed:
+    """``observed`` with every error message, traceback and stack cut to its head and tail (MESSAGE_CHARS,
+    TEXT_CHARS): a cell that raises with megabytes of text gets a record line of kilobytes, not one copy per rank."""
+
+    def short(text: Optional[str], chars: int) -> Optional[str]:
+        return text if text is None or len(text) <= chars else clip(text, chars, middle=True)
+
+    ranks = [
+        replace(
+            r,
+            error_message=short(r.error_message, MESSAGE_CHARS),
+            traceback=short(r.traceback, TEXT_CHARS),
+            stack=short(r.stack, TEXT_CHARS),
+        )
+        for r in observed.ranks
+    ]
+    return replace(observed, error_message=short(observed.error_message, MESSAGE_CHARS), ranks=ranks)
+
+
+def check_appendable(results: Path) -> None:
+    """Raise ResultsError (one line naming the file) unless records can be appended to ``results/cells.jsonl``:
+    the directory and the file can be created, the file opened for appending and its lock taken, and its device
+    has MIN_FREE_BYTES free. Called once before a run's first launch, so that no cell runs to lose its verdict."""
+    file = results / RECORDS_FILE
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(results / (RECORDS_FILE + ".lock"))):
+            with open(file, "ab"):
+                pass
+        st = os.statvfs(results)
+    except OSError as exc:
+        raise ResultsError(f"cannot append records to {file}: {exc.strerror or exc}") from None
+    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
+        free = st.f_bavail * st.f_frsize
+        raise ResultsError(f"cannot append records to {file}: no space left on its device ({free:,} bytes free)")
+
+
 def append(results: Path, record: Record) -> None:
     results.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record.to_json(), sort_keys=True, default=str) + "\n").encode("utf-8")
@@ -216,6 +262,17 @@ def iter_records(path: Path, skipped: SkipSink = None) -> Iterator[Record]:
                     yield adapter.validate_json(raw.rstrip(b"\r\n"))
                 except ValidationError as exc:
                     report(Skipped(file, number, _reason(exc), torn=not raw.endswith(b"\n")))
+
+
+def read_all(path: Path, what: str = "--results") -> List[Record]:
+    """Every record of ``path`` (see iter_records). MatrixError (one line, naming ``what``) when it has lines and not
+    one is a record: a wrong path (a matrix.yaml, a log), not a results file that lacks the cell asked about."""
+    skipped: List[Skipped] = []
+    out = list(iter_records(path, skipped))
+    if skipped and not out:
+        first = clip(skipped[0].reason, 120, flat=True)
+        raise MatrixError(f"{what}: {path}: not a results file ({len(skipped)} lines, none a record: {first})")
+    return out
 
 
 def _reason(exc: ValidationError) -> str:

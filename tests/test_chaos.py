@@ -96,11 +96,15 @@ class Chaos:
         self.launch_ids: Set[str] = set()
 
     # ---- running ------------------------------------------------------------------------------------------------
-    def start(self, results: Path, cells: List[str]) -> subprocess.Popen:
+    def start(
+        self, results: Path, cells: List[str], matrix: Optional[Path] = None, env: Optional[Dict[str, str]] = None
+    ) -> subprocess.Popen:
+        """A run of ``cells`` (in this order) of ``matrix`` (default: the chaos matrix), with ``env`` added to the
+        caller's environment."""
         self.runs += 1
-        cmd = [sys.executable, "-m", "fsdp_matrix", "run", *cells, "--matrix", str(self.matrix)]
+        cmd = [sys.executable, "-m", "fsdp_matrix", "run", *cells, "--matrix", str(matrix or self.matrix)]
         cmd += ["--results", str(results), "--combo", "chaos", "--cell-timeout", str(CELL_TIMEOUT_S), "--resume"]
-        env = {**os.environ, "TMPDIR": str(self.tmp), "FSDP_MATRIX_CHAOS_DIR": str(self.flags)}
+        env = {**os.environ, **(env or {}), "TMPDIR": str(self.tmp), "FSDP_MATRIX_CHAOS_DIR": str(self.flags)}
         env.setdefault("OMP_NUM_THREADS", "1")
         with open(self.root / "logs" / f"run-{self.runs:03d}.log", "w") as log:
             return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -283,4 +287,74 @@ def test_chaos(tmp_path, capsys):
     figures = chaos.figures(time.monotonic() - start)
     with capsys.disabled():
         print(figures)
+    assert not chaos.lost and chaos.orphans == 0 and not chaos.temp_left, figures
+
+
+# ---- hostile repros (issue 17): one run, each hostile cell followed by a healthy probe ----------------------------
+
+HOSTILE_RETURNS = {"ret_bool": "bool", "ret_list": "list", "ret_bad_keys": "dict"}
+"""``run()`` answers that are not a dict of JSON values: that cell's error (REGRESSION), and the launch goes on."""
+HOSTILE_STATE = ["patch_adamw", "warn_error", "sys_path", "anomaly", "matmul", "set_env", "chdir"]
+"""Global monkeypatching, warning filters, sys.path, torch defaults, os.environ, cwd: left behind by the cell."""
+LEAKED_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_SHARDING_STRATEGY": "1", "ACCELERATE_MIXED_PRECISION": "no"}
+"""The caller's shell steering accelerate's FSDP choices: the ranks must start without them."""
+
+
+def _hostile_matrix(folder: Path) -> Tuple[Path, List[str], List[str]]:
+    """tests/runner/hostile_matrix.yaml with one probe cell per hostile one (ids ``fault_probe-nI``); the matrix,
+    the hostile faults, and the cells in run order: probe, then each hostile cell followed by its own probe."""
+    data = yaml.safe_load((HERE / "runner" / "hostile_matrix.yaml").read_text())
+    case = data["cases"][0]
+    case["repro"] = str(HERE / "runner" / "hostile_cells.py")
+    hostile = [f for f in case["grids"][0]["fault"] if f != "probe"]
+    case["grids"] = [{"fault": ["probe"], "n": list(range(len(hostile) + 1))}, {"fault": hostile}]
+    data["combos"][0]["id"] = "chaos"
+    path = folder / "hostile-matrix.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    order = ["hostile/fault_probe-n0-ws2"]
+    for i, fault in enumerate(hostile, 1):
+        order += [f"hostile/fault_{fault}-ws2", f"hostile/fault_probe-n{i}-ws2"]
+    return path, hostile, order
+
+
+@pytest.mark.timeout(1800)
+def test_hostile_repros_in_one_run_leave_every_later_cell_truthful(tmp_path, capsys):
+    """Non-dict returns, global monkeypatching (and the other state a cell can leave), leaked env variables, a
+    megabyte output and message, chdir and a child that never exits, interleaved with healthy probes in one run
+    (``python -m fsdp_matrix run``, as a user runs it, with the leaked variables in its environment). Every probe
+    passes, each hostile cell gets its own true verdict, and nothing of the run is left behind."""
+    start = time.monotonic()
+    chaos = Chaos(tmp_path)
+    matrix, hostile, order = _hostile_matrix(tmp_path)
+    assert set(HOSTILE_RETURNS) | set(HOSTILE_STATE) | {"big_error", "child_forever"} == set(hostile)
+    results = tmp_path / "hostile"
+    proc = chaos.start(results, order, matrix=matrix, env=LEAKED_ENV)
+    assert proc.wait(timeout=RUN_TIMEOUT_S) == 1, chaos.log()  # 1: the non-dict returns are REGRESSIONs
+    chaos.faults.update({"hostile repro": len(hostile), "leaked env variable": len(LEAKED_ENV)})
+    recs = {r.key: r for r in chaos.settle(results)}
+    assert sorted(recs) == sorted(order), chaos.log()  # every cell got its record, once
+    for key in order:
+        rec = recs[key]
+        assert sorted(rec.observed.env_removed) == sorted(LEAKED_ENV), (key, rec.observed.env_removed)
+    probes = [recs[k] for k in order if "fault_probe" in k]
+    assert [r.verdict for r in probes] == ["fix-holds"] * len(probes), [r.line for r in probes]
+    for fault, what in HOSTILE_RETURNS.items():
+        rec = recs[f"hostile/fault_{fault}-ws2"]
+        assert rec.verdict == "REGRESSION" and "run() returned" in rec.line and what in rec.line, rec.line
+    for fault in HOSTILE_STATE:
+        rec = recs[f"hostile/fault_{fault}-ws2"]
+        assert rec.verdict == "fix-holds", rec.line
+        assert "global state changed by the cell" in rec.observed.note, (fault, rec.observed.note)
+        assert "ranks restarted before the next cell" in rec.observed.note, (fault, rec.observed.note)
+    big = recs["hostile/fault_big_error-ws2"]  # 2 MB on stdout, then an 8 MB message: reproduced, and clipped
+    assert big.verdict == "reproduced", big.line
+    message = big.observed.error_message
+    assert message.startswith("huge message head") and message.endswith("huge message tail")
+    assert len(message) <= records.MESSAGE_CHARS
+    assert len(json.dumps(big.to_json())) < 256 << 10
+    child = recs["hostile/fault_child_forever-ws2"]  # a child that ignores SIGTERM: killed, ranks restarted
+    assert child.verdict == "fix-holds" and "child processes left running" in child.observed.note, child.observed
+    figures = chaos.figures(time.monotonic() - start)
+    with capsys.disabled():
+        print(f"\n{figures}; {len(order)} cells in one run: {len(probes)} probes fix-holds")
     assert not chaos.lost and chaos.orphans == 0 and not chaos.temp_left, figures

@@ -104,3 +104,65 @@ def test_a_combo_that_pairs_versions_for_some_cases_runs_only_those(tmp_path):
     assert "lora-requires-grad/" not in wider and "other-case/" not in wider, wider  # nothing of either here
     everything = _pytest("--matrix", str(matrix), "--combo", "current").stdout
     assert "other-case/" in everything and "lora-requires-grad/" in everything, everything
+
+
+# ---- defect 8 through the plugin (nox -s matrix): stop at once, one line naming the path -------------------------
+
+
+def _cells_run(results, *args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    cmd = [sys.executable, "-m", "pytest", str(here / "test_repros.py"), "-q", "-p", "no:cacheprovider"]
+    cmd += ["--matrix", str(here / "runner" / "fault_matrix.yaml"), "--results", str(results), "--combo", "local"]
+    return subprocess.Popen(
+        cmd + ["--device", "cpu", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _naming(out, path):
+    assert "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if str(path) in line]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+def test_plugin_stops_before_any_launch_when_the_results_file_cannot_be_appended_to(tmp_path):
+    (tmp_path / "cells.jsonl").mkdir()  # root may write anywhere: a directory in its place cannot be appended
+    proc = _cells_run(tmp_path, "--cases", "healthy", "-k", "n1 or n2")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode not in (0, 1), out  # not a run of failed cells: the run did not happen
+    assert "cannot append" in _naming(out, tmp_path / "cells.jsonl")
+    assert not (tmp_path / "launches").exists() and "passed" not in out and "failed" not in out, out
+
+
+def test_plugin_stops_at_once_when_the_results_dir_is_deleted_mid_run(tmp_path):
+    import os
+    import shutil
+    import signal
+    import time
+
+    results = tmp_path / "res"
+    proc = _cells_run(results, "--cases", "faults", "-k", "hang_rank1 or fault_ok", "--cell-timeout", "20")
+    try:
+        deadline = time.monotonic() + 240
+        started = []
+        while not started and time.monotonic() < deadline and proc.poll() is None:
+            started = [f for f in results.glob("launches/*/launch-*/rank1.jsonl") if '"start"' in f.read_text()]
+            time.sleep(0.1)
+        assert started, "the cell never started"
+        shutil.rmtree(results)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode not in (0, 1), out
+    assert "removed" in _naming(out, started[0].parent)
+    assert "observed hang" not in out and not results.exists(), out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Iterable, List, Optional
@@ -13,6 +12,7 @@ from fsdp_matrix.export.script import Export, full_script, prepare, render_scrip
 from fsdp_matrix.export.snippet import render_markdown
 from fsdp_matrix.export.trace import can_trace, trace_script
 from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
+from fsdp_matrix.usage import OneLineParser
 
 
 def trace_for(exp: Export, mode: str, python: str) -> Optional[Trace]:
@@ -37,7 +37,7 @@ def write(exp: Export, out: Path, script: Optional[Path] = None, trace: Optional
 
 
 def main(argv: Iterable[str]) -> int:
-    p = argparse.ArgumentParser(prog="fsdp_matrix export", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="fsdp_matrix export", description=__doc__.split("\n\n")[0])
     p.add_argument("cell", help="CASE/CELL, or a cell id that only one case has")
     p.add_argument("--combo", help="combo id from matrix.yaml (default: the newest CPU combo)")
     p.add_argument("--out", type=Path, default=Path("."), help="directory to write into (default: .)")

@@ -20,7 +20,7 @@ from fsdp_matrix.export.inline import Flat, flatten
 from fsdp_matrix.export.layout import join_statements, plain_defs
 from fsdp_matrix.export.prune import Trace, prune_body, prune_imports
 from fsdp_matrix.matrix import Case, Combo, Matrix
-from fsdp_matrix.records import Record, iter_records
+from fsdp_matrix.records import Record, read_all
 
 ENTRY = ("fsdp_matrix.export.launch", "fsdp_matrix.export.rank")
 """Inlined whole: the launcher (before torch is imported) and the rank side."""
@@ -62,7 +62,7 @@ def find_record(results: Path, cell: Cell, combo: Combo) -> Optional[Record]:
             return rec.combo == combo.id
         return all((rec.versions.get(n) or "").split("+")[0] == v for n, v in pins.items())
 
-    hits = [r for r in iter_records(results) if same(r)]
+    hits = [r for r in read_all(results) if same(r)]
     return max(hits, key=lambda r: r.finished_at) if hits else None
 
 
@@ -220,7 +220,8 @@ def expected_text(expected: Expected) -> str:
 
 def prepare(matrix: Matrix, ref: str, combo_id: Optional[str], results: Path, root: Path) -> Export:
     """Resolve the cell and combo; ``root`` is the directory that repro paths in matrix.yaml are relative to."""
-    combo = matrix.combo(combo_id) if combo_id else matrix.newest("cpu")
+    # --combo '' names no combo: an error, not the default
+    combo = matrix.combo(combo_id) if combo_id is not None else matrix.newest("cpu")
     device = "cuda" if "gpu" in combo.tags else "cpu"
     cell = find_cell(matrix, ref, device)
     case = matrix.case(cell.case)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
+from fsdp_matrix.bisect.paths import writable_file
 from fsdp_matrix.cells import Cell, expand, unmet_requirement
 from fsdp_matrix.envs import local_versions
 from fsdp_matrix.expectations import expected_for
@@ -134,6 +135,8 @@ def main(argv: List[str] = None) -> int:
         opts = options.from_namespace(args, ("matrix", "cell_timeout", "torchrun_args"))
     except options.OptionError as exc:
         p.error(str(exc))
+    if args.json:
+        writable_file(args.json)  # before the runs: a --json that cannot be written must not cost them first
     opts = opts.model_copy(update={"matrix": opts.matrix or DEFAULT_MATRIX, "device": "cpu", "world_size": 2})
     args.matrix = opts.matrix
     matrix = load_matrix(args.matrix)

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 import psutil
 
 from fsdp_matrix.clip import clip
-from fsdp_matrix.errors import LaunchError
+from fsdp_matrix.errors import LaunchError, ResultsError
 from fsdp_matrix.runner import launchdir, procs
 from fsdp_matrix.runner.options import CELL_TIMEOUT_S
 from fsdp_matrix.runner.protocol import (
@@ -122,6 +122,7 @@ class Launcher:
         while key not in self._done:
             if self._live is None:
                 self._start()
+            self._still_there(self._live)
             self.watching.poll(self._live)
             if key not in self._done:
                 time.sleep(0.01)
@@ -132,6 +133,9 @@ class Launcher:
         if live is None:
             return
         live.gone = True
+        if not live.run_dir.is_dir():
+            self._kill(live)  # removed under it (the run is stopping for that already): no rank can be asked to stop
+            return
         self._write_task(live, Stop())
         # once every rank has said goodbye there is nothing left to lose: killing beats torchrun's slow shutdown
         deadline = time.monotonic() + 30
@@ -170,6 +174,8 @@ class Launcher:
 
     # ---- launch lifecycle -------------------------------------------------------------------------------------
     def _start(self) -> None:
+        if self._launches and not self.run_root.is_dir():
+            raise ResultsError(f"{self.run_root} was removed during the run: stopping")
         number = self._launches
         self._launches += 1
         launch_id = uuid.uuid4().hex[:12]
@@ -284,11 +290,29 @@ class Launcher:
                 live.timeouts[task.key] = task.timeout_s
             self._write_task(live, task)
 
-    @staticmethod
-    def _write_task(live: _Live, order: Order) -> None:
-        for run_dir, _ in live.agents:  # every node reads its own copy, as on its own host
-            launchdir.write_order(run_dir, live.seq, order)
+    def _write_task(self, live: _Live, order: Order) -> None:
+        try:
+            for run_dir, _ in live.agents:  # every node reads its own copy, as on its own host
+                launchdir.write_order(run_dir, live.seq, order)
+        except OSError:
+            self._still_there(live)
+            raise
         live.seq += 1
+
+    def _still_there(self, live: _Live) -> None:
+        """The launch directory was removed under the launch (its results directory deleted): end the launch and
+        stop the run with ResultsError. Its ranks can report nothing more, and the cell they run is not hung."""
+        if live.run_dir.is_dir():
+            return
+        running = [k for k in live.submitted if k in live.started and k not in self._done][:1]
+        self._live = None if self._live is live else self._live
+        live.gone = True
+        self._kill(live)
+        what = f"while {running[0]} was running" if running else "while it ran"
+        raise ResultsError(
+            f"launch directory {live.run_dir} was removed {what} (its results directory deleted?): stopping the run"
+            + ("; no verdict is recorded for that cell" if running else "")
+        )
 
     def _replace(self, live: _Live, note: str) -> None:
         """Retire this launch (``note`` says why; empty when it ended cleanly by itself); re-queue, in order, every

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from fsdp_matrix import records
 from fsdp_matrix.cells import Cell, unmet_requirement
 from fsdp_matrix.envs.sources import changed_note, env_sources, rule_versions
-from fsdp_matrix.errors import LaunchError
+from fsdp_matrix.errors import LaunchError, ResultsError
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.records import Observed, Record
@@ -101,7 +101,7 @@ def make_record(
         world_size=cell.world_size,
         nodes=cell.nodes,
         expected=expected.to_json(),
-        observed=observed,
+        observed=records.clipped(observed),  # judged on the whole text above; stored as its head and tail
         verdict=judgement.verdict.value,
         duration_s=round(duration_s, 3),
         line=line,
@@ -142,6 +142,9 @@ class Session:
         self._launchers: Dict[Tuple[int, int], Launcher] = {layout: self.launcher}
         self._refused: Dict[Tuple[int, int], str] = {}
         self._active: Optional[Launcher] = None
+        records.check_appendable(self.results)  # before any launch: a cell that ran must not lose its verdict
+        self.sources: Dict[str, Dict] = env_sources(versions=self.versions)
+        """This env's source builds (fsdp_matrix.envs.sources): stamped on every record, and matched by --resume."""
         self._recorded: Dict[Tuple[str, str], Record] = {}
         if self.resume and (self.results / records.RECORDS_FILE).exists():
             newest: Dict[Tuple[str, str], Record] = {}
@@ -154,16 +157,14 @@ class Session:
         self._records: Dict[str, Record] = {}
 
     def _same_env(self, rec: Record) -> bool:
-        """A record of this run's env: same combo; with no combo (a plain pytest run), the same installed versions."""
-        if rec.combo != self.combo:
-            return False
-        return self.combo is not None or rec.versions == dict(self.versions)
+        """A record of this run's env: the same combo id, and what it recorded as installed is what is installed now
+        (every version, python's too, and the same source builds). A combo id stays while its pins are bumped, and
+        the floating combo's versions move nightly: a record made before is another env's answer."""
+        return rec.combo == self.combo and rec.versions == dict(self.versions) and rec.sources == self.sources
 
     def expected(self, cell: Cell) -> Expected:
         # a source build is judged as its release base (fsdp_matrix.envs.sources.rule_versions)
-        return expected_for(
-            self.matrix.case(cell.case), cell, rule_versions(self.versions, env_sources(versions=self.versions))
-        )
+        return expected_for(self.matrix.case(cell.case), cell, rule_versions(self.versions, self.sources))
 
     def prefetch(self, cells: List[Cell]) -> None:
         """Queue every cell that will run, so ranks go from one to the next without waiting for the caller."""
@@ -219,8 +220,10 @@ class Session:
                 0.0,
                 self.combo,
                 self.run_id,
+                self.sources,
             )
         else:
+            self._results_file()
             launcher = self._launcher(cell)
             self._switch(launcher)
             launcher.submit(self._task(cell))
@@ -234,10 +237,23 @@ class Session:
                 run.duration_s or time.monotonic() - start,
                 self.combo,
                 self.run_id,
+                self.sources,
             )
-        records.append(self.results, rec)
+        file = self._results_file()
+        try:
+            records.append(self.results, rec)
+        except OSError as exc:  # a full disk, a file made immutable: the run stops rather than lose every verdict
+            raise ResultsError(f"cannot append records to {file}: {exc.strerror or exc}") from None
         self._records[cell.key] = rec
         return rec
+
+    def _results_file(self) -> Path:
+        """cells.jsonl, which check_appendable created: gone means the results were removed during the run, and a
+        new file would hold only what comes after, so the run stops (ResultsError) instead."""
+        file = self.results / records.RECORDS_FILE
+        if not file.exists():
+            raise ResultsError(f"{file} was removed during the run: stopping (records written to it are gone)")
+        return file
 
     def _skip_reason(self, cell: Cell, expected: Expected) -> Optional[str]:
         reason = unmet_requirement(self.matrix.case(cell.case).requires, cell) or self._layout_refused(cell)

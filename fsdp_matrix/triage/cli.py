@@ -8,7 +8,6 @@ results dir add what was observed.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import sys
 from collections import defaultdict
@@ -32,6 +31,7 @@ from fsdp_matrix.triage.match import (
     workarounds,
 )
 from fsdp_matrix.triage.parse import Paste, parse
+from fsdp_matrix.usage import OneLineParser
 from fsdp_matrix.verdicts import Verdict
 
 EXAMPLES = 3
@@ -47,6 +47,8 @@ class TriageError(MatrixError):
 def parse_versions(text: str) -> Dict[str, Optional[str]]:
     """``torch=2.4.1,peft=0.13.2`` -> {package: version}; an unknown package or a missing ``=`` is an error."""
     out: Dict[str, Optional[str]] = {}
+    if not text.replace(",", "").strip():  # an unset variable in a script, not "no versions at all"
+        raise TriageError(f"--versions: {text!r} names no version: give PACKAGE=VERSION,... or leave it out")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, version = item.partition("=")
         name = name.strip().lower()
@@ -54,6 +56,10 @@ def parse_versions(text: str) -> Dict[str, Optional[str]]:
             raise TriageError(f"--versions: {item!r} is not PACKAGE=VERSION")
         if name not in PACKAGES:
             raise TriageError(f"--versions: unknown package {name!r} (expected one of {', '.join(PACKAGES)})")
+        try:
+            Version(version.strip().lstrip("="))
+        except InvalidVersion:
+            raise TriageError(f"--versions: {item!r}: {version.strip()!r} is not a version") from None
         out[name] = version.strip().lstrip("=")
     return out
 
@@ -289,7 +295,7 @@ def load_records(results: Optional[Path]) -> Tuple[List[Record], List[Skipped]]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="fsdp_matrix triage", description="Match a pasted traceback or log against the matrix's known failures."
     )
     p.add_argument("file", nargs="?", help="the traceback or log; '-' or nothing reads stdin")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -93,17 +96,20 @@ def build_4bit_model(name: str, compute_dtype: str, storage: str, ctx: RankConte
 
 
 def save_once(ctx: RankContext, name: str, save: Callable[[Path], Any], marker: str = "config.json") -> Path:
-    """``ctx.scratch / name``, written by ``save(path)`` on this node's local rank 0 unless ``marker`` is there
-    already; every rank of the node waits for it (a barrier over the whole group, so the other nodes' writers
-    finish too). A failed save raises on the writer; the others raise on the missing files instead of hanging.
+    """``ctx.scratch / name``, written by ``save(path)`` on this node's local rank 0 unless it is there already;
+    every rank of the node waits for it (a barrier over the whole group, so the other nodes' writers finish too).
+    A failed save raises on the writer; the others raise on the missing files instead of hanging.
 
     Per node, never rank 0 alone: on several machines each node has its own scratch, and a file only rank 0
-    wrote would be missing on every other node (issue 17, defect 18d)."""
+    wrote would be missing on every other node (issue 17, defect 18d). Whole or absent: ``save`` writes into a
+    temporary directory beside ``path``, renamed to ``path`` once it returned, because savers write their first
+    file (``marker``, e.g. config.json) long before their last, and a save that failed half way (a full disk, a
+    kill) must never be where the next cell looks (defect 18c)."""
     path = ctx.scratch / name
     failed = None
     if ctx.is_local_main and not (path / marker).exists():
         try:
-            save(path)
+            _save_whole(save, path)
         except Exception as exc:  # reach the barrier anyway, so the other ranks fail on the missing files, not hang
             failed = exc
     if dist.is_initialized():
@@ -111,6 +117,17 @@ def save_once(ctx: RankContext, name: str, save: Callable[[Path], Any], marker: 
     if failed is not None:
         raise failed
     return path
+
+
+def _save_whole(save: Callable[[Path], Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        save(tmp)
+        shutil.rmtree(path, ignore_errors=True)  # a leftover from before whole saves: never reused
+        os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; a failed save's leftovers otherwise
 
 
 def save_model_files(model: nn.Module, path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from fsdp_matrix import records
 from fsdp_matrix.runner import procs
@@ -140,7 +142,7 @@ def _healthy_cells(device="cpu"):
     return expand(load_matrix(HERE / "fault_matrix.yaml"), device, 2, ["healthy"])
 
 
-def _earlier(results, cell, verdict, status, combo="local", versions=None, device="cpu"):
+def _earlier(results, cell, verdict, status, combo="local", versions=None, device="cpu", sources=None):
     from fsdp_matrix.records import Observed, Record
 
     rec = Record(
@@ -156,6 +158,7 @@ def _earlier(results, cell, verdict, status, combo="local", versions=None, devic
         duration_s=1.0,
         combo=combo,
         run_id="earlier",
+        sources=sources or {},
     )
     records.append(results, rec)
 
@@ -189,3 +192,170 @@ def test_resume_without_a_combo_matches_device_and_versions(tmp_path):
     for cell in cells[:4]:
         session.run(cell)
     assert launcher.ran == [c.key for c in cells[1:4]]
+
+
+_SRC = {"peft": {"url": "/src/peft", "ref": "main", "commit": "a" * 40, "dirty": None, "release": "0.21.2"}}
+
+
+def test_resume_under_a_combo_keeps_only_records_of_the_installed_versions_and_sources(tmp_path, monkeypatch):
+    """Defect 5: after a pin bump (or a nightly move of the floating combo) the combo id is the same but the env is
+    not: a record is kept only when every version it recorded, and its source builds, are what is installed."""
+    cells = _healthy_cells()
+    env = {"torch": "2.13.0", "peft": "0.21.2", "transformers": "5.23.0", "python": "3.12.3"}
+    _earlier(tmp_path, cells[0], "fix-holds", "ok", combo="current", versions=env, sources=_SRC)  # kept
+    _earlier(tmp_path, cells[1], "fix-holds", "ok", combo="current", versions={**env, "peft": "0.20.0"})
+    _earlier(tmp_path, cells[2], "fix-holds", "ok", combo="current", versions={**env, "transformers": "4.57.6"})
+    _earlier(tmp_path, cells[3], "fix-holds", "ok", combo="current", versions=env)  # a release, now a source build
+    other = {"peft": {**_SRC["peft"], "commit": "b" * 40}}
+    _earlier(tmp_path, cells[4], "fix-holds", "ok", combo="current", versions=env, sources=other)  # another commit
+    _earlier(tmp_path, cells[5], "fix-holds", "ok", combo="current", versions={**env, "trl": "0.19.0"})
+    from fsdp_matrix.runner import session as session_module
+
+    # this env's peft is a source build (what fsdp_matrix.envs.sources reads from the env's prefix)
+    monkeypatch.setattr(session_module, "env_sources", lambda prefix=None, versions=None: dict(_SRC))
+    session, launcher = _session(tmp_path, combo="current", versions=env)
+    for cell in cells:
+        session.run(cell)
+    assert launcher.ran == [c.key for c in cells[1:]]
+
+
+# ---- a megabyte error message (defect 18b) -------------------------------------------------------------------------
+
+
+class _HugeErrorLauncher(_CountingLauncher):
+    """Every cell raises on both ranks with an 8 MB message (and a traceback that ends with it)."""
+
+    MESSAGE = "HEAD of the message " + "x" * (8 << 20) + " the TAIL"
+
+    def wait(self, key):
+        from fsdp_matrix.records import RankResult
+        from fsdp_matrix.runner.launcher import CellRun
+
+        ranks = [
+            RankResult(
+                rank=r,
+                status="error",
+                error_type="ValueError",
+                error_message=self.MESSAGE,
+                location="repro.run",
+                traceback="Traceback (most recent call last):\n  File repro.py, in run\nValueError: " + self.MESSAGE,
+            )
+            for r in (0, 1)
+        ]
+        return CellRun(key=key, status="error", ranks=ranks, duration_s=0.1)
+
+
+def test_a_megabyte_error_message_is_clipped_in_the_record_keeping_head_and_tail(tmp_path):
+    session, _ = _session(tmp_path, resume=False)
+    session.launcher = _HugeErrorLauncher()
+    rec = session.run(_healthy_cells()[0])
+    assert rec.verdict == "REGRESSION"  # a healthy cell that raised: judged on what was raised
+    line = (tmp_path / records.RECORDS_FILE).read_bytes()
+    assert len(line) < 256 << 10, f"record line of {len(line)} bytes"
+    (kept,) = records.iter_records(tmp_path)
+    texts = [kept.observed.error_message] + [t for r in kept.observed.ranks for t in (r.error_message, r.traceback)]
+    for text in texts:
+        assert "HEAD of the message" in text and text.endswith(" the TAIL")
+    assert kept.observed.ranks[0].traceback.startswith("Traceback (most recent call last):")
+
+
+# ---- a results file that cannot be written, a results dir deleted mid-run (defect 8) ------------------------------
+
+
+def _one_error_line(out: str, path: Path) -> str:
+    """The run stopped with one line naming ``path``, and no traceback."""
+    assert "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if str(path) in line]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+def _run_cells(results: Path, cells, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "fsdp_matrix", "run", "--matrix", str(HERE / "fault_matrix.yaml")]
+    cmd += ["--results", str(results), "--combo", "local", *extra, *cells]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_a_results_file_that_cannot_be_appended_to_stops_run_before_any_launch(tmp_path):
+    (tmp_path / records.RECORDS_FILE).mkdir()  # root may write anywhere: a directory in its place cannot be appended
+    proc = _run_cells(tmp_path, CELLS[:2])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = _one_error_line(proc.stdout + proc.stderr, tmp_path / records.RECORDS_FILE)
+    assert "cannot append" in line, line
+    assert not (tmp_path / "launches").exists()  # no cell was run to lose its verdict
+
+
+def test_an_immutable_results_file_stops_run_before_any_launch(tmp_path):
+    """The review's repro: ``chattr +i`` on cells.jsonl (root can write a read-only file, not an immutable one)."""
+    file = tmp_path / records.RECORDS_FILE
+    file.write_text("")
+    if subprocess.run(["chattr", "+i", str(file)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs ext4-like filesystem and CAP_LINUX_IMMUTABLE)")
+    try:
+        proc = _run_cells(tmp_path, CELLS[:2], "--resume")
+    finally:
+        subprocess.run(["chattr", "-i", str(file)], check=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "cannot append" in _one_error_line(proc.stdout + proc.stderr, file)
+    assert not (tmp_path / "launches").exists()
+
+
+def test_a_full_disk_is_refused_before_the_first_launch(tmp_path, monkeypatch):
+    from fsdp_matrix.errors import MatrixError
+
+    real = os.statvfs
+
+    def full(path):
+        st = real(path)
+        return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, 0, 0, *tuple(st)[5:]))
+
+    monkeypatch.setattr(os, "statvfs", full)
+    with pytest.raises(MatrixError, match=str(tmp_path / records.RECORDS_FILE)):
+        _session(tmp_path, resume=False)
+
+
+def test_a_record_that_cannot_be_written_mid_run_stops_the_session_with_one_line(tmp_path, monkeypatch):
+    from fsdp_matrix.errors import MatrixError
+
+    session, launcher = _session(tmp_path, resume=False)
+    cells = _healthy_cells()
+    session.run(cells[0])
+    real = records.append
+
+    def disk_full(results, rec):
+        raise OSError(28, "No space left on device", str(results / records.RECORDS_FILE))
+
+    monkeypatch.setattr(records, "append", disk_full)
+    with pytest.raises(MatrixError, match="No space left on device") as stopped:
+        session.run(cells[1])
+    assert str(tmp_path / records.RECORDS_FILE) in str(stopped.value) and "\n" not in str(stopped.value)
+    monkeypatch.setattr(records, "append", real)
+
+
+def test_results_dir_deleted_mid_run_stops_at_once_and_accuses_no_cell(tmp_path):
+    """The review's repro: the results dir removed while a cell runs gave a false ``hang`` after the whole cell
+    timeout, and the run went on in a new launch. It must stop, saying the launch directory went."""
+    results = tmp_path / "res"
+    cmd = [sys.executable, "-m", "fsdp_matrix", "run", "--matrix", str(HERE / "fault_matrix.yaml")]
+    cmd += ["--results", str(results), "--combo", "local", "--cell-timeout", "20"]
+    cmd += ["faults/fault_hang_rank1-ws2", "faults/fault_ok-ws2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        started = []
+        while not started and time.monotonic() < deadline and proc.poll() is None:
+            started = [f for f in results.glob("launches/*/launch-*/rank1.jsonl") if '"start"' in f.read_text()]
+            time.sleep(0.1)
+        assert started, "the cell never started"
+        ids = _launch_ids(results)
+        shutil.rmtree(results)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 2, out
+    line = _one_error_line(out, started[0].parent)
+    assert "removed" in line and "observed hang" not in out, out
+    assert not results.exists()  # nothing recreated it to file a verdict into
+    assert _none_alive(ids, 60)

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
 from packaging.version import Version
 
+from fsdp_matrix.workload import models
 from fsdp_matrix.workload.models import (
     build_4bit_model,
     build_model,
@@ -62,3 +65,36 @@ def test_4bit_model_holds_linear4bit_in_the_storage_dtype(tmp_path, storage, wan
     assert type(q).__name__ == "Params4bit" and q.dtype == want
     out = model(input_ids=torch.zeros(1, 4, dtype=torch.long)).logits
     assert torch.isfinite(out).all()
+
+
+class _Loaded(Exception):
+    """Stands in for the 4-bit load (not every env can load 4-bit on a CPU): what it was given is the test's."""
+
+
+def test_a_save_that_failed_half_way_is_not_reused_by_the_next_build(tmp_path, monkeypatch):
+    """Defect 18c: a saver writes config.json first; a save that failed after it must not pass for a complete
+    model in the next cell's build, which must save again and load only a whole save."""
+    cls = transformers.LlamaForCausalLM
+    real_save, saves = models.save_model_files, []
+
+    def half_save(model, path):
+        saves.append(path)
+        model.config.save_pretrained(path)  # what a save writes first
+        raise OSError(28, "No space left on device")
+
+    def load(path, *args, **kwargs):
+        raise _Loaded(sorted(p.name for p in Path(path).iterdir()))
+
+    monkeypatch.setattr(cls, "from_pretrained", staticmethod(load))
+    monkeypatch.setattr(models, "save_model_files", half_save)
+    with pytest.raises(OSError, match="No space left"):
+        build_4bit_model("llama", "bf16", "uint8", cpu_context(tmp_path))
+    assert not list(tmp_path.iterdir())  # nothing of the failed save is left where a build would look
+    monkeypatch.setattr(models, "save_model_files", lambda model, path: saves.append(path) or real_save(model, path))
+    with pytest.raises(_Loaded) as loaded:
+        build_4bit_model("llama", "bf16", "uint8", cpu_context(tmp_path))
+    assert len(saves) == 2  # saved again, not taken from the half-written directory
+    assert "config.json" in loaded.value.args[0] and "model.safetensors" in loaded.value.args[0]
+    with pytest.raises(_Loaded):
+        build_4bit_model("llama", "bf16", "uint8", cpu_context(tmp_path))
+    assert len(saves) == 2  # a whole save is reused
