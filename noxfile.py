@@ -309,11 +309,24 @@ def tests(session: nox.Session, combo: str) -> None:
         "-p",
         "no:cacheprovider",
         # the cells that pin their own layout (4 ranks, 2 nodes x 2 ranks: launches of their own, ~80 s a combo
-        # here) run in `nox -s matrix`; CI's 20 minutes cannot hold them twice
+        # here) run in `nox -s matrix`, the heavy end-to-end tests in `nox -s heavy`: CI's 20 minutes cannot hold them
         "-m",
-        "not layout",
+        "not layout and not heavy",
         *session.posargs,
     )
+
+
+@nox.session
+def heavy(session: nox.Session) -> None:
+    """The end-to-end tests too long for `nox -s tests` (e.g. the nightly's real commit bisect over a toy repo)."""
+    spec = MATRIX.combo("old")
+    report = _prepare(session, spec, "cpu", TEST_TOOLS)
+    if not report.ok:
+        session.error(f"env-error for {spec.id}: {report.message}")
+    results = HERE / "results" / "heavy"
+    shutil.rmtree(results, ignore_errors=True)
+    args = ["--results", str(results), "--combo", spec.id, "--device", "cpu", "-p", "no:cacheprovider"]
+    session.run("python", "-m", "pytest", str(HERE / "tests"), *args, "-m", "heavy", *session.posargs)
 
 
 @nox.session

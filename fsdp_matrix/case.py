@@ -123,7 +123,6 @@ __all__ = [
     "Failures",
     "clean_name",
     "full_parameters",
-    "take_reference",
     # checkpoints
     "cell_dir",
     "check_saved",

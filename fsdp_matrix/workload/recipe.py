@@ -14,6 +14,7 @@ from fsdp_matrix.workload.meta_init import SYNC_SHIM, build_rank0_model, init_of
 from fsdp_matrix.workload.models import DTYPES, build_4bit_model, build_model, count_linear4bit, torch_dtype
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check, trainable_names
+from fsdp_matrix.workload.trl_trainer import trl_entry_from_peft  # imports trl only when a trl cell runs
 from fsdp_matrix.workload.wrapping import MIXED_PRECISION, SHARDING, WRAPS, wrap
 
 ADAPTERS = ("lora", "dora", "qlora")
@@ -64,8 +65,6 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
     if init != "full":
         built["init"] = init
     if entry == "trl":
-        from fsdp_matrix.workload.trl_trainer import trl_entry_from_peft  # trl is optional: only its cells import it
-
         return {**built, **trl_entry_from_peft(model, params, ctx)}
     reference = reference_for(model, synthetic_batch(ctx), ctx, params)
     if entry == "accelerate":

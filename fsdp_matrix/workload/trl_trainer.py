@@ -24,6 +24,8 @@ from typing import Any, Dict, Iterator, List, Mapping
 import torch
 from torch import nn
 
+from fsdp_matrix.workload.adapters import adapter_dtypes
+from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.cpu_shim import cpu_fsdp_shim
 from fsdp_matrix.workload.entry import fsdp_version, isolated_accelerate_state
@@ -53,7 +55,7 @@ def tiny_tokenizer() -> Any:
     )
 
 
-def _words(gen: torch.Generator, n: int) -> str:
+def _vocab_words(gen: torch.Generator, n: int) -> str:
     return " ".join(f"t{i}" for i in torch.randint(len(SPECIALS), VOCAB, (n,), generator=gen).tolist())
 
 
@@ -64,13 +66,13 @@ def tiny_dataset(trainer: str, rows: int, seed: int) -> Any:
 
     gen = torch.Generator().manual_seed(seed)
     if trainer == "sft":
-        return Dataset.from_dict({"text": [_words(gen, SEQ) for _ in range(rows)]})
+        return Dataset.from_dict({"text": [_vocab_words(gen, SEQ) for _ in range(rows)]})
     half = SEQ // 2
     columns: Dict[str, List[str]] = {"prompt": [], "chosen": [], "rejected": []}
     for _ in range(rows):
-        columns["prompt"].append(_words(gen, half))
-        columns["chosen"].append(_words(gen, half))
-        columns["rejected"].append(_words(gen, half))
+        columns["prompt"].append(_vocab_words(gen, half))
+        columns["chosen"].append(_vocab_words(gen, half))
+        columns["rejected"].append(_vocab_words(gen, half))
     return Dataset.from_dict(columns)
 
 
@@ -186,9 +188,6 @@ def trl_setup(
 def trl_train_and_check(trainer: Any, params: Mapping[str, Any], ctx: RankContext) -> dict:
     """Train and judge as the ``trainer`` entry does (hf_trainer.trainer_train_and_check). The trainable set and the
     corruption checks' reference come from TRL's PEFT model before the Trainer wraps it."""
-    from fsdp_matrix.workload.adapters import adapter_dtypes
-    from fsdp_matrix.workload.checks import trainable_names
-
     built = {
         "adapter_dtypes": adapter_dtypes(trainer.model),
         "trl": trl_version(),

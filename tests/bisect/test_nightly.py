@@ -222,6 +222,7 @@ def test_main_same_commits_or_no_changed_cell_no_commit_bisect(tmp_path, upgrade
 
 
 @pytest.mark.bisect
+@pytest.mark.heavy  # 5 commit steps with real installs and launches: 2-7 min here (nox -s heavy)
 @pytest.mark.timeout(1300)
 def test_two_nights_over_a_toy_repo_bisect_the_commits_for_real(tmp_path) -> None:
     """Two fake nights of a combo built from a toy repo's main (tests/sources_support.py): c0 with the bug last

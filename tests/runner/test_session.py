@@ -118,11 +118,11 @@ class _CountingLauncher:
         pass
 
 
-def _session(results, combo="local", versions=None, resume=True):
+def _session(results, combo="local", versions=None, resume=True, launcher=None):
     from fsdp_matrix.matrix import load_matrix
     from fsdp_matrix.runner.session import Session
 
-    launcher = _CountingLauncher()
+    launcher = launcher or _CountingLauncher()
     session = Session(
         load_matrix(HERE / "fault_matrix.yaml"),
         launcher,
@@ -246,8 +246,7 @@ class _HugeErrorLauncher(_CountingLauncher):
 
 
 def test_a_megabyte_error_message_is_clipped_in_the_record_keeping_head_and_tail(tmp_path):
-    session, _ = _session(tmp_path, resume=False)
-    session.launcher = _HugeErrorLauncher()
+    session, _ = _session(tmp_path, resume=False, launcher=_HugeErrorLauncher())
     rec = session.run(_healthy_cells()[0])
     assert rec.verdict == "REGRESSION"  # a healthy cell that raised: judged on what was raised
     line = (tmp_path / records.RECORDS_FILE).read_bytes()
