@@ -13,6 +13,13 @@ import time
 import torch
 import torch.distributed as dist
 
+from fsdp_matrix.workload.models import save_once
+
+
+def _mark(out, text):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "who").write_text(text)
+
 
 def run(params, ctx):
     probe = params["probe"]
@@ -28,10 +35,8 @@ def run(params, ctx):
         return {"sum": float(t.sum())}
     node = int(os.environ.get("GROUP_RANK", 0))
     # per-node scratch: this node's local rank 0 writes, every rank of the node reads (issue 17, defect 18d)
-    mark = ctx.scratch / "written-by"
-    if ctx.is_local_main:
-        mark.write_text(f"node {node}, rank {ctx.rank}")
-    dist.barrier()
+    # through the harness's own helper, as build_4bit_model and the checkpoints write it
+    mark = save_once(ctx, "written-by", lambda out: _mark(out, f"node {node}, rank {ctx.rank}"), marker="who") / "who"
     if ctx.is_main:
         (ctx.shared_dir() / "from-rank0").write_text("rank 0")
     dist.barrier()
