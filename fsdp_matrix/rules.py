@@ -27,6 +27,17 @@ RULE_PACKAGES = PACKAGES + OPTIONAL_PACKAGES
 """The packages a rule's ``versions`` may name."""
 
 Scalar = Union[bool, int, float, str]
+
+
+def _valid_regex(value: str) -> str:
+    """``value`` if it compiles as a regex; the one-line error a rule's ``match`` or ``stack`` gives otherwise."""
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"invalid regex: {exc}") from None
+    return value
+
+
 When = Dict[str, Union[Scalar, List[Scalar]]]
 """Cell params (plus ``device`` and ``world_size``) to match; a list matches any of its values."""
 
@@ -60,11 +71,7 @@ class ErrorSignature(Strict):
     @field_validator("match")
     @classmethod
     def _regex(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"invalid regex: {exc}") from None
-        return value
+        return _valid_regex(value)
 
 
 class HangExpectation(Strict):
@@ -79,12 +86,7 @@ class HangExpectation(Strict):
     @field_validator("stack")
     @classmethod
     def _regex(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"invalid regex: {exc}") from None
-        return value
+        return None if value is None else _valid_regex(value)
 
 
 class WarningSignature(Strict):
@@ -97,11 +99,7 @@ class WarningSignature(Strict):
     @field_validator("match")
     @classmethod
     def _regex(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"invalid regex: {exc}") from None
-        return value
+        return _valid_regex(value)
 
 
 OUTCOMES = ("ok", "error", "skip", "hang", "warning")
