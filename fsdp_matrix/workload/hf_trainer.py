@@ -75,6 +75,29 @@ def trainer_fsdp_config(model: nn.Module, params: Mapping[str, Any]) -> Dict[str
     return config
 
 
+def training_arguments(ctx: RankContext, output_dir: str, **more: Any) -> Dict[str, Any]:
+    """The Trainer's arguments every cell trains with (3 steps, no saving, no reporting), FSDP as users turn it on
+    (``fsdp="full_shard auto_wrap"``, plus ``more``'s ``fsdp_config``), on the CPU where the cell runs there. The
+    TRL entry builds its config from the same (trl_trainer.py)."""
+    kwargs: Dict[str, Any] = dict(
+        output_dir=output_dir,
+        per_device_train_batch_size=2,
+        max_steps=3,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=ctx.seed,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        fsdp="full_shard auto_wrap",
+        **more,
+    )
+    if ctx.device.type == "cpu":
+        kwargs["use_cpu"] = True
+    return kwargs
+
+
 @contextlib.contextmanager
 def trainer_setup(
     model: nn.Module,
@@ -99,23 +122,12 @@ def trainer_setup(
     version = fsdp_version(params)
     shim_on = cpu_fsdp_shim(ctx.device, version, trainer=True, saves=saves, ram_efficient=ram_efficient(params))
     with isolated_accelerate_state(), shim_on as shim:
-        kwargs: Dict[str, Any] = dict(
-            output_dir=output_dir or str((ctx.shared or ctx.scratch) / "trainer"),
-            per_device_train_batch_size=2,
-            max_steps=3,
-            learning_rate=1e-2,
-            logging_steps=1,
-            save_strategy="no",
-            report_to=[],
-            seed=ctx.seed,
-            disable_tqdm=True,
-            dataloader_num_workers=0,
+        kwargs = training_arguments(
+            ctx,
+            output_dir or str((ctx.shared or ctx.scratch) / "trainer"),
             remove_unused_columns=False,
-            fsdp="full_shard auto_wrap",
             fsdp_config={**trainer_fsdp_config(model, params), **(fsdp_config or {})},
         )
-        if ctx.device.type == "cpu":
-            kwargs["use_cpu"] = True
         kwargs.update(overrides)
         args = TrainingArguments(**kwargs)
         trainer = Trainer(model=model, args=args, train_dataset=TokenRows(rows, ctx.seed))

@@ -29,7 +29,7 @@ from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.cpu_shim import cpu_fsdp_shim
 from fsdp_matrix.workload.entry import fsdp_version, isolated_accelerate_state
-from fsdp_matrix.workload.hf_trainer import trainer_fsdp_config, trainer_train_and_check
+from fsdp_matrix.workload.hf_trainer import trainer_fsdp_config, trainer_train_and_check, training_arguments
 from fsdp_matrix.workload.models import DTYPES, VOCAB
 from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.training import SEQ
@@ -147,24 +147,13 @@ def trl_setup(
     to_config, to_trainer = _place(_trl_options(trainer), _fields(config_cls), init)
     version = fsdp_version(params)
     with isolated_accelerate_state(), cpu_fsdp_shim(ctx.device, version, trainer=True) as shim:
-        kwargs: Dict[str, Any] = dict(
-            output_dir=str(ctx.scratch / f"trl-{trainer}"),
-            per_device_train_batch_size=2,
-            max_steps=3,
-            learning_rate=1e-2,
-            logging_steps=1,
-            save_strategy="no",
-            report_to=[],
-            seed=ctx.seed,
-            disable_tqdm=True,
-            dataloader_num_workers=0,
+        kwargs = training_arguments(
+            ctx,
+            str(ctx.scratch / f"trl-{trainer}"),
             bf16=axis(params, "dtype", tuple(DTYPES), default="fp32") == "bf16",
-            fsdp="full_shard auto_wrap",
             fsdp_config=trainer_fsdp_config(model, params),
             **to_config,
         )
-        if ctx.device.type == "cpu":
-            kwargs["use_cpu"] = True
         kwargs.update(overrides)
         args = config_cls(**kwargs)
         tok = tiny_tokenizer()
