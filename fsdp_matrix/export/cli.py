@@ -11,14 +11,27 @@ from fsdp_matrix.export.prune import Trace
 from fsdp_matrix.export.script import Export, full_script, prepare, render_script
 from fsdp_matrix.export.snippet import render_markdown
 from fsdp_matrix.export.trace import can_trace, trace_script
+from fsdp_matrix.export.verify import judge_outcome
 from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
 from fsdp_matrix.usage import OneLineParser
+from fsdp_matrix.verdicts import Verdict
 
 
 def trace_for(exp: Export, mode: str, python: str) -> Optional[Trace]:
-    """The traced run ``mode`` asks for: ``auto`` traces when ``python`` can run the cell, ``never`` does not."""
+    """The traced run ``mode`` asks for: ``auto`` traces when ``python`` can run the cell, ``never`` does not.
+
+    A cell expected to fail is traced without the workload's checks first: when that run still gives the matrix's
+    verdict (the expected error, reproduced), the script shows the failing steps alone. Otherwise (a check's own
+    forward or state gather was part of the trigger) it is traced again with them."""
     if mode == "never" or (mode == "auto" and not can_trace(python)):
         return None
+    if exp.expected.kind == "error":
+        plain = trace_script(full_script(exp, checks=False).text, exp.cell.world_size, exp.cell.device, python)
+        got = judge_outcome(plain.outcome, exp.expected).verdict if plain else None
+        if got == Verdict.REPRODUCED:
+            plain.checks = False
+            return plain
+        print(f"[export] without the checks the cell gave {got.value if got else 'no trace'}: traced with them")
     trace = trace_script(full_script(exp).text, exp.cell.world_size, exp.cell.device, python)
     if trace is None and mode == "always":
         raise MatrixError(f"{exp.cell.key}: the traced run of the cell failed (see above); --trace never skips it")

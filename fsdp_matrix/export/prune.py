@@ -22,7 +22,14 @@ from fsdp_matrix.export.fold import Folder, Unknown
 from fsdp_matrix.export.inline import _bound, _start
 from fsdp_matrix.export.inliner import inline_all, inline_expressions
 from fsdp_matrix.export.layout import NOT_REPRODUCED, RAISED_HERE, one_line
-from fsdp_matrix.export.simplify import constant_args, fold_tables, pure_functions, simplify
+from fsdp_matrix.export.simplify import (
+    constant_args,
+    drop_unused_keywords,
+    fold_tables,
+    pure_functions,
+    simplify,
+    unused_params,
+)
 from fsdp_matrix.export.trigger import trigger
 
 
@@ -36,6 +43,8 @@ class Trace:
     """Per rank that raised: the script's line numbers in its traceback, outermost first."""
     outcome: str = ""
     """Rank 0's ``===== outcome:`` line."""
+    checks: bool = True
+    """Whether the traced script ran the matrix's checks (``RUN_CHECKS``; see export/cli.py)."""
 
 
 def _is_doc(node: ast.stmt) -> bool:
@@ -224,11 +233,28 @@ class _Emitter:
         return out
 
 
+def _signature_annotations(tree: ast.AST, lines: List[str]) -> Set[int]:
+    """ids of the nodes in functions' argument and return annotations that layout.plain_defs drops (it keeps a
+    signature with a comment as written), so the names they read need no definition (a dataclass field's annotation
+    stays, and counts)."""
+    out: Set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if any("#" in x for x in lines[fn.lineno - 1 : _start(fn.body[0]) - 1]):
+                continue
+            a = fn.args
+            notes = [x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x]
+            for note in [n for n in notes + [fn.returns] if n is not None]:
+                out |= {id(n) for n in ast.walk(note)}
+    return out
+
+
 def _names(text: str) -> List[str]:
     """Names a piece of code reads, in reading order (deduplicated)."""
     tree = ast.parse(text)
+    skip = _signature_annotations(tree, text.splitlines())
     found = sorted(
-        ((n.lineno, n.col_offset, n.id) for n in ast.walk(tree) if isinstance(n, ast.Name)),
+        ((n.lineno, n.col_offset, n.id) for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in skip),
         key=lambda t: (t[0], t[1]),
     )
     return list(dict.fromkeys(name for _, _, name in found))
@@ -325,10 +351,10 @@ def prune_body(
     for _ in range(10):  # simplifying drops calls, which can leave functions unreached, which frees more
         functions = [n for n in order if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         by_name = {n.name: texts[id(n)] for n in functions}
-        pure, args = pure_functions(by_name), constant_args(by_name)
+        pure, args, unused = pure_functions(by_name), constant_args(by_name), unused_params(by_name)
         changed = False
         for node in functions:
-            new = simplify(texts[id(node)], pure, args.get(node.name))
+            new = simplify(drop_unused_keywords(texts[id(node)], unused, pure), pure, args.get(node.name))
             changed |= new != texts[id(node)]
             texts[id(node)] = new
         inlined = inline_all({n.name: texts[id(n)] for n in functions}, keep=set(roots))

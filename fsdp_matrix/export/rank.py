@@ -17,11 +17,12 @@ import torch
 from torch import distributed as dist
 
 from fsdp_matrix.export.launch import OUTCOME_ENV, SCRATCH_ENV, parse_args
+from fsdp_matrix.workload.checks import RUN_CHECKS
 
 
 def rank_main(run: Callable, context_cls: type, params: Dict, pins: Dict, argv: List[str], device: str, ws: int) -> int:
     args = parse_args(argv, device, ws)
-    rank, local, world = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"])
+    rank, local, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     dev = torch.device("cuda", local) if args.device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -39,10 +40,8 @@ def rank_main(run: Callable, context_cls: type, params: Dict, pins: Dict, argv: 
     except Exception as exc:  # the error is the observation: report it, with the function that raised it
         frame = [*traceback.walk_tb(exc.__traceback__)][-1][0]
         where = f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name}"
-        mine = (
-            f"rank {rank}: {type(exc).__name__}: {exc} (raised in {where})",
-            f"===== rank {rank}: error =====\n{traceback.format_exc()}",
-        )
+        error = f"rank {rank}: {type(exc).__name__}: {exc} (raised in {where})"
+        mine = (error, f"===== rank {rank}: error =====\n{traceback.format_exc()}")
     outcomes = [mine] * world
     try:
         dist.all_gather_object(outcomes, mine)  # after it, no rank uses the scratch folder
@@ -56,13 +55,9 @@ def rank_main(run: Callable, context_cls: type, params: Dict, pins: Dict, argv: 
     if rank != 0 and world:
         return 0
     errors = "; ".join(error for error, _ in outcomes if error)
-    print(
-        *(text.rstrip() for _, text in outcomes),
-        f"===== outcome: {errors or 'every rank trained and passed the checks'}",
-        sep="\n",
-        flush=True,
-    )
-    if os.environ.get(OUTCOME_ENV) and world:
+    ok = "every rank trained and passed the checks" if RUN_CHECKS else "every rank trained (checks off: RUN_CHECKS)"
+    print(*(text.rstrip() for _, text in outcomes), f"===== outcome: {errors or ok}", sep="\n", flush=True)
+    if os.environ.get(OUTCOME_ENV) and world:  # relaunch turns it into the exit code
         Path(os.environ[OUTCOME_ENV]).write_text("error" if errors else "ok")
         return 0
     return 1 if errors or not world else 0

@@ -8,6 +8,7 @@ It names no package index: uv and pip pick packages from the user's own index co
 from __future__ import annotations
 
 import ast
+import dataclasses
 import datetime
 import re
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import List, Optional, Set, Tuple
 from fsdp_matrix.cells import Cell, find_cell
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.export.inline import Flat, flatten
-from fsdp_matrix.export.layout import join_statements, plain_defs
+from fsdp_matrix.export.layout import LINE_LENGTH, join_statements, plain_defs
 from fsdp_matrix.export.prune import Trace, prune_body, prune_imports
 from fsdp_matrix.matrix import Case, Combo, Matrix
 from fsdp_matrix.records import Record, read_all
@@ -71,7 +72,14 @@ def find_record(results: Path, cell: Cell, combo: Combo) -> Optional[Record]:
 
 def _pep723(combo: Combo) -> str:
     python = f"=={combo.python}.*" if combo.python else ">=3.9"
-    deps = "".join(f'#   "{req}",\n' for req in combo.requirements())
+    rows: List[str] = []
+    for req in combo.requirements():  # packed to the line length: the pins read as one sentence
+        item = f'"{req}",'
+        if rows and len(rows[-1]) + 1 + len(item) <= LINE_LENGTH:
+            rows[-1] += " " + item
+        else:
+            rows.append("#   " + item)
+    deps = "".join(row + "\n" for row in rows)
     return f'# /// script\n# requires-python = "{python}"\n# dependencies = [\n{deps}# ]\n# ///\n'
 
 
@@ -141,10 +149,18 @@ def _join(parts: List[str]) -> str:
     return "\n\n\n".join(p.strip("\n") for p in parts if p.strip()) + "\n"
 
 
-def full_script(exp: Export) -> Full:
+CHECKS_ON = re.compile(r"(?m)^RUN_CHECKS = True$")
+CHECKS_OFF = "RUN_CHECKS = False  # the matrix's checks left out: without them the cell still fails as expected"
+
+
+def full_script(exp: Export, checks: bool = True) -> Full:
     """Everything inlined (launcher, third-party imports, repro and workload, rank side); line numbers are stable,
-    so a trace of this text can prune it."""
+    so a trace of this text can prune it. ``checks`` False turns the workload's checks off (workload/checks.py's
+    ``RUN_CHECKS``) on one line, so the line numbers stay those of the script with them."""
     flat = flatten(exp.repro, first=ENTRY)
+    if not checks:
+        off = [dataclasses.replace(x, text=CHECKS_ON.sub(CHECKS_OFF, x.text, count=1)) for x in flat.sections]
+        flat = dataclasses.replace(flat, sections=off)
     launch, rank, body = flat.sections[0], flat.sections[1], flat.sections[2:]
     head = _join(
         [
@@ -186,11 +202,11 @@ def _single_blank(text: str) -> str:
 def render_script(exp: Export, trace: Optional[Trace] = None) -> str:
     """The script a maintainer reads: PEP 723 block, docstring, imports, the launcher (run before torch is
     imported), third-party imports, ``run`` and what it reaches (params folded, see prune.py), the rank side."""
-    full = full_script(exp)
+    full = full_script(exp, checks=trace.checks if trace else True)
     flat = full.flat
     launch, rank = flat.sections[0], flat.sections[1]
     api = api_names(flat.other_imports)
-    pruned = prune_body(full.text, full.body, ["run", "RankContext"], exp.cell.params_dict, trace, api)
+    pruned = prune_body(full.text, full.body, ["run", "RankContext", "RUN_CHECKS"], exp.cell.params_dict, trace, api)
     body = plain_defs(pruned.text)
     rest = "\n".join([plain_defs(launch.text), plain_defs(rank.text), GUARD, MAIN, _constants(exp), body])
     used = {n.id for n in ast.walk(ast.parse(rest)) if isinstance(n, ast.Name)}
@@ -206,7 +222,24 @@ def render_script(exp: Export, trace: Optional[Trace] = None) -> str:
         plain_defs(join_statements(_no_docstring(rank.text))),
         MAIN,
     ]
-    return _single_blank(_join(parts))
+    return _unused_fields(_single_blank(_join(parts)), "RankContext")
+
+
+def _unused_fields(text: str, cls: str) -> str:
+    """``text`` without the fields of dataclass ``cls`` that have a default and that no ``.field`` reads: the rank
+    side passes the ones without, in order."""
+    tree = ast.parse(text)
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
+    if node is None:
+        return text
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    gone = {
+        f.lineno
+        for f in node.body
+        if isinstance(f, ast.AnnAssign) and f.value is not None and f.lineno == f.end_lineno
+        and isinstance(f.target, ast.Name) and f.target.id not in read
+    }  # fmt: skip
+    return "\n".join(x for i, x in enumerate(text.splitlines(), 1) if i not in gone) + "\n"
 
 
 def expected_text(expected: Expected) -> str:

@@ -22,7 +22,7 @@ PURE_BUILTINS = frozenset(
 READ_METHODS = frozenset(
     "parameters named_parameters modules named_modules buffers named_buffers children named_children items keys "
     "values get split rsplit strip replace startswith endswith lower upper join format copy "
-    "perf_counter monotonic".split()
+    "perf_counter monotonic is_initialized".split()
 )
 """Method names that read their object (torch modules, dicts, strings) without changing it, and clock reads."""
 LOCAL_MUTATORS = frozenset("append extend add update insert".split())
@@ -188,6 +188,47 @@ def _agreed(args: ast.arguments, sites: List[ast.Call]) -> Dict[str, Any]:
         for n, v in values.items()
         if v and v[0] is not _NotConst and all(x is not _NotConst and type(x) is type(v[0]) and x == v[0] for x in v)
     }
+
+
+def unused_params(texts: Dict[str, str]) -> Dict[str, Set[str]]:
+    """Per top-level function (name -> text): the parameters with a default that its kept body never reads (a
+    traced run that raised early leaves most of a function's parameters unread)."""
+    out: Dict[str, Set[str]] = {}
+    for name, text in texts.items():
+        fn = ast.parse(text).body[0]
+        if not isinstance(fn, ast.FunctionDef) or fn.args.kwarg is not None:
+            continue
+        a = fn.args
+        positional = a.posonlyargs + a.args
+        optional = [x.arg for x in positional[len(positional) - len(a.defaults) :]]
+        optional += [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+        read = {n.id for stmt in fn.body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+        unread = {x for x in optional if x not in read}
+        if unread:
+            out[name] = unread
+    return out
+
+
+def drop_unused_keywords(text: str, unused: Dict[str, Set[str]], pure: Set[str]) -> str:
+    """``f(x, k=v)`` written ``f(x)`` where ``f`` never reads ``k`` (see unused_params) and ``v`` is side-effect
+    free: a value computed only to be passed along, unread, then goes as dead (calls on one line only)."""
+    tree = ast.parse(text)
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, ast.FunctionDef):
+        return text
+    local = _locals(fn)
+    spans = []
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in unused):
+            continue
+        gone = [k for k in node.keywords if k.arg in unused[node.func.id] and is_pure(k.value, pure, local)]
+        if not gone or node.lineno != node.end_lineno:
+            continue
+        call = ast.Call(node.func, node.args, [k for k in node.keywords if k not in gone])
+        spans.append((node.lineno, node.col_offset, node.end_col_offset, ast.unparse(call)))
+    # an outer call rewritten whole would undo an inner one on the same line: one call per line per pass
+    spans = list({s[0]: s for s in sorted(spans, key=lambda s: s[2] - s[1])}.values())
+    return "\n".join(_replace(text.splitlines(), spans)) if spans else text
 
 
 def _taken_branch(node: ast.AST, known: Dict[str, Any]) -> Optional[str]:

@@ -13,8 +13,9 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from fsdp_matrix.cells import expand_case, unmet_requirement
 from fsdp_matrix.expectations import Expected, expected_for
@@ -47,14 +48,21 @@ class Alone:
 
     def judge(self, expected: Expected) -> Judgement:
         """The verdict of this run, as the matrix would give it for the same observation."""
-        if not self.outcome:
-            return judge(expected, "crash", message=self.output[-300:])
-        if self.outcome.startswith("every rank trained"):
-            return judge(expected, "ok")
-        m = _ERROR.match(self.outcome)
-        if m is None:
-            return judge(expected, "crash", message=self.outcome)
-        return judge(expected, "error", m["type"], m["message"], m["where"])
+        return judge_outcome(self.outcome, expected, self.output[-300:])
+
+
+def judge_outcome(outcome: str, expected: Expected, tail: str = "") -> Judgement:
+    """The verdict of rank 0's outcome line (what follows ``===== outcome:``), as the matrix would give it for the
+    same observation; ``tail``: what the run printed last, for a run that never got to its outcome."""
+    outcome = outcome.strip().removeprefix("===== outcome:").strip()
+    if not outcome:
+        return judge(expected, "crash", message=tail)
+    if outcome.startswith("every rank trained"):
+        return judge(expected, "ok")
+    m = _ERROR.match(outcome)
+    if m is None:
+        return judge(expected, "crash", message=outcome)
+    return judge(expected, "error", m["type"], m["message"], m["where"])
 
 
 def run_alone(script: Path, python: str = sys.executable, timeout: float = 600) -> Alone:
@@ -91,6 +99,17 @@ def pick_cell(case, versions):
             if expected_for(case, cell, versions).kind == kind:
                 return cell
     return (runnable or cells)[0]
+
+
+def installed_versions(matrix) -> Dict[str, Optional[str]]:
+    """The installed version of every package a combo of ``matrix`` pins (None where it is not installed)."""
+    out: Dict[str, Optional[str]] = {}
+    for name in dict.fromkeys(n for combo in matrix.combos for n in combo.pins.model_dump()):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def matching_combo_id(matrix, versions) -> Optional[str]:

@@ -43,7 +43,8 @@ def peft_model(params: Mapping[str, Any], ctx: RankContext, autocast: Optional[b
         base = build_rank0_model(model, dtype, ctx)
     else:
         base = build_model(model, dtype, ctx)
-    autocast = flag(params, "autocast", default=autocast)
+    if "autocast" in params:
+        autocast = flag(params, "autocast")
     return add_adapter(base, adapter, ctx.seed, autocast=autocast)
 
 

@@ -11,6 +11,7 @@ from torch import nn
 
 # clean_name, full_parameters, trainable_names and wrapper_kind are re-exported: the case API names them here
 from fsdp_matrix.workload.checks import (  # noqa: F401
+    RUN_CHECKS,
     DTensor,
     TrainingChecks,
     clean_name,
@@ -35,6 +36,27 @@ def synthetic_batch(ctx: RankContext) -> torch.Tensor:
     """The same token ids on every rank and every run: (BATCH, SEQ) ids below VOCAB."""
     gen = torch.Generator().manual_seed(ctx.seed)
     return torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen).to(ctx.device)
+
+
+def train_steps(
+    model: nn.Module,
+    batch: torch.Tensor,
+    steps: int,
+    optimizer: torch.optim.Optimizer,
+    backward: Optional[Callable[[torch.Tensor], None]] = None,
+    judge: Optional[TrainingChecks] = None,
+) -> None:
+    """``steps`` optimizer steps on ``batch`` (labels = inputs); ``judge`` records each step's gradients and loss."""
+    model.train()
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(input_ids=batch, labels=batch).loss
+        (backward or torch.Tensor.backward)(loss)
+        if judge is not None:
+            judge.record_grads(model)
+        optimizer.step()
+        if judge is not None:
+            judge.record_loss(float(loss.detach()))
 
 
 def grad_norm(params: List[nn.Parameter], device: torch.device) -> float:
@@ -81,6 +103,10 @@ def train_and_check(
     """
     require_fsdp(model)
     batch = synthetic_batch(ctx)
+    if not RUN_CHECKS:
+        params = [p for p in model.parameters() if p.requires_grad]
+        train_steps(model, batch, steps, optimizer or torch.optim.AdamW(params, lr=LR), backward)
+        return {"run_checks": False}
     judge = TrainingChecks(trainable, ctx.device, ctx.world_size)
     judge.snapshot(model)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -92,15 +118,8 @@ def train_and_check(
     # unsharded, and model.parameters() lists unsharded copies or non-leaf views: observed, pytorch#149205)
     guard = CorruptionChecks(trainable, ctx.world_size, as_reference(reference, batch), batch)
     guard.after_wrap(model)
-    model.train()
     start = time.perf_counter()
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = model(input_ids=batch, labels=batch).loss
-        (backward or torch.Tensor.backward)(loss)
-        judge.record_grads(model)
-        optimizer.step()
-        judge.record_loss(float(loss.detach()))
+    train_steps(model, batch, steps, optimizer, backward, judge)
     train_s = time.perf_counter() - start
     if own:
         del optimizer

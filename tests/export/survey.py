@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 
 from fsdp_matrix.cells import unmet_requirement
@@ -23,40 +22,29 @@ from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.export.cli import trace_for
 from fsdp_matrix.export.prune import Trace
 from fsdp_matrix.export.script import full_script, prepare, render_script
-from fsdp_matrix.export.verify import matching_combo_id, pick_cell, run_alone
-from fsdp_matrix.matrix import DEFAULT_MATRIX, PACKAGES, load_matrix
+from fsdp_matrix.export.verify import installed_versions, matching_combo_id, pick_cell, run_alone
+from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
 from fsdp_matrix.verdicts import Verdict
 
 MATRIX = load_matrix()
 
 
-def installed() -> dict:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
 def cached_trace(exp, folder):
     """The cell's trace: from ``folder`` when it was taken of the same full script, else a new traced run."""
-    script = full_script(exp)
-    full = script.text
     path = folder / f"{exp.stem}.json" if folder else None
     if path is not None and path.exists():
         data = json.loads(path.read_text())
+        script = full_script(exp, checks=data.get("checks", True))
         # the lines up to the end of the inlined body decide what a trace's line numbers mean (the rank side after
         # them may change)
-        if data["full"].splitlines()[: script.body[1]] == full.splitlines()[: script.body[1]]:
-            return Trace(set(data["lines"]), data["raised"], data["outcome"])
+        if data["full"].splitlines()[: script.body[1]] == script.text.splitlines()[: script.body[1]]:
+            return Trace(set(data["lines"]), data["raised"], data["outcome"], data.get("checks", True))
     trace = trace_for(exp, "auto", sys.executable)
     if trace is not None and path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps({"full": full, "lines": sorted(trace.lines), "raised": trace.raised, "outcome": trace.outcome})
-        )
+        full = full_script(exp, checks=trace.checks).text
+        data = {"full": full, "lines": sorted(trace.lines), "raised": trace.raised, "outcome": trace.outcome}
+        path.write_text(json.dumps({**data, "checks": trace.checks}))
     return trace
 
 
@@ -76,7 +64,7 @@ def main() -> int:
     p.add_argument("--no-run", action="store_true", help="count lines only")
     p.add_argument("--traces", type=Path, help="keep each cell's trace here, and reuse it while the script is the same")
     args = p.parse_args()
-    versions = installed()
+    versions = installed_versions(MATRIX)
     combo = matching_combo_id(MATRIX, versions) or MATRIX.newest("cpu").id
     wanted = set(args.cases.split(",")) if args.cases else None
     cases = [c for c in MATRIX.cases if wanted is None or c.id in wanted]

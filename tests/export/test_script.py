@@ -8,7 +8,6 @@ import dataclasses
 import importlib.util
 import re
 import time
-from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,8 @@ from fsdp_matrix.export.cli import main
 from fsdp_matrix.export.inline import is_stdlib
 from fsdp_matrix.export.script import prepare, render_script
 from fsdp_matrix.export.snippet import code_block, code_span, render_markdown
-from fsdp_matrix.export.verify import POISON, matching_combo_id, run_alone
-from fsdp_matrix.matrix import DEFAULT_MATRIX, PACKAGES, load_matrix
+from fsdp_matrix.export.verify import POISON, installed_versions, matching_combo_id, run_alone
+from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
 from fsdp_matrix.records import Observed, RankResult, Record
 from fsdp_matrix.verdicts import Verdict
 
@@ -246,13 +245,7 @@ LIMIT = 150
 
 
 def _installed() -> dict:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return installed_versions(MATRIX)
 
 
 @pytest.mark.skipif(not _has_workload_packages(), reason="needs torch, peft, transformers, bitsandbytes installed")
@@ -278,6 +271,9 @@ def test_exported_script_reproduces_alone(tmp_path, case_id):
     assert "===== rank 0: error" in out and "===== rank 1: error" in out or expected.kind == "ok", out
     assert POISON.strip() not in out and "ChildFailedError" not in out, out
     assert not [n for n in alone.leftovers if n.startswith("fsdp-repro-")], "the ranks' scratch folder was left behind"
+    # a fix holds only when the checks ran; a failure is shown without them when it still reproduces so
+    exported = prepare(MATRIX, f"{case_id}/{cell.id}", combo, tmp_path, ROOT).expected
+    assert ("RUN_CHECKS = False" in script.read_text()) == (exported.kind == "error")
     lines = len(script.read_text().splitlines())
     static = len(render_script(prepare(MATRIX, f"{case_id}/{cell.id}", combo, tmp_path, ROOT)).splitlines())
     assert lines < static, "the traced run kept no fewer lines than the params alone"

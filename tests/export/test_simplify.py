@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import textwrap
 
-from fsdp_matrix.export.simplify import constant_args, pure_functions, simplify
+from fsdp_matrix.export.simplify import (
+    constant_args,
+    drop_unused_keywords,
+    pure_functions,
+    simplify,
+    unused_params,
+)
 
 
 def _fn(text: str) -> str:
@@ -78,3 +84,23 @@ def test_a_call_inside_an_f_string_is_not_replaced_by_an_expression_whose_quotes
     out = inline_expressions(texts)
     compile(out["use"], "use", "exec")
     assert out["use"] == texts["use"]
+
+
+def test_an_argument_the_callee_never_reads_is_dropped_and_its_value_goes_dead():
+    texts = {
+        "train": "def train(model, ctx, steps=3, trainable=None, *, reference=None):\n    return model(ctx)",
+        "names": "def names(model):\n    return sorted(n for n, _ in model.named_parameters())",
+        "save": "def save(model):\n    model.save('x')\n    return 1",
+    }
+    pure = pure_functions(texts)
+    assert unused_params(texts) == {"train": {"steps", "trainable", "reference"}}
+    text = _fn(
+        """
+        def f(model, ctx):
+            trainable = names(model)
+            return train(model, ctx, trainable=trainable, reference=save(model))
+        """
+    )
+    # a value with a side effect is still computed: only a side-effect-free one is left out
+    out = simplify(drop_unused_keywords(text, unused_params(texts), pure), pure)
+    assert out == "def f(model, ctx):\n    return train(model, ctx, reference=save(model))"
