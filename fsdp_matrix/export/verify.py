@@ -62,7 +62,20 @@ def judge_outcome(outcome: str, expected: Expected, tail: str = "") -> Judgement
     m = _ERROR.match(outcome)
     if m is None:
         return judge(expected, "crash", message=outcome)
-    return judge(expected, "error", m["type"], m["message"], m["where"])
+    return judge(expected, "error", m["type"], m["message"], _harness_location(m["where"], expected))
+
+
+SCRIPT_MODULES = ("__main__.", "__fsdp_matrix_trace__.")
+"""What the script's own functions are called in a run of it (plainly, or under trace.py's runpy)."""
+
+
+def _harness_location(where: str, expected: Expected) -> str:
+    """``where`` as the matrix would name it: a check of the harness (``module: fsdp_matrix...``) is inlined into
+    the script, so an error its function raised there is named after the script's module instead."""
+    module = expected.module or ""
+    if module.startswith("fsdp_matrix.") and where.startswith(SCRIPT_MODULES):
+        return f"{module}.{where.split('.', 1)[1]}"
+    return where
 
 
 def run_alone(script: Path, python: str = sys.executable, timeout: float = 600) -> Alone:

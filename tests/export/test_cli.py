@@ -44,3 +44,22 @@ def test_a_cell_expected_to_train_keeps_its_checks(monkeypatch):
     monkeypatch.setattr(cli, "trace_script", lambda text, *a: seen.append(text) or Trace({1}, outcome=TRAINED))
     assert cli.trace_for(exp, "always", sys.executable).checks
     assert len(seen) == 1 and "RUN_CHECKS = True" in seen[0]
+
+
+def test_a_harness_check_inlined_into_the_script_counts_as_the_harness_module():
+    from fsdp_matrix.export.verify import judge_outcome
+    from fsdp_matrix.verdicts import Verdict
+
+    exp = prepare(
+        MATRIX,
+        "checkpoint-roundtrip/lora-fp32-orig1-decoder_layer-llama-save_fsdp1_full-ws2",
+        "current",
+        Path("/x"),
+        DEFAULT_MATRIX.parent,
+    )
+    assert exp.expected.module == "fsdp_matrix.workload.checkpoint"
+    saved = "rank 0: CheckFailed: adapter_model.safetensors holds 0/8 adapter tensors (raised in {}.check_saved)"
+    assert judge_outcome(saved.format("__main__"), exp.expected).verdict == Verdict.REPRODUCED
+    assert judge_outcome(saved.format("__fsdp_matrix_trace__"), exp.expected).verdict == Verdict.REPRODUCED
+    # an error of a library stays what it is
+    assert judge_outcome(saved.format("torch.distributed"), exp.expected).verdict == Verdict.DIFFERENT_ERROR
