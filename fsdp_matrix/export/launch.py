@@ -24,8 +24,7 @@ def parse_args(argv: List[str], device: str, world_size: int) -> argparse.Namesp
 def relaunch(argv: List[str], device: str, world_size: int) -> int:
     n = parse_args(argv, device, world_size).nproc_per_node
     python = [sys.executable] + (["-I"] if sys.flags.isolated else [])
-    # rank 0 writes its outcome in here (torchrun would follow a rank's traceback with its own ChildFailedError),
-    # next to the ranks' scratch folder: both gone with it, however the ranks ended
+    # rank 0's outcome (torchrun would add its ChildFailedError) and the scratch folder: gone with it, however it ends
     with tempfile.TemporaryDirectory(prefix="fsdp-repro-") as tmp:
         env = {**os.environ, OUTCOME_ENV: f"{tmp}/outcome", SCRATCH_ENV: f"{tmp}/scratch"}
         torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", sys.argv[0], *argv]

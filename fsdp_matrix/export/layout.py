@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-from typing import List, Optional
+from typing import List, Optional, Set
 
 LINE_LENGTH = 120
 """Longest line a statement is joined onto."""
@@ -109,3 +109,19 @@ def _fill(line: str, lead: str) -> Optional[List[str]]:
     if any(len(lead + x) > LINE_LENGTH for x in out):
         return None
     return [lead + x for x in out]
+
+
+def signature_annotations(tree: ast.AST, lines: List[str]) -> Set[int]:
+    """ids of the nodes in functions' argument and return annotations that layout.plain_defs drops (it keeps a
+    signature with a comment as written), so the names they read need no definition (a dataclass field's annotation
+    stays, and counts)."""
+    out: Set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if any("#" in x for x in lines[fn.lineno - 1 : _start(fn.body[0]) - 1]):
+                continue
+            a = fn.args
+            notes = [x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x]
+            for note in [n for n in notes + [fn.returns] if n is not None]:
+                out |= {id(n) for n in ast.walk(note)}
+    return out

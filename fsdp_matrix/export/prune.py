@@ -21,15 +21,9 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 from fsdp_matrix.export.fold import Folder, Unknown
 from fsdp_matrix.export.inline import _bound, _start
 from fsdp_matrix.export.inliner import inline_all, inline_expressions
-from fsdp_matrix.export.layout import NOT_REPRODUCED, RAISED_HERE, one_line
-from fsdp_matrix.export.simplify import (
-    constant_args,
-    drop_unused_keywords,
-    fold_tables,
-    pure_functions,
-    simplify,
-    unused_params,
-)
+from fsdp_matrix.export.layout import NOT_REPRODUCED, RAISED_HERE, one_line, signature_annotations
+from fsdp_matrix.export.simplify import constant_args, fold_tables, pure_functions, simplify
+from fsdp_matrix.export.tidy import drop_unused_keywords, tidy, unused_params
 from fsdp_matrix.export.trigger import trigger
 
 
@@ -233,26 +227,10 @@ class _Emitter:
         return out
 
 
-def _signature_annotations(tree: ast.AST, lines: List[str]) -> Set[int]:
-    """ids of the nodes in functions' argument and return annotations that layout.plain_defs drops (it keeps a
-    signature with a comment as written), so the names they read need no definition (a dataclass field's annotation
-    stays, and counts)."""
-    out: Set[int] = set()
-    for fn in ast.walk(tree):
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            if any("#" in x for x in lines[fn.lineno - 1 : _start(fn.body[0]) - 1]):
-                continue
-            a = fn.args
-            notes = [x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x]
-            for note in [n for n in notes + [fn.returns] if n is not None]:
-                out |= {id(n) for n in ast.walk(note)}
-    return out
-
-
 def _names(text: str) -> List[str]:
     """Names a piece of code reads, in reading order (deduplicated)."""
     tree = ast.parse(text)
-    skip = _signature_annotations(tree, text.splitlines())
+    skip = signature_annotations(tree, text.splitlines())
     found = sorted(
         ((n.lineno, n.col_offset, n.id) for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in skip),
         key=lambda t: (t[0], t[1]),
@@ -354,7 +332,8 @@ def prune_body(
         pure, args, unused = pure_functions(by_name), constant_args(by_name), unused_params(by_name)
         changed = False
         for node in functions:
-            new = simplify(drop_unused_keywords(texts[id(node)], unused, pure), pure, args.get(node.name))
+            text = drop_unused_keywords(texts[id(node)], unused, pure)
+            new = tidy(simplify(text, pure, args.get(node.name), _flags(order, binders)))
             changed |= new != texts[id(node)]
             texts[id(node)] = new
         inlined = inline_all({n.name: texts[id(n)] for n in functions}, keep=set(roots))
@@ -399,6 +378,17 @@ def prune_body(
     kept = [name for node in consts + flow for name in sorted(_bound(node))]
     text = "\n".join(emit(n) for n in consts) + ("\n\n" if consts else "") + "\n\n".join(emit(n) for n in flow)
     return Pruned(text, names, kept, trigger([emit(n) for n in order], api))
+
+
+def _flags(order: List[ast.stmt], binders: Dict[str, ast.stmt]) -> Dict[str, bool]:
+    """Top-level ``NAME = True``/``False`` statements that are NAME's only binding (``RUN_CHECKS``)."""
+    out: Dict[str, bool] = {}
+    for node in order:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, bool) and binders[name] is node:
+                out[name] = node.value.value
+    return out
 
 
 def _tables(texts: List[str]) -> Dict[str, Dict[Any, str]]:

@@ -78,6 +78,20 @@ def _locals(fn: ast.FunctionDef) -> Set[str]:
     return set(_stores(fn)) - {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
 
 
+FRESH = frozenset("torch.Generator torch.zeros torch.ones torch.empty torch.arange torch.tensor torch.full".split())
+"""torch calls that only make a new object."""
+SEEDED = frozenset("torch.randint torch.randn torch.rand torch.randperm".split())
+"""torch calls that make a new tensor, and draw from the global RNG unless given a ``generator=``."""
+
+
+def _fresh(call: ast.AST) -> bool:
+    """A call that makes a new object and touches nothing else: a method called on it changes only that object."""
+    if not isinstance(call, ast.Call):
+        return False
+    name = ast.unparse(call.func)
+    return name in FRESH or (name in SEEDED and any(k.arg == "generator" for k in call.keywords))
+
+
 def is_pure(node: ast.AST, pure: Set[str], local: Set[str]) -> bool:
     """Whether evaluating ``node`` only computes a value (see the module docstring)."""
     for sub in ast.walk(node):
@@ -87,6 +101,8 @@ def is_pure(node: ast.AST, pure: Set[str], local: Set[str]) -> bool:
             continue
         func = sub.func
         if isinstance(func, ast.Name) and (func.id in PURE_BUILTINS or func.id in pure):
+            continue
+        if _fresh(sub) or (isinstance(func, ast.Attribute) and _fresh(func.value)):
             continue
         if isinstance(func, ast.Attribute) and func.attr in READ_METHODS:
             continue
@@ -190,47 +206,6 @@ def _agreed(args: ast.arguments, sites: List[ast.Call]) -> Dict[str, Any]:
     }
 
 
-def unused_params(texts: Dict[str, str]) -> Dict[str, Set[str]]:
-    """Per top-level function (name -> text): the parameters with a default that its kept body never reads (a
-    traced run that raised early leaves most of a function's parameters unread)."""
-    out: Dict[str, Set[str]] = {}
-    for name, text in texts.items():
-        fn = ast.parse(text).body[0]
-        if not isinstance(fn, ast.FunctionDef) or fn.args.kwarg is not None:
-            continue
-        a = fn.args
-        positional = a.posonlyargs + a.args
-        optional = [x.arg for x in positional[len(positional) - len(a.defaults) :]]
-        optional += [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
-        read = {n.id for stmt in fn.body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
-        unread = {x for x in optional if x not in read}
-        if unread:
-            out[name] = unread
-    return out
-
-
-def drop_unused_keywords(text: str, unused: Dict[str, Set[str]], pure: Set[str]) -> str:
-    """``f(x, k=v)`` written ``f(x)`` where ``f`` never reads ``k`` (see unused_params) and ``v`` is side-effect
-    free: a value computed only to be passed along, unread, then goes as dead (calls on one line only)."""
-    tree = ast.parse(text)
-    fn = tree.body[0] if tree.body else None
-    if not isinstance(fn, ast.FunctionDef):
-        return text
-    local = _locals(fn)
-    spans = []
-    for node in ast.walk(fn):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in unused):
-            continue
-        gone = [k for k in node.keywords if k.arg in unused[node.func.id] and is_pure(k.value, pure, local)]
-        if not gone or node.lineno != node.end_lineno:
-            continue
-        call = ast.Call(node.func, node.args, [k for k in node.keywords if k not in gone])
-        spans.append((node.lineno, node.col_offset, node.end_col_offset, ast.unparse(call)))
-    # an outer call rewritten whole would undo an inner one on the same line: one call per line per pass
-    spans = list({s[0]: s for s in sorted(spans, key=lambda s: s[2] - s[1])}.values())
-    return "\n".join(_replace(text.splitlines(), spans)) if spans else text
-
-
 def _taken_branch(node: ast.AST, known: Dict[str, Any]) -> Optional[str]:
     """``a if TEST else b`` with a constant TEST: the source of the branch taken, when it reads no known name."""
     if not isinstance(node, ast.IfExp):
@@ -244,13 +219,16 @@ def _taken_branch(node: ast.AST, known: Dict[str, Any]) -> Optional[str]:
     return ast.unparse(branch)
 
 
-def _fold_ifs(fn: ast.FunctionDef, lines: List[str]) -> Optional[List[str]]:
-    """The first ``if`` whose test is a constant, replaced by the branch it takes (``elif`` chains included)."""
+def _fold_ifs(fn: ast.FunctionDef, lines: List[str], flags: Optional[Dict[str, bool]] = None) -> Optional[List[str]]:
+    """The first ``if`` whose test is a constant, replaced by the branch it takes (``elif`` chains included);
+    ``flags``: module-level booleans the function does not rebind (``RUN_CHECKS``)."""
+    stores = _stores(fn)
+    known = {n: v for n, v in (flags or {}).items() if n not in stores}
     for node in ast.walk(fn):
         if not isinstance(node, ast.If):
             continue
         try:
-            taken = bool(_const(node.test, {}))
+            taken = bool(_const(node.test, known))
         except _NotConst:
             continue
         elif_ = len(node.orelse) == 1 and lines[node.orelse[0].lineno - 1].lstrip().startswith("elif")
@@ -381,7 +359,9 @@ def _drop_dead(fn: ast.FunctionDef, lines: List[str], pure: Set[str]) -> Optiona
     return _drop(lines, dead) if dead else None
 
 
-def simplify(text: str, pure: Set[str], args: Optional[Dict[str, Any]] = None) -> str:
+def simplify(
+    text: str, pure: Set[str], args: Optional[Dict[str, Any]] = None, flags: Optional[Dict[str, bool]] = None
+) -> str:
     """One top-level function's text with constant locals (and the parameters in ``args``) folded, constant ``if``
     tests resolved and dead side-effect-free assignments removed."""
     for _ in range(10):
@@ -392,7 +372,7 @@ def simplify(text: str, pure: Set[str], args: Optional[Dict[str, Any]] = None) -
         lines = text.splitlines()
         new = (
             _fold_locals(fn, lines, args)
-            or _fold_ifs(fn, lines)
+            or _fold_ifs(fn, lines, flags)
             or _drop_overwritten(fn, lines)
             or _drop_dead(fn, lines, pure)
         )

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from fsdp_matrix.export.simplify import (
-    constant_args,
-    drop_unused_keywords,
-    pure_functions,
-    simplify,
-    unused_params,
-)
+from fsdp_matrix.export.simplify import constant_args, pure_functions, simplify
+from fsdp_matrix.export.tidy import drop_unused_keywords, tidy, unused_params
 
 
 def _fn(text: str) -> str:
@@ -104,3 +99,36 @@ def test_an_argument_the_callee_never_reads_is_dropped_and_its_value_goes_dead()
     # a value with a side effect is still computed: only a side-effect-free one is left out
     out = simplify(drop_unused_keywords(text, unused_params(texts), pure), pure)
     assert out == "def f(model, ctx):\n    return train(model, ctx, reference=save(model))"
+
+
+def test_rewrites_that_change_nothing_a_run_does():
+    text = _fn(
+        """
+        def f(model, ctx):
+            kwargs = {}
+            opt = None or make(model)
+            with contextlib.nullcontext([]):
+                out = wrap(model, device=ctx.device,
+                    **{})
+            go(model, **kwargs)
+            return None
+        """
+    )
+    assert tidy(text) == _fn(
+        """
+        def f(model, ctx):
+            opt = make(model)
+            out = wrap(model, device=ctx.device)
+            go(model)
+        """
+    )
+
+
+def test_a_fresh_object_is_pure_and_the_global_rng_is_not():
+    texts = {
+        "batch": "def batch(seed):\n    gen = torch.Generator().manual_seed(seed)\n"
+        "    return torch.randint(0, 9, (2,), generator=gen).to('cpu')",
+        "noise": "def noise():\n    return torch.randint(0, 9, (2,))",
+        "seed": "def seed():\n    torch.manual_seed(0)\n    return 1",
+    }
+    assert pure_functions(texts) == {"batch"}
