@@ -64,6 +64,13 @@ def _const(node: ast.AST, known: Dict[str, Any]) -> Any:
     raise _NotConst
 
 
+def function_of(text: str) -> Optional[ast.FunctionDef]:
+    """The top-level function that ``text`` defines (None when it is anything else)."""
+    tree = ast.parse(text)
+    fn = tree.body[0] if tree.body else None
+    return fn if isinstance(fn, ast.FunctionDef) else None
+
+
 def _stores(fn: ast.AST) -> Dict[str, int]:
     counts: Dict[str, int] = {}
     for node in ast.walk(fn):
@@ -386,9 +393,8 @@ def simplify(
 def fold_tables(text: str, tables: Dict[str, Dict[Any, str]]) -> str:
     """``TABLE['key']`` (a module-level dict literal, see prune._tables) replaced by the value it holds, in a
     function that does not rebind TABLE."""
-    tree = ast.parse(text)
-    fn = tree.body[0] if tree.body else None
-    if not isinstance(fn, ast.FunctionDef):
+    fn = function_of(text)
+    if fn is None:
         return text
     local = _locals(fn)
     spans = []

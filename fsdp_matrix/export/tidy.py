@@ -14,7 +14,7 @@ import re
 from typing import Dict, List, Set
 
 from fsdp_matrix.export.inline import _start
-from fsdp_matrix.export.simplify import _drop, _locals, _replace, is_pure
+from fsdp_matrix.export.simplify import _drop, _locals, _replace, function_of, is_pure
 
 
 def unused_params(texts: Dict[str, str]) -> Dict[str, Set[str]]:
@@ -39,15 +39,12 @@ def unused_params(texts: Dict[str, str]) -> Dict[str, Set[str]]:
 def drop_unused_keywords(text: str, unused: Dict[str, Set[str]], pure: Set[str]) -> str:
     """``f(x, k=v)`` written ``f(x)`` where ``f`` never reads ``k`` (see unused_params) and ``v`` is side-effect
     free: a value computed only to be passed along, unread, then goes as dead (calls on one line only)."""
-    tree = ast.parse(text)
-    fn = tree.body[0] if tree.body else None
-    if not isinstance(fn, ast.FunctionDef):
+    fn = function_of(text)
+    if fn is None:
         return text
-    local = _locals(fn)
-    spans = []
-    for node in ast.walk(fn):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in unused):
-            continue
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    local, spans = _locals(fn), []
+    for node in (c for c in calls if c.func.id in unused):
         gone = [k for k in node.keywords if k.arg in unused[node.func.id] and is_pure(k.value, pure, local)]
         if not gone or node.lineno != node.end_lineno:
             continue
@@ -117,9 +114,8 @@ def tidy(text: str) -> str:
     """One top-level function's text with the rewrites of the module docstring applied (one at a time: each reads
     the line numbers of the text it is given)."""
     for _ in range(20):
-        tree = ast.parse(text)
-        fn = tree.body[0] if tree.body else None
-        if not isinstance(fn, ast.FunctionDef):
+        fn = function_of(text)
+        if fn is None:
             return text
         lines = text.splitlines()
         for rewrite in (_null_with, _empty_kwargs, _none_or, _trailing_return_none):
