@@ -13,6 +13,11 @@ class Unknown(Exception):
     pass
 
 
+CONVERTERS = {"flag": bool}
+"""Helpers (workload/params.py) that return the cell's value converted, not as written: ``flag`` gives a bool for
+a 0/1 axis (transformers' strict configs refuse ``use_cache = 1``)."""
+
+
 _OPS = {
     ast.Eq: lambda a, b: a == b,
     ast.NotEq: lambda a, b: a != b,
@@ -65,7 +70,9 @@ class Folder:
         if not args or key(args[0]) is None:
             return False, None
         if key(args[0]) in self.params:
-            return True, self.params[key(args[0])]
+            value = self.params[key(args[0])]
+            helper = node.func.id if isinstance(node.func, ast.Name) else None
+            return True, CONVERTERS[helper](value) if helper in CONVERTERS and not get else value
         if get:
             default = args[1] if len(args) > 1 else None
         else:  # a helper's ``default`` parameter, by keyword or by its place in the helper's definition

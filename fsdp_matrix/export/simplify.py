@@ -344,6 +344,8 @@ def _fold_locals(fn: ast.FunctionDef, lines: List[str], args: Optional[Dict[str,
 
 def _drop_dead(fn: ast.FunctionDef, lines: List[str], pure: Set[str]) -> Optional[List[str]]:
     read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    # ``count += 1`` reads count: its first value must stay
+    read |= {n.target.id for n in ast.walk(fn) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
     local = _locals(fn)
     dead = []
     for node in ast.walk(fn):

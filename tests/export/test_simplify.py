@@ -132,3 +132,17 @@ def test_a_fresh_object_is_pure_and_the_global_rng_is_not():
         "seed": "def seed():\n    torch.manual_seed(0)\n    return 1",
     }
     assert pure_functions(texts) == {"batch"}
+
+
+def test_a_counter_keeps_its_first_value():
+    text = _fn(
+        """
+        def f(model):
+            count = 0
+            for m in model.modules():
+                count += 1
+            go(model)
+            return 1
+        """
+    )
+    assert "count = 0" in simplify(text, set())
