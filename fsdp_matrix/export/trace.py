@@ -25,10 +25,13 @@ NEEDS = ("torch", "peft", "transformers")
 """What the tracing interpreter must import for a cell to run at all."""
 
 TRACER = """
-import json, os, runpy, sys, traceback
+import json, os, runpy, sys, traceback, types
 script, out = os.path.abspath(sys.argv[1]), sys.argv[2]
 sys.argv = [script] + sys.argv[3:]
 g = runpy.run_path(script, run_name="__fsdp_matrix_trace__")
+# importable by its name, as __main__ is in a plain run: a broadcast object of the script's own class pickles
+module = sys.modules["__fsdp_matrix_trace__"] = types.ModuleType("__fsdp_matrix_trace__")
+module.__dict__.update(g)
 lines, raised = set(), []
 
 
