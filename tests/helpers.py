@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import time
 from pathlib import Path
 
 BASE = {
@@ -108,3 +110,14 @@ def write_matrix(folder: Path, data) -> Path:
     path = folder / "matrix.yaml"
     path.write_text(text)
     return path
+
+
+def wait_for_rank1_start(results: Path, proc: subprocess.Popen, timeout: float = 240) -> list:
+    """Wait until rank 1 of a launch under ``results`` reports a cell's start (or ``proc`` ends); its event files."""
+    deadline = time.monotonic() + timeout
+    started = []
+    while not started and time.monotonic() < deadline and proc.poll() is None:
+        started = [f for f in results.glob("launches/*/launch-*/rank1.jsonl") if '"start"' in f.read_text()]
+        time.sleep(0.1)
+    assert started, "the cell never started"
+    return started

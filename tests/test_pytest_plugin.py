@@ -3,7 +3,7 @@ import pytest
 from fsdp_matrix.pytest_plugin import check_record
 from fsdp_matrix.records import Observed, RankResult, Record
 from fsdp_matrix.report.failure import failure_text
-from tests.helpers import BAD_INPUTS, matrix_data, write_matrix
+from tests.helpers import BAD_INPUTS, matrix_data, wait_for_rank1_start, write_matrix
 
 
 def _record(verdict, status="error", ranks=()):
@@ -146,17 +146,11 @@ def test_plugin_stops_at_once_when_the_results_dir_is_deleted_mid_run(tmp_path):
     import os
     import shutil
     import signal
-    import time
 
     results = tmp_path / "res"
     proc = _cells_run(results, "--cases", "faults", "-k", "hang_rank1 or fault_ok", "--cell-timeout", "20")
     try:
-        deadline = time.monotonic() + 240
-        started = []
-        while not started and time.monotonic() < deadline and proc.poll() is None:
-            started = [f for f in results.glob("launches/*/launch-*/rank1.jsonl") if '"start"' in f.read_text()]
-            time.sleep(0.1)
-        assert started, "the cell never started"
+        started = wait_for_rank1_start(results, proc)
         shutil.rmtree(results)
         out, _ = proc.communicate(timeout=240)
     finally:

@@ -330,10 +330,11 @@ def prune_body(
         functions = [n for n in order if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         by_name = {n.name: texts[id(n)] for n in functions}
         pure, args, unused = pure_functions(by_name), constant_args(by_name), unused_params(by_name)
+        flags = _flags(order, binders)
         changed = False
         for node in functions:
             text = drop_unused_keywords(texts[id(node)], unused, pure)
-            new = tidy(simplify(text, pure, args.get(node.name), _flags(order, binders)))
+            new = tidy(simplify(text, pure, args.get(node.name), flags))
             changed |= new != texts[id(node)]
             texts[id(node)] = new
         inlined = inline_all({n.name: texts[id(n)] for n in functions}, keep=set(roots))

@@ -15,6 +15,7 @@ import pytest
 
 from fsdp_matrix import records
 from fsdp_matrix.runner import procs
+from tests.helpers import wait_for_rank1_start
 
 HERE = Path(__file__).resolve().parent
 CELLS = [f"healthy/fault_ok-n{i}-sleep1-ws2" for i in range(1, 7)]
@@ -340,12 +341,7 @@ def test_results_dir_deleted_mid_run_stops_at_once_and_accuses_no_cell(tmp_path)
     cmd += ["faults/fault_hang_rank1-ws2", "faults/fault_ok-ws2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        started = []
-        while not started and time.monotonic() < deadline and proc.poll() is None:
-            started = [f for f in results.glob("launches/*/launch-*/rank1.jsonl") if '"start"' in f.read_text()]
-            time.sleep(0.1)
-        assert started, "the cell never started"
+        started = wait_for_rank1_start(results, proc)
         ids = _launch_ids(results)
         shutil.rmtree(results)
         out, _ = proc.communicate(timeout=240)
