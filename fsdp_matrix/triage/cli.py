@@ -1,9 +1,11 @@
-"""``python -m fsdp_matrix triage [FILE|-] [--results DIR] [--versions torch=2.4.1,peft=0.13.2]``.
+"""``python -m fsdp_matrix triage [FILE|-] [--results DIR] [--versions torch=2.4.1,peft=0.13.2] [--json]``.
 
-Reads a traceback or log a user pasted and says which known PEFT x FSDP failures it is: the matching cases with
-their upstream links, the versions where each reproduces and where it is fixed, and the workarounds expected or
-observed to hold on the user's versions (or the nearest combo). matrix.yaml alone is enough; the records of a
-results dir add what was observed.
+Reads a traceback or log a user pasted and says which known PEFT x FSDP failures it is, with the evidence for each
+claim (strong, likely, weak): the cases with their upstream links, the versions where the matched rule reproduces and
+where it stops, and the changes of the matched rule's settings expected or observed to train on the user's versions
+(or the nearest combo). A paste whose evidence points elsewhere (DeepSpeed ZeRO-3, a config typo...) is not claimed.
+matrix.yaml alone is enough; the records of a results dir add what was observed. ``--json`` prints the same answer
+as a JSON object (``fsdp_matrix.triage.answer.Answer``).
 """
 
 from __future__ import annotations
@@ -17,20 +19,22 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.errors import MatrixError
-from fsdp_matrix.matrix import PACKAGES, Combo, Matrix, load_matrix, same_value
+from fsdp_matrix.matrix import PACKAGES, Matrix, load_matrix, same_value
 from fsdp_matrix.records import Record, Skipped, iter_records, latest
+from fsdp_matrix.triage.answer import Answer, Claim, PlatformFit, RuleFit, Similar, Workaround
 from fsdp_matrix.triage.match import (
     CaseMatch,
     Hit,
+    claims,
     in_range,
     match,
     nearest_combo,
     platform_hits,
     reproducing_cells,
     rule_versions,
-    workarounds,
 )
-from fsdp_matrix.triage.parse import Paste, parse
+from fsdp_matrix.triage.parse import MAX_BYTES, Paste, parse
+from fsdp_matrix.triage.versions import fixed_in, observed_range, older_than_observed, workarounds
 from fsdp_matrix.usage import OneLineParser
 from fsdp_matrix.verdicts import Verdict
 
@@ -76,10 +80,14 @@ def installed_versions() -> Dict[str, Optional[str]]:
 
 
 def _read(source: Optional[str]) -> str:
+    """The paste, at most ``MAX_BYTES`` of it plus its tail: a whole log of many ranks is not read whole."""
     if source in (None, "-"):
-        return sys.stdin.read()
+        return sys.stdin.read(MAX_BYTES)
     try:
-        return Path(source).read_text(errors="replace")
+        with open(source, "rb") as fh:
+            head = fh.read(MAX_BYTES // 2)
+            fh.seek(max(fh.tell(), fh.seek(0, 2) - MAX_BYTES // 2))
+            return (head + fh.read()).decode("utf-8", "replace")
     except OSError as exc:
         raise TriageError(f"{source}: cannot read: {exc.strerror or exc}") from None
 
@@ -120,16 +128,6 @@ def _observed(records: List[Record], verdict: str) -> str:
     return "; ".join(f"{c} ({versions[c]}): {len(cells)} cells" for c, cells in sorted(by_combo.items()))
 
 
-def _fixes(found: CaseMatch, hit: Hit) -> List[str]:
-    """The case's ``ok`` rules from some release on for the same cells (no narrower ``when``): where it is fixed."""
-    when = getattr(hit.signature.rule, "when", None) or {}
-    out = []
-    for i, rule in enumerate(found.case.expect):
-        if rule.ok and rule.versions and set(rule.when) <= set(when) and _compatible(rule.when, when):
-            out.append(f"{rule_versions(rule)} (expect[{i}], {_when(rule)}: {rule.source})")
-    return out
-
-
 def _observed_for_rule(found: CaseMatch, hit: Hit, records: List[Record]) -> List[str]:
     """What the records say about this rule: the combos where it held (reproduced), and the combos where the same
     cells trained instead (fix-holds): the observed versions where it reproduces and where it is fixed."""
@@ -153,66 +151,6 @@ def _observed_for_rule(found: CaseMatch, hit: Hit, records: List[Record]) -> Lis
     return out
 
 
-def _case_report(
-    matrix: Matrix,
-    found: CaseMatch,
-    paste: Paste,
-    versions: Mapping[str, Optional[str]],
-    near: Optional[Combo],
-    records: List[Record],
-) -> List[str]:
-    case = found.case
-    lines = [f"{case.id}: {case.title}", f"   upstream: {case.report}"]
-    for hit in found.hits[:3]:
-        rule = hit.signature.rule
-        lines.append(f"   fits {hit.signature.where} ({_when(rule)}): {_signature_text(hit)}")
-        lines.append(f"      source: {rule.source}")
-        lines += [f"      note: {note}" for note in hit.notes]
-        mine = in_range(rule, versions)
-        state = {True: "yours are in range", False: "yours are not", None: "yours are unknown"}[mine]
-        lines.append(f"      reproduces (rule): {rule_versions(rule)}; {state}")
-        fixes = _fixes(found, hit)
-        lines.append(f"      fixed (rules): {'; '.join(fixes) if fixes else 'no release fixes it in matrix.yaml'}")
-        lines += _observed_for_rule(found, hit, records)
-    # records with this error that no rule expected (DIFFERENT-ERROR, REGRESSION): reproduced ones are shown above
-    unexpected = [r for r in found.records if r.verdict != Verdict.REPRODUCED.value]
-    for verdict in sorted({r.verdict for r in unexpected}):
-        lines.append(f"   observed with this error, verdict {verdict} (records): {_observed(unexpected, verdict)}")
-    repro = {c.id for c in reproducing_cells(case, paste, versions)}
-    if repro:
-        lines.append(f"   cells expected to raise it on your versions: {len(repro)}, e.g. {sorted(repro)[0]}")
-    cpu = [c for c in matrix.combos if "cpu" in c.tags]
-    lines += _workaround_lines(case, versions, near, records, cpu)
-    return lines
-
-
-def _workaround_lines(case, versions, near: Optional[Combo], records: List[Record], combos: List[Combo]) -> List[str]:
-    mine = workarounds(case, versions)
-    label = "your versions"
-    if not mine and near is not None:
-        mine, label = workarounds(case, near.pins.model_dump()), f"the nearest combo {near.id}"
-    if not mine:
-        elsewhere = [
-            f"{c.id} ({sum(map(len, found.values()))} cells)"
-            for c in combos
-            if (found := workarounds(case, c.pins.model_dump()))
-        ]
-        where = f"; expected to train on: {', '.join(elsewhere)}" if elsewhere else ""
-        return [f"   workarounds: no cell of this case is expected to train on your versions{where}"]
-    where, observed = _observed_here(case.id, versions, near, records)
-    lines = [f"   workarounds expected to hold on {label} (cells of this case expected ok):"]
-    for index, cells in sorted(mine.items(), key=lambda kv: -len(kv[1])):
-        rule = case.expect[index]
-        ids = sorted(c.id for c in cells)
-        lines.append(f"    - expect[{index}] {_when(rule)}: {len(ids)} cell(s), e.g. {', '.join(ids[:EXAMPLES])}")
-        lines.append(f"      source: {rule.source}")
-        seen = [observed[i] for i in ids if i in observed]
-        if seen:
-            held = sum(r.verdict == Verdict.FIX_HOLDS.value for r in seen)
-            lines.append(f"      observed {where}: fix-holds {held}/{len(seen)} (records)")
-    return lines
-
-
 def _same_release(mine: Optional[str], theirs: Optional[str]) -> bool:
     try:
         return Version(mine).public == Version(theirs).public
@@ -221,7 +159,7 @@ def _same_release(mine: Optional[str], theirs: Optional[str]) -> bool:
 
 
 def _observed_here(
-    case_id: str, versions: Mapping[str, Optional[str]], near: Optional[Combo], records: List[Record]
+    case_id: str, versions: Mapping[str, Optional[str]], near, records: List[Record]
 ) -> Tuple[str, Dict[str, Record]]:
     """The case's records run on the user's versions (every version they gave equal), else on the nearest combo."""
     mine = [r for r in records if r.case == case_id]
@@ -234,6 +172,210 @@ def _observed_here(
     return f"on combo {near.id}", {r.cell: r for r in mine if r.combo == near.id}
 
 
+def _rule_fit(matrix: Matrix, found: CaseMatch, hit: Hit, versions, records: List[Record], older: bool) -> RuleFit:
+    rule = hit.signature.rule
+    unknown = ["your versions are older than every combo observed: whether it reproduces there is not known"]
+    index = int(hit.signature.where.split("[", 1)[1].rstrip("]"))
+    fixed = fixed_in(matrix, found.case, index)
+    return RuleFit(
+        rule=hit.signature.where,
+        when=_when(rule),
+        signature=_signature_text(hit),
+        source=getattr(rule, "source", "") or "",
+        level=hit.level,
+        evidence=hit.evidence,
+        notes=hit.notes + ([hit.against] if hit.against else []) + (unknown if older else []),
+        reproduces=rule_versions(rule),
+        in_range=None if older else in_range(rule, versions),
+        fixed=fixed.text,
+        fixed_versions=fixed.versions,
+        observed=_observed_for_rule(found, hit, records),
+    )
+
+
+def _workarounds(matrix: Matrix, found: CaseMatch, versions, near, records, outside: List[str]):
+    """(label, workarounds, note) for the claimed case's matched rule."""
+    if older_than_observed(outside):
+        return "", [], "none offered: " + "; ".join(line for line in outside if "older than every combo" in line)
+    hit = found.hits[0] if found.hits else None
+    if hit is None:
+        return "", [], "no rule of this case fits the paste (only records do)"
+    index = int(hit.signature.where.split("[", 1)[1].rstrip("]"))
+    mine, label, on = workarounds(matrix, found.case, index, versions), "your versions", versions
+    if not mine and near is not None and not any(versions.values()):
+        on = near.pins.model_dump()
+        mine, label = workarounds(matrix, found.case, index, on), f"the nearest combo {near.id}"
+    if not mine:
+        return "", [], f"no change of one of {hit.signature.where}'s settings is expected to train on these versions"
+    where, observed = _observed_here(found.case.id, versions, near, records)
+    out = []
+    for w in mine:
+        rule = found.case.expect[w.rule]
+        seen = [observed[i] for i in w.cells if i in observed]
+        held = sum(r.verdict == Verdict.FIX_HOLDS.value for r in seen)
+        out.append(
+            Workaround(
+                change=w.change,
+                rule=f"expect[{w.rule}]",
+                when=_when(rule),
+                cells=len(w.cells),
+                examples=w.cells[:EXAMPLES],
+                source=getattr(rule, "source", "") or "",
+                observed=f"observed {where}: fix-holds {held}/{len(seen)} (records)" if seen else None,
+            )
+        )
+    return label, out, None
+
+
+def _claim(matrix: Matrix, found: CaseMatch, paste: Paste, versions, near, records, outside) -> Claim:
+    case = found.case
+    unexpected = [r for r in found.records if r.verdict != Verdict.REPRODUCED.value]
+    observed = [
+        f"observed with this error, verdict {verdict} (records): {_observed(unexpected, verdict)}"
+        for verdict in sorted({r.verdict for r in unexpected})
+    ]
+    older = older_than_observed(outside)
+    repro = [] if older else sorted({c.id for c in reproducing_cells(case, paste, versions)})
+    label, offered, note = _workarounds(matrix, found, versions, near, records, outside)
+    return Claim(
+        case=case.id,
+        title=case.title,
+        report=case.report,
+        level=found.level,
+        fits=[_rule_fit(matrix, found, hit, versions, records, older) for hit in found.hits[:3]],
+        observed=observed,
+        reproducing_cells=len(repro),
+        example_cell=repro[0] if repro else None,
+        workarounds_on=label,
+        workarounds=offered,
+        workarounds_note=note,
+    )
+
+
+def build(
+    matrix: Matrix,
+    paste: Paste,
+    versions: Mapping[str, Optional[str]],
+    versions_from: str,
+    records: List[Record],
+) -> Answer:
+    """The whole answer for one paste."""
+    near = nearest_combo(matrix, versions)
+    outside = observed_range(matrix, versions)
+    found = match(matrix, paste, records)
+    claimed = claims(found)
+    best = claimed[0].score if claimed else 0.0
+    full = [m for n, m in enumerate(claimed) if n < DETAILED and m.score >= best - 1]
+    also = [m for m in claimed if m not in full]
+    platform = [
+        PlatformFit(
+            rule=h.signature.where,
+            versions=rule_versions(h.signature.rule),
+            reason=getattr(h.signature.rule, "skip", None) or getattr(h.signature.rule, "reason", None) or "",
+            source=getattr(h.signature.rule, "source", "") or "",
+        )
+        for h in platform_hits(matrix, paste)
+    ]
+    return Answer(
+        errors=[f"{e.type}: {e.message[:300]}" for e in paste.errors[:3]],
+        raised_in=next((f.module for f in reversed(paste.frames) if f.module), None),
+        versions={p: v for p, v in versions.items() if v},
+        versions_from=versions_from,
+        outside_observed=outside,
+        nearest_combo=near.id if near is not None else None,
+        claims=[_claim(matrix, m, paste, versions, near, records, outside) for m in full],
+        also=[_also_line(m) for m in also],
+        similar=[_similar(m) for m in found if not m.level][:5],
+        platform=platform,
+        records=None,
+    )
+
+
+def _also_line(found: CaseMatch) -> str:
+    hit = found.hits[0] if found.hits else None
+    via = f"{hit.signature.where}, {_when(hit.signature.rule)}" if hit else "observed records"
+    return f"also fits {found.case.id} ({via}, {found.level}): {found.case.report}"
+
+
+def _similar(found: CaseMatch) -> Similar:
+    hit = found.hits[0] if found.hits else None
+    reason = found.against or (hit.against if hit and hit.against else None)
+    if reason is None:
+        reason = (
+            "similar message, but the evidence is too thin to claim it ("
+            + "; ".join(hit.notes or ["no frame, no context"])
+            + ")"
+        )
+    return Similar(case=found.case.id, rule=hit.signature.where if hit else None, reason=reason)
+
+
+def _fit_lines(fit: RuleFit) -> List[str]:
+    state = {True: "yours are in range", False: "yours are not", None: "yours are unknown"}[fit.in_range]
+    lines = [f"   fits {fit.rule} ({fit.when}): {fit.signature}", f"      source: {fit.source}"]
+    lines += [f"      note: {note}" for note in fit.notes]
+    lines.append(f"      reproduces (rule): {fit.reproduces}; {state}")
+    lines.append(f"      fixed (rules): {fit.fixed}")
+    return lines + fit.observed
+
+
+def _claim_lines(n: int, claim: Claim) -> List[str]:
+    top = claim.fits[0] if claim.fits else None
+    lines = [
+        f"{n}. {claim.case}: {claim.title}",
+        f"   evidence: {claim.level}" + (f" ({'; '.join(top.evidence)})" if top else ""),
+    ]
+    lines.append(f"   upstream: {claim.report}")
+    for fit in claim.fits:
+        lines += _fit_lines(fit)
+    lines += [f"   {line}" for line in claim.observed]
+    if claim.reproducing_cells:
+        lines.append(
+            f"   cells expected to raise it on your versions: {claim.reproducing_cells}, e.g. {claim.example_cell}"
+        )
+    if not claim.workarounds:
+        return lines + [f"   workarounds: {claim.workarounds_note}"]
+    lines.append(
+        f"   workarounds expected to hold on {claim.workarounds_on} ({top.rule}'s cells with one setting changed):"
+    )
+    for w in claim.workarounds:
+        lines.append(f"    - {w.change}: {w.rule} {w.when}: {w.cells} cell(s), e.g. {', '.join(w.examples)}")
+        lines.append(f"      source: {w.source}")
+        lines += [f"      {w.observed}"] if w.observed else []
+    return lines
+
+
+def render_text(answer: Answer) -> str:
+    """The answer as the text ``triage`` prints."""
+    lines = [f"pasted error: {e}" for e in answer.errors]
+    if not answer.errors:
+        lines.append("pasted error: no exception line found; matching the message text alone")
+    if answer.raised_in:
+        lines.append(f"innermost pasted frame in a known package: {answer.raised_in}")
+    lines.append(f"versions ({answer.versions_from}): {_versions_line(answer.versions)}")
+    lines += [f"outside what was observed: {line}" for line in answer.outside_observed]
+    if answer.nearest_combo:
+        lines.append(f"nearest combo: {answer.nearest_combo}")
+    lines.append("")
+    if not answer.claims and answer.platform:
+        lines.append("No case matches this error; it fits a platform rule (a fact about a release, below).")
+    elif not answer.claims:
+        lines.append(
+            "No known case matches this error: no rule's signature and no observed record fits it well enough."
+        )
+        lines += [f"   {s.case} ({s.rule or 'records'}): {s.reason}" for s in answer.similar]
+        lines.append(
+            "If it is a PEFT x FSDP failure, write a case for it (README 'Adding a case'), or start from the "
+            "nearest cell's standalone repro: python -m fsdp_matrix export CELL"
+        )
+    for n, claim in enumerate(answer.claims, 1):
+        lines += _claim_lines(n, claim) + [""]
+    lines += [f"{n}. {line}" for n, line in enumerate(answer.also, len(answer.claims) + 1)]
+    for fit in answer.platform:
+        lines.append(f"platform {fit.rule} ({fit.versions}): {fit.reason}")
+        lines.append(f"   source: {fit.source}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def render(
     matrix: Matrix,
     paste: Paste,
@@ -241,47 +383,9 @@ def render(
     versions_from: str,
     records: List[Record],
 ) -> Tuple[str, int]:
-    """The whole answer as text, and how many cases and platform rules matched."""
-    lines = []
-    for err in paste.errors[:3]:
-        lines.append(f"pasted error: {err.type}: {err.message[:300]}")
-    if not paste.errors:
-        lines.append("pasted error: no exception line found; matching the message text alone")
-    raised = next((f.module for f in reversed(paste.frames) if f.module), None)
-    if raised:
-        lines.append(f"innermost pasted frame in a known package: {raised}")
-    near = nearest_combo(matrix, versions)
-    lines.append(f"versions ({versions_from}): {_versions_line(versions)}")
-    if near is not None:
-        lines.append(f"nearest combo: {near.id} ({_versions_line(near.pins.model_dump())})")
-    found = match(matrix, paste, records)
-    platform = platform_hits(matrix, paste)
-    lines.append("")
-    if not found and platform:
-        lines.append("No case matches this error; it fits a platform rule (a fact about a release, below).")
-    elif not found:
-        lines.append("No known case matches this error: no rule's signature and no observed record fits it.")
-        lines.append(
-            "If it is a PEFT x FSDP failure, write a case for it (README 'Adding a case'), or start from the "
-            "nearest cell's standalone repro: python -m fsdp_matrix export CELL"
-        )
-    best = found[0].score if found else 0.0
-    for n, item in enumerate(found, 1):
-        if n > DETAILED or item.score < best - 1:
-            hit = item.hits[0] if item.hits else None
-            via = f"{hit.signature.where}, {_when(hit.signature.rule)}" if hit else "observed records"
-            lines.append(f"{n}. also fits {item.case.id} ({via}): {item.case.report}")
-            continue
-        body = _case_report(matrix, item, paste, versions, near, records)
-        lines.append(f"{n}. {body[0]}")
-        lines += body[1:]
-        lines.append("")
-    for hit in platform:
-        rule = hit.signature.rule
-        reason = getattr(rule, "skip", None) or getattr(rule, "reason", None) or ""
-        lines.append(f"platform {hit.signature.where} ({rule_versions(rule)}): {reason}")
-        lines.append(f"   source: {getattr(rule, 'source', '')}")
-    return "\n".join(lines).rstrip() + "\n", len(found) + len(platform)
+    """The whole answer as text, and how many cases and platform rules it claims."""
+    answer = build(matrix, paste, versions, versions_from, records)
+    return render_text(answer), len(answer.claims) + len(answer.also) + len(answer.platform)
 
 
 def load_records(results: Optional[Path]) -> Tuple[List[Record], List[Skipped]]:
@@ -302,6 +406,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--results", type=Path, help="results dir (or cells.jsonl) whose records add observed verdicts")
     p.add_argument("--versions", help="the user's versions, e.g. torch=2.4.1,peft=0.13.2 (default: installed)")
     p.add_argument("--matrix", type=Path, help="matrix.yaml (default: the repo's)")
+    p.add_argument("--json", action="store_true", help="print the answer as one JSON object (see the docs' schema)")
     args = p.parse_args(argv)
     if args.versions is not None:
         versions, versions_from = parse_versions(args.versions), "given with --versions"
@@ -312,9 +417,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     paste = parse(_read(args.file))
     if not paste.text:
         raise TriageError("the paste is empty: give a file, or pipe the traceback into stdin")
-    text, matched = render(matrix, paste, versions, versions_from, records)
+    answer = build(matrix, paste, versions, versions_from, records)
     if args.results is not None:
         lost = f", {len(skipped)} lines skipped (not records; first: {skipped[0]})" if skipped else ""
-        print(f"records: {len(records)} read from {args.results}{lost}")
-    sys.stdout.write(text)
-    return 0 if matched else 1
+        answer.records = f"records: {len(records)} read from {args.results}{lost}"
+    if args.json:
+        sys.stdout.write(answer.model_dump_json(indent=2) + "\n")
+    else:
+        sys.stdout.write((answer.records + "\n" if answer.records else "") + render_text(answer))
+    return 0 if answer.matched else 1

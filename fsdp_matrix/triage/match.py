@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -18,7 +18,24 @@ from fsdp_matrix.cells import Cell, expand_case
 from fsdp_matrix.expectations import expected_for, version_matches
 from fsdp_matrix.matrix import Case, Combo, Matrix
 from fsdp_matrix.records import Record
-from fsdp_matrix.triage.parse import Paste
+from fsdp_matrix.triage.evidence import Context, frame_hints_met, from_pretrained_init, read_context
+from fsdp_matrix.triage.parse import Paste, PastedError
+
+TIE_WORDS = (
+    ("DPOTrainer", re.compile(r"\bdpo\b", re.IGNORECASE)),
+    ("DPO Trainer", re.compile(r"\bdpo\b", re.IGNORECASE)),
+    ("SFTTrainer", re.compile(r"SFTTrainer|\bsft\b", re.IGNORECASE)),
+    ("prepare_model_for_kbit_training", re.compile(r"kbit_training")),
+    ("prepare_for_kbit_training", re.compile(r"kbit_training")),
+    ("use_dora", re.compile(r"dora", re.IGNORECASE)),
+    ("merge_and_unload", re.compile(r"merge")),
+    ("resize_token_embeddings", re.compile(r"resiz")),
+    ("generate(", re.compile(r"generate")),
+    ("gradient_checkpointing", re.compile(r"checkpointing")),
+    ("activation_checkpointing", re.compile(r"checkpointing")),
+)
+"""(context word of ``evidence.CONTEXT_WORDS``, what in a case's title, report, rules or sources names the same entry
+or library path)."""
 
 SIMILAR = 0.75
 """How alike (difflib ratio, numbers masked) a record's message and a pasted one must be to call them the same."""
@@ -42,16 +59,42 @@ class Signature:
         return getattr(self.rule, "error", None) or getattr(self.rule, "signature", None)
 
 
+LEVELS = (("strong", 7.0), ("likely", 5.0), ("weak", 3.0))
+"""Evidence points a fit needs for each level; below the last, nothing is claimed."""
+POINTS = {"exact": 3.0, "case-insensitive": 2.0, "in the text": 2.0, "loose": 1.0}
+"""Points for how the rule's message was found in the paste."""
+GENERIC_WORDS = 4
+"""A rule whose regex has this many words (besides "of", "to", "be"...) or fewer (``tuple index out of range``,
+``'weight' must be 2-D``) names a
+message any library raises: it is claimed only with a frame in its module or a frame hint."""
+
+
 @dataclass
 class Hit:
-    """One signature that fits the paste."""
+    """One signature that fits the paste, with the evidence for and against it."""
 
     signature: Signature
     score: float
-    """Higher is a closer fit: message 4, same type 2, same raising module 1, the case's own report 1 (+0.5 for the
-    report the case was written from); a paste whose frames are all elsewhere -1."""
+    """Ranking score: the evidence points, plus the case's own report (+1, +0.5 for the report the case was written
+    from) and context words the case names (ties)."""
     notes: List[str] = field(default_factory=list)
     """Why the fit is partial (another type, another module), shown to the user."""
+    points: float = 0.0
+    """Evidence points alone (message, class, module, FSDP, PEFT), which give the level."""
+    evidence: List[str] = field(default_factory=list)
+    """What the paste shows for this rule, in words."""
+    against: Optional[str] = None
+    """Why the paste is another failure with a similar message (DeepSpeed ZeRO-3, a config typo...): not claimed."""
+    fit: str = "exact"
+    """How the message was found: exact, case-insensitive, in the text, loose."""
+
+    @property
+    def level(self) -> Optional[str]:
+        """strong, likely or weak; None when the fit is not enough to claim, or the paste points elsewhere."""
+        if self.against:
+            return None
+        points = min(self.points, LEVELS[1][1]) if self.fit == "loose" else self.points
+        return next((name for name, least in LEVELS if points >= least), None)
 
 
 @dataclass
@@ -64,11 +107,25 @@ class CaseMatch:
     """Its rules that fit, best first."""
     records: List[Record] = field(default_factory=list)
     """Records of this case whose observed error is the pasted one."""
+    against: Optional[str] = None
+    """Set when the paste points elsewhere for every rule: the case is shown as a similar message, not claimed."""
 
     @property
     def score(self) -> float:
-        best = max((h.score for h in self.hits), default=0.0)
+        best = max((h.score for h in self.hits if h.level), default=None)
+        if best is None:  # no claimable rule: ranked below every claimable case
+            best = max((h.score for h in self.hits), default=0.0) - 100
         return best + (0.5 if self.records else 0.0)
+
+    @property
+    def level(self) -> Optional[str]:
+        """The best claimable hit's level; a record of the same error alone is ``likely``."""
+        if self.against:
+            return None
+        levels = [h.level for h in self.hits if h.level]
+        if levels:
+            return min(levels, key=[name for name, _ in LEVELS].index)
+        return "likely" if self.records and not self.hits else None
 
 
 def _plain(text: str) -> str:
@@ -121,61 +178,192 @@ def _primary_report(case: Optional[Case]) -> Optional[str]:
 
 LOOSE_WORDS = 6
 """A rule's regex needs this many words before a loose fit is tried: a short message must match exactly."""
-LOOSE_COVER = 0.8
-"""The share of the regex's words a message of the same exception class must hold to fit loosely."""
+LOOSE_COVER = 0.85
+"""The share of the regex's words a message must hold to fit loosely; every word with a digit (a dtype, a size) must
+be there, or one letter off (a typo in a title), for ``bfloat16 and float16`` is not ``bfloat16 and float32``."""
+ALIKE = 0.85
+"""How alike (difflib ratio) a message's word must be to a regex's word with a digit to stand for it."""
+_STOPWORDS = {"of", "to", "be", "in", "on", "the", "and", "or", "an", "is", "for", "at", "by"}
+_EXPANSIONS = 16
+"""At most this many readings of a regex's ``(a|b)`` groups are compared with a message."""
 
 
 def _words(text: str) -> set:
     return set(re.findall(r"[a-z][a-z0-9_]+", text.lower()))
 
 
+def _readings(regex: str) -> List[str]:
+    """The regex with each innermost ``(a|b)`` group read as one of its alternatives, so that a message need not
+    hold the words of every alternative (``bfloat16|float16``) to fit."""
+    found = re.search(r"\((?:\?:)?([^()]*)\)", regex)
+    if not found:
+        return [regex]
+    out: List[str] = []
+    for alternative in found.group(1).split("|"):
+        out += _readings(regex[: found.start()] + alternative + regex[found.end() :])
+        if len(out) >= _EXPANSIONS:
+            break
+    return out[:_EXPANSIONS]
+
+
+def _wanted(regex: str) -> List[set]:
+    plain = re.sub(r"\\[dswDSW]|\\.", " ", _pattern(regex))
+    return [_words(reading) for reading in _readings(plain)]
+
+
+def _has_alike(word: str, have: set) -> bool:
+    return word in have or any(difflib.SequenceMatcher(None, word, w).ratio() >= ALIKE for w in have)
+
+
 def _loose(regex: str, message: str) -> bool:
-    """The regex's literal words are (nearly) all in the message: e.g. the dtypes named the other way round
-    (``float32 and bfloat16``: FSDP1 names the first dtype it met), which the regex's order does not allow."""
-    wanted = _words(re.sub(r"\\.", " ", _pattern(regex)))
-    if len(wanted) < LOOSE_WORDS:
-        return False
-    return len(wanted & _words(message)) >= LOOSE_COVER * len(wanted)
+    """The regex's literal words are (nearly) all in the message, in one reading of its alternatives: e.g. the
+    dtypes named the other way round (``float32 and bfloat16``: FSDP1 names the first dtype it met), which the
+    regex's order does not allow, or one word misspelt in a title."""
+    have = _words(message)
+    for wanted in _wanted(regex):
+        if len(wanted) < LOOSE_WORDS or len(wanted & have) < LOOSE_COVER * len(wanted):
+            continue
+        if all(_has_alike(w, have) for w in wanted if any(c.isdigit() for c in w)):
+            return True
+    return False
 
 
-def fit(sig: Signature, paste: Paste, case: Optional[Case] = None) -> Optional[Hit]:
+def _generic(regex: str) -> bool:
+    return max((len(w - _STOPWORDS) for w in _wanted(regex)), default=0) <= GENERIC_WORDS
+
+
+def _message_fit(regex: re.Pattern[str], raw: str, paste: Paste) -> Tuple[Optional[str], List[PastedError]]:
+    """How the rule's message is in the paste: exact, case-insensitive (on an exception line), in the text (a title,
+    a sentence), loose; and the exception lines it was found on."""
+    folded = re.compile(regex.pattern, re.IGNORECASE)
+    for kind, pattern in (("exact", regex), ("case-insensitive", folded)):
+        found = [e for e in paste.errors if pattern.search(_plain(e.message))]
+        if found:
+            return kind, found
+    if folded.search(_plain(paste.text)):
+        return "in the text", []
+    found = [e for e in paste.errors if _loose(raw, e.message)]
+    if found:
+        return "loose", found
+    if any(_loose(raw, line) for line in paste.lines if len(line) < 600):
+        return "loose", []
+    return None, []
+
+
+def _in_module(paste: Paste, module: str) -> bool:
+    return any(m == module or m.startswith(module + ".") for m in paste.modules)
+
+
+def _against(
+    sig: Signature, case: Optional[Case], paste: Paste, ctx: Context, errors: List[PastedError]
+) -> Optional[str]:
+    """Why this paste is another failure with a similar message, or None."""
+    module = getattr(sig.error, "module", None) or ""
+    fsdp_frames = any(f.startswith("frame") for f in ctx.fsdp)
+    for _, reason in ctx.elsewhere:
+        if not fsdp_frames:
+            return f"similar message, but this looks like {reason}"
+    if ctx.full_finetune and not ctx.peft:
+        return (
+            "similar message, but the model is trained whole (full fine-tuning or pretraining), without PEFT adapters"
+        )
+    if ctx.layer_cls_config and not ctx.peft and module.startswith("peft"):
+        return (
+            "similar message, but the paste names a layer class in fsdp_transformer_layer_cls_to_wrap: a config value "
+            "the model lacks (transformers' or accelerate's check), not PEFT's wrap policy"
+        )
+    model_init = from_pretrained_init(paste)
+    if model_init:
+        return f"similar message, but it is raised in the model's own __init__ ({model_init}) under from_pretrained"
+    if module.startswith("peft") and paste.modules and not ctx.peft:
+        return f"similar message, but no frame or word of the paste shows PEFT, whose {module} raises it"
+    raised = next((e.raised_in for e in errors if e.raised_in), None)
+    if module and raised and not _in_module(paste, module):
+        where = raised.module or raised.path
+        return f"similar message, but it is raised in {where}, not in {module}"
+    known = [m for m in paste.modules if m]
+    fsdp_own = module.startswith("torch.distributed.fsdp")  # the message itself says FSDP raised it
+    if len(known) >= 4 and not ctx.fsdp and not fsdp_own and case is not None and "FSDP" in case.title:
+        return f"similar message, but no frame or word of the paste's {len(known)} frames shows FSDP"
+    return None
+
+
+def _evidence(
+    sig: Signature, paste: Paste, ctx: Context, kind: str, errors: List[PastedError]
+) -> Tuple[float, List[str], List[str]]:
+    """Evidence points, what supports the fit, and the notes on what is missing."""
+    err = sig.error
+    want = str(err.type).rsplit(".", 1)[-1]
+    points, found, notes = POINTS[kind], [f"message: {kind}"], []
+    if errors and any(e.short_type == want for e in errors):
+        points += 1
+        found.append(f"exception class {want}")
+    elif errors:
+        points -= 1
+        notes.append(f"pasted as {errors[0].type}, the rule says {want}")
+    module = getattr(err, "module", None)
+    hints = frame_hints_met(list(getattr(err, "frames", None) or []), paste)
+    if module and _in_module(paste, module):
+        points += 2
+        found.append(f"frame in {module}")
+    elif hints:
+        points += 2
+        found += hints
+    elif module and paste.modules:
+        points -= 1
+        notes.append(f"no pasted frame is in {module}")
+    if ctx.fsdp:
+        points += 1
+        found.append("FSDP: " + ctx.fsdp[0])
+    elif module and module.startswith("torch.distributed.fsdp") and (kind != "loose" or errors):
+        points += 1
+        found.append("FSDP: the message is FSDP's own")
+    if ctx.peft:
+        points += 1
+        found.append("PEFT: " + ctx.peft[0])
+    elif ctx.has_context:
+        points -= 1
+        notes.append("nothing in the paste shows a PEFT adapter")
+    return points, found, notes
+
+
+def _tie_bonus(case: Optional[Case], ctx: Context) -> float:
+    """Context words the paste and the case both name (an entry, a library path): they break ties."""
+    if case is None:
+        return 0.0
+    text = " ".join([case.title, case.report] + [f"{r.when} {getattr(r, 'source', '')}" for r in case.expect])
+    shared = [name for name, theirs in TIE_WORDS if name in ctx.words and theirs.search(text)]
+    # above the case's own report (+1.5 at most): the paste's entry says more than which report came first
+    return 1.0 * min(len(shared), 2)
+
+
+def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional[Context] = None) -> Optional[Hit]:
     """How well a signature fits the paste, or None when its message is not in it."""
     err = sig.error
     try:
         regex = re.compile(_pattern(err.match))
     except re.error:
         return None
-    want = str(err.type).rsplit(".", 1)[-1]
-    notes: List[str] = []
-    found = [e for e in paste.errors if regex.search(_plain(e.message))]
-    if found:
-        score = 4.0
-        if any(e.short_type == want for e in found):
-            score += 2
-        else:
-            notes.append(f"pasted as {found[0].type}, the rule says {want}")
-    elif regex.search(_plain(paste.text)):
-        score = 3.0  # no exception line (a message quoted in prose, a cut-off paste): the message alone
-        notes.append("message found in the text, no exception line")
-    elif any(e.short_type == want and _loose(err.match, e.message) for e in paste.errors):
-        score = 2.0
-        notes.append("loose fit: the rule's words are in the message, its regex is not (another order or wording)")
-    else:
+    kind, errors = _message_fit(regex, err.match, paste)
+    if kind is None:
         return None
-    module = getattr(err, "module", None)
-    if module and paste.modules:
-        if any(m == module or m.startswith(module + ".") for m in paste.modules):
-            score += 1
-        else:
-            notes.append(f"no pasted frame is in {module}")
-            score -= 1
+    ctx = ctx or read_context(paste)
+    points, found, notes = _evidence(sig, paste, ctx, kind, errors)
+    if kind == "loose":
+        notes.append("loose fit: the rule's words are in the message, its regex is not (another order or wording)")
+    against = _against(sig, case, paste, ctx, errors)
+    generic = _generic(err.match) or not getattr(err, "module", None)
+    if not against and generic and not any(f.startswith("frame in") for f in found):
+        where = getattr(err, "module", None) or "the rule's code path (it names no module)"
+        against = f"a message many libraries raise: claimed only with a frame in {where}"
+    score = points + _tie_bonus(case, ctx)
     source = getattr(sig.rule, "source", "") or ""
     if _cites_own_report(case, source):
         score += 1
         # among the case's own rules, the one of the report it was written from (peft#2166 before PR #2167)
         primary = _primary_report(case)
         score += 0.5 if primary and re.match(rf"\s*[\w./-]*?(?:PR\s*)?#{primary}\b", source) else 0
-    return Hit(sig, score, notes)
+    return Hit(sig, score, notes, points, found, against, kind)
 
 
 def _mask(text: str) -> str:
@@ -204,9 +392,10 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
     """The cases the paste fits, best first."""
     by_case: Dict[str, CaseMatch] = {}
     cases = {c.id: c for c in matrix.cases}
+    ctx = read_context(paste)
     for sig in signatures(matrix):
         case = cases.get(sig.case) if sig.case else None
-        hit = fit(sig, paste, case)
+        hit = fit(sig, paste, case, ctx)
         if hit is None or case is None:
             continue
         by_case.setdefault(case.id, CaseMatch(case)).hits.append(hit)
@@ -214,13 +403,23 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
         if record.case in cases and record_fits(record, paste):
             by_case.setdefault(record.case, CaseMatch(cases[record.case])).records.append(record)
     for found in by_case.values():
-        found.hits.sort(key=lambda h: -h.score)
+        found.hits.sort(key=lambda h: (h.level is None, -h.score))
+        if found.hits and all(h.against for h in found.hits):
+            found.against = found.hits[0].against
+        elif not found.hits and ctx.elsewhere:
+            found.against = f"similar message, but this looks like {ctx.elsewhere[0][1]}"
     return sorted(by_case.values(), key=lambda m: -m.score)
+
+
+def claims(found: List[CaseMatch]) -> List[CaseMatch]:
+    """The cases the paste is claimed to be, best first: those with a level."""
+    return [m for m in found if m.level]
 
 
 def platform_hits(matrix: Matrix, paste: Paste) -> List[Hit]:
     """Platform signatures the paste fits (a fact about a release, not about one case)."""
-    hits = [fit(sig, paste) for sig in signatures(matrix) if sig.case is None]
+    ctx = read_context(paste)
+    hits = [fit(sig, paste, None, ctx) for sig in signatures(matrix) if sig.case is None]
     return sorted((h for h in hits if h), key=lambda h: -h.score)
 
 

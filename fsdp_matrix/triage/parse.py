@@ -10,9 +10,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
-PACKAGE_ROOTS = ("torch", "peft", "transformers", "accelerate", "bitsandbytes", "trl", "fsdp_matrix", "deepspeed")
+PACKAGE_ROOTS = (
+    "torch",
+    "peft",
+    "transformers",
+    "accelerate",
+    "bitsandbytes",
+    "trl",
+    "fsdp_matrix",
+    "deepspeed",
+    "megatron",
+)
 """Top-level packages a frame's module is read from when its path has no site-packages/dist-packages part (a
 source checkout such as ``~/src/peft/src/peft/tuners/lora/dora.py``)."""
 
@@ -32,6 +42,8 @@ _EXC = re.compile(
     r"(?:^|(?<=[\s\[(]))(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Failed|Exit|Interrupt)|Exception))"
     r":(?:\s+|$)(?P<msg>.*)$"
 )
+MAX_BYTES = 2 * 1024 * 1024
+"""How much of a paste is read: a log of many ranks repeats itself, and the error is near its end or its start."""
 _WRAPPED_LINES = 5
 """How many lines after an exception line may continue its wrapped message."""
 _TRACE_LINE = re.compile(r"^\s*(Traceback \(most recent call last\)|File\s|During handling|The above exception|\^+|~+)")
@@ -57,6 +69,8 @@ class PastedError:
     """The class as pasted: ``ValueError`` or ``torch.distributed.elastic...ChildFailedError``."""
     message: str
     """The message, whitespace collapsed."""
+    raised_in: Optional[Frame] = None
+    """The frame printed right above the exception line (the raise site of a whole traceback), if any."""
 
     @property
     def short_type(self) -> str:
@@ -74,6 +88,8 @@ class Paste:
     """Exception lines, innermost-last as pasted, duplicates (one per rank) removed."""
     frames: List[Frame] = field(default_factory=list)
     """Frames in paste order; the last one is nearest to where the error was raised."""
+    lines: List[str] = field(default_factory=list)
+    """The cleaned lines, each once: a title or a sentence that quotes a message without its class."""
 
     @property
     def modules(self) -> List[str]:
@@ -99,6 +115,16 @@ def module_of(path: str) -> Optional[str]:
     return ".".join(mod) if mod and all(p.isidentifier() for p in mod) else None
 
 
+def bounded(text: str, limit: int = MAX_BYTES) -> str:
+    """The paste cut to ``limit`` bytes of UTF-8: the head and the tail, where a traceback's start and its exception
+    line are (a rank's whole log pasted in the middle of them adds nothing but time)."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    half = limit // 2
+    return (data[:half] + b"\n" + data[-half:]).decode("utf-8", "replace")
+
+
 def clean_lines(text: str) -> List[str]:
     """The paste's lines without colours, rank prefixes, Markdown quote marks, fences and stray backticks."""
     out = []
@@ -114,7 +140,7 @@ def clean_lines(text: str) -> List[str]:
     return out
 
 
-def _exception_at(lines: List[str], i: int) -> Optional[PastedError]:
+def _exception_at(lines: List[str], i: int, above: Optional[Frame] = None) -> Optional[PastedError]:
     found = _EXC.search(lines[i])
     if not found:
         return None
@@ -124,20 +150,41 @@ def _exception_at(lines: List[str], i: int) -> Optional[PastedError]:
         if not nxt or _TRACE_LINE.match(nxt) or _EXC.search(nxt) or nxt.startswith("["):
             break
         parts.append(nxt)
-    return PastedError(found.group("type"), " ".join(" ".join(parts).split()))
+    return PastedError(found.group("type"), " ".join(" ".join(parts).split()), above)
+
+
+_RAISE_GAP = 3
+"""Lines (source, carets, ``raise ValueError(``) that may stand between a raise site's frame and the exception."""
 
 
 def parse(text: str) -> Paste:
-    """Read the exception lines and frames of a paste; either may be empty."""
-    lines = clean_lines(text)
+    """Read the exception lines and frames of a paste (at most ``MAX_BYTES`` of it); either may be empty. A line
+    seen before (every rank prints the same traceback) is read once, in one pass: a repeated frame still counts as
+    the frame above the exception line that follows it."""
+    lines = clean_lines(bounded(text))
     errors: List[PastedError] = []
-    for i in range(len(lines)):
-        err = _exception_at(lines, i)
-        if err and err not in errors:
-            errors.append(err)
-    frames = []
-    for line in lines:
+    said = set()
+    frames: List[Frame] = []
+    seen: Dict[str, Optional[Frame]] = {}
+    unique: List[str] = []
+    last: Optional[Frame] = None
+    last_at = -1
+    for i, line in enumerate(lines):
+        if line and line in seen:
+            if seen[line] is not None:
+                last, last_at = seen[line], i
+            continue
+        here = None
         for found in _FRAME.finditer(line):
             path = (found.group("q") or found.group("p")).replace("\\", "/")
-            frames.append(Frame(path, module_of(path), found.group("fn")))
-    return Paste(text=" ".join(" ".join(lines).split()), errors=errors, frames=frames)
+            here = Frame(path, module_of(path), found.group("fn"))
+            frames.append(here)
+        if here is not None:
+            last, last_at = here, i
+        seen[line] = here
+        unique.append(line)
+        err = _exception_at(lines, i, last if 0 < i - last_at <= _RAISE_GAP else None)
+        if err and (err.type, err.message) not in said:
+            said.add((err.type, err.message))
+            errors.append(err)
+    return Paste(text=" ".join(" ".join(unique).split()), errors=errors, frames=frames, lines=[x for x in unique if x])

@@ -1,0 +1,142 @@
+"""What a paste shows besides its message: the stack it ran on (FSDP, PEFT), the entry it came through (TRL's
+trainers, ``accelerate launch``), and the signs that it is another failure with the same words (DeepSpeed ZeRO-3,
+Megatron, a model's own ``__init__``, a model trained without adapters, a layer class named in the config).
+
+Every case of the matrix is a PEFT adapter under PyTorch FSDP, so a paste that shows neither is a weaker fit, and one
+that shows another stack is not claimed at all (its message only looks alike).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from fsdp_matrix.triage.parse import Frame, Paste
+
+FSDP_MODULES = (
+    "torch.distributed.fsdp",
+    "torch.distributed._composable.fsdp",
+    "torch.distributed._composable.fully_shard",
+    "accelerate.utils.fsdp_utils",
+)
+"""Modules whose frames show the model was under FSDP (FSDP1, FSDP2's ``fully_shard``, accelerate's FSDP plugin)."""
+_FSDP_WORDS = re.compile(r"fsdp|fully_?shard|FullyShardedDataParallel|distributed_type:\s*FSDP|--fsdp\b", re.IGNORECASE)
+# "PEFT version: 0.15.0" in an environment listing says PEFT is installed, not that the model has adapters
+# a word by ASCII bounds: "FSDP2训练LoRA报错" names LoRA, though CJK characters are word characters to \b
+_PEFT_WORDS = re.compile(
+    r"(?<![A-Za-z0-9_])(?:q?lora|q?dora|loraconfig|get_peft_model|peft_config|peftmodel\w*|adapters?|"
+    r"prefix[ _-]tuning|prompt[ _-]tuning|use_peft|peft(?!\s*(?:version|==|:\s*\d|\s+\d|\s*=\s*\d)))(?![A-Za-z0-9_])",
+    re.IGNORECASE,
+)
+_FUNCTION_HINTS = re.compile(r"^[A-Za-z_]\w*$")
+
+ELSEWHERE: Tuple[Tuple[str, re.Pattern[str], str], ...] = (
+    (
+        "deepspeed",
+        # "DeepSpeed version: 0.15.4" is an environment listing (LLaMA-Factory's), not the stack that ran
+        re.compile(
+            r"deepspeed(?!\s*version)|\bzero[-_ ]?(?:stage[-_ ]?)?3\b|\bstage 3\b|\bz3\b|zero_optimization",
+            re.IGNORECASE,
+        ),
+        "DeepSpeed ZeRO-3, not FSDP",
+    ),
+    ("megatron", re.compile(r"megatron", re.IGNORECASE), "Megatron, not FSDP"),
+    (
+        "context-parallel",
+        re.compile(r"context[ _-]parallel|sequence[ _-]parallel|\bcp_size\b", re.IGNORECASE),
+        "context parallelism (the sequence is split across ranks), which no case of the matrix runs",
+    ),
+)
+"""Stacks other than FSDP that raise the same messages: (name, pattern in the paste's text or frames, reason)."""
+_FULL_FINETUNE = re.compile(
+    r"full[ _-]?fine[ _-]?tun|finetuning_type:\s*full|full[ _-]param|continue[ _-]?pre-?train|\bOSFT\b", re.IGNORECASE
+)
+_LAYER_CLS_CONFIG = re.compile(r"transformer_layer_cls_to_wrap|FSDP_TRANSFORMER_CLS_TO_WRAP", re.IGNORECASE)
+
+CONTEXT_WORDS = (
+    "DPOTrainer",
+    "DPO Trainer",
+    "SFTTrainer",
+    "GRPOTrainer",
+    "prepare_model_for_kbit_training",
+    "prepare_for_kbit_training",
+    "accelerate launch",
+    "fsdp_config",
+    "use_dora",
+    "merge_and_unload",
+    "resize_token_embeddings",
+    "generate(",
+    "gradient_checkpointing",
+    "activation_checkpointing",
+)
+"""Words that name an entry or a library path; a case whose title, report or rule source names one gets the tie."""
+
+
+@dataclass
+class Context:
+    """What the paste shows, read once and shared by every rule tried on it."""
+
+    fsdp: List[str] = field(default_factory=list)
+    """Why the paste looks like FSDP (a frame, a word); empty when nothing says so."""
+    peft: List[str] = field(default_factory=list)
+    """Why the paste looks like a PEFT model (a frame, a word)."""
+    elsewhere: List[Tuple[str, str]] = field(default_factory=list)
+    """(name, reason) of other stacks the paste shows."""
+    full_finetune: bool = False
+    """The paste says the model is trained whole (full fine-tuning, pretraining): no adapters."""
+    layer_cls_config: bool = False
+    """The paste names a layer class in ``fsdp_transformer_layer_cls_to_wrap`` (a config value)."""
+    words: List[str] = field(default_factory=list)
+    """The ``CONTEXT_WORDS`` the paste holds."""
+    has_context: bool = False
+    """The paste is more than its message: several frames, or prose around it."""
+
+
+def _frames_in(frames: List[Frame], prefixes: Tuple[str, ...]) -> List[str]:
+    return sorted({f.module for f in frames if f.module and f.module.startswith(prefixes)})
+
+
+def read_context(paste: Paste) -> Context:
+    """The stack, the entry and the other-stack signs of a paste."""
+    ctx = Context()
+    fsdp_frames = _frames_in(paste.frames, FSDP_MODULES)
+    ctx.fsdp = [f"frame in {m}" for m in fsdp_frames[:2]]
+    if _FSDP_WORDS.search(paste.text):
+        ctx.fsdp.append(f"the paste says {_FSDP_WORDS.search(paste.text).group(0)!r}")
+    peft_frames = _frames_in(paste.frames, ("peft.",))
+    ctx.peft = [f"frame in {m}" for m in peft_frames[:2]]
+    if _PEFT_WORDS.search(paste.text):
+        ctx.peft.append(f"the paste says {_PEFT_WORDS.search(paste.text).group(0)!r}")
+    paths = " ".join(f.path for f in paste.frames)
+    for name, pattern, reason in ELSEWHERE:
+        if pattern.search(paste.text) or pattern.search(paths):
+            ctx.elsewhere.append((name, reason))
+    ctx.full_finetune = bool(_FULL_FINETUNE.search(paste.text))
+    ctx.layer_cls_config = bool(_LAYER_CLS_CONFIG.search(paste.text))
+    lowered = paste.text.lower()
+    ctx.words = [w for w in CONTEXT_WORDS if w.lower() in lowered]
+    message_words = sum(len(e.message.split()) for e in paste.errors)
+    ctx.has_context = len(paste.frames) >= 3 or len(paste.text.split()) - message_words >= 40
+    return ctx
+
+
+def from_pretrained_init(paste: Paste) -> Optional[str]:
+    """The model class whose own ``__init__`` raised under ``from_pretrained``, if the paste shows that."""
+    loading = any(f.function == "from_pretrained" for f in paste.frames)
+    raised = next((e.raised_in for e in reversed(paste.errors) if e.raised_in), None)
+    if loading and raised and raised.function == "__init__" and (raised.module or "").startswith("transformers.models"):
+        return raised.module
+    return None
+
+
+def frame_hints_met(hints: List[str], paste: Paste) -> List[str]:
+    """The rule's frame hints the paste's frames meet: a dotted module prefix, or a function name."""
+    met = []
+    for hint in hints:
+        if _FUNCTION_HINTS.match(hint):
+            if any(f.function == hint for f in paste.frames):
+                met.append(f"frame in {hint}()")
+        elif any(f.module and (f.module == hint or f.module.startswith(hint + ".")) for f in paste.frames):
+            met.append(f"frame in {hint}")
+    return met

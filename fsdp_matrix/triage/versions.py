@@ -1,0 +1,171 @@
+"""What the matrix knows for the user's versions: whether they are inside the range its combos observed, where the
+matched rule stops reproducing ("fixed in"), and the configuration changes that train instead (the matched rule's own
+cells with one of its ``when`` keys changed, filtered by the platform rules of the user's release).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from fsdp_matrix.cells import Cell, expand_case, matches
+from fsdp_matrix.expectations import expected_for, version_matches
+from fsdp_matrix.matrix import Case, Combo, Matrix
+
+IDENTITY_KEYS = ("adapter", "model", "entry")
+"""Cell axes a workaround keeps as the user has them: what is trained, on what model, through which entry."""
+
+
+def _version(text: Optional[str]) -> Optional[Version]:
+    """The release without its local label (``2.4.1+cu121`` -> ``2.4.1``); None for none or a git ref."""
+    try:
+        return Version(Version(text).public) if text else None
+    except InvalidVersion:
+        return None
+
+
+def observed_range(matrix: Matrix, versions: Mapping[str, Optional[str]]) -> List[str]:
+    """One line per given version older or newer than every combo's pin of that package."""
+    out = []
+    for package, mine in versions.items():
+        have = _version(mine)
+        pins = [v for v in (_version(getattr(c.pins, package, None)) for c in matrix.combos) if v]
+        if have is None or not pins:
+            continue
+        if have < min(pins):
+            out.append(
+                f"{package} {mine} is older than every combo observed (oldest: {package} {min(pins)}); "
+                "nothing here is known for it"
+            )
+        elif have.release[:2] > max(pins).release[:2]:
+            out.append(
+                f"{package} {mine} is newer than every combo observed (newest: {package} {max(pins)}); "
+                "what is shown is known up to that release only"
+            )
+    return out
+
+
+def older_than_observed(lines: List[str]) -> bool:
+    return any("older than every combo" in line for line in lines)
+
+
+@dataclass
+class Fixed:
+    """Where the matched rule stops: its own upper bound, or the first combo whose same cells train."""
+
+    text: str
+    """``peft >=0.14 (the rule's own bound: it reproduces on peft <0.14)`` or ``no release ...``."""
+    versions: Dict[str, str] = field(default_factory=dict)
+    """Package -> the first version named as fixed (empty when none is)."""
+
+
+def _upper_bounds(spec: str) -> List[Tuple[str, str]]:
+    """(operator, version) of the specifier's upper bounds: ``<0.14``, ``<=0.13.0``, ``==0.13.0``."""
+    return [(s.operator, s.version) for s in SpecifierSet(spec) if s.operator in ("<", "<=", "==")]
+
+
+def _order(combo: Combo, packages: List[str]) -> Tuple:
+    return tuple(_version(getattr(combo.pins, p, None)) or Version("0") for p in packages)
+
+
+def _rule_cells(case: Case, rule: Any) -> List[Cell]:
+    return [c for c in expand_case(case) if matches(getattr(rule, "when", None) or {}, c.context())]
+
+
+def _first_training_combo(matrix: Matrix, case: Case, index: int) -> Optional[Combo]:
+    """The lowest combo past the rule's range on which one of the rule's cells is expected to train."""
+    rule = case.expect[index]
+    specs = dict(getattr(rule, "versions", None) or {})
+    cells = _rule_cells(case, rule)
+    for combo in sorted(matrix.combos, key=lambda c: _order(c, list(specs))):
+        pins = combo.pins.model_dump()
+        if not all(_past(spec, pins.get(p)) for p, spec in specs.items()):
+            continue
+        if any(expected_for(case, cell, pins).kind == "ok" for cell in cells):
+            return combo
+    return None
+
+
+def _past(spec: str, version: Optional[str]) -> bool:
+    """The version is above the specifier's upper bound (not merely outside its range)."""
+    have = _version(version)
+    bounds = _upper_bounds(spec)
+    if have is None or not bounds or version_matches(spec, version):
+        return False
+    return all(have > Version(v) or (op == "<" and have == Version(v)) for op, v in bounds)
+
+
+def fixed_in(matrix: Matrix, case: Case, index: int) -> Fixed:
+    """Where the rule ``case.expect[index]`` stops reproducing, never inside its own range."""
+    rule = case.expect[index]
+    specs = dict(getattr(rule, "versions", None) or {})
+    bounds = {p: [(op, v) for op, v in _upper_bounds(s) if op == "<"] for p, s in specs.items()}
+    named = {p: b[0][1] for p, b in bounds.items() if b}
+    if named:
+        since = " or ".join(f"{p} >={v}" for p, v in named.items())
+        within = ", ".join(f"{p} {s}" for p, s in specs.items())
+        return Fixed(f"{since} (the rule's own bound: it reproduces on {within})", named)
+    combo = _first_training_combo(matrix, case, index) if specs else None
+    if combo is not None:
+        pins = combo.pins.model_dump()
+        found = {p: pins[p] for p in specs if pins.get(p)}
+        return Fixed(
+            f"{', '.join(f'{p} {v}' for p, v in found.items())} (combo {combo.id}: the same cells train)", found
+        )
+    held = ", ".join(f"{p} {s}" for p, s in specs.items()) or "every version"
+    return Fixed(f"no release in matrix.yaml fixes it (the rule holds on {held})")
+
+
+@dataclass
+class Workaround:
+    """An ``ok`` rule whose cells are the matched rule's cells with one setting changed."""
+
+    rule: int
+    """Index of the ``ok`` rule in the case's ``expect``."""
+    change: str
+    """The setting changed, e.g. ``storage=bf16``."""
+    cells: List[str]
+    """Cell ids expected to train with that change."""
+
+
+def _change(rule_when: Mapping[str, Any], cell: Cell) -> Optional[str]:
+    """The one ``when`` key the cell has otherwise (``key=value``), or None when it differs in none or several."""
+    ctx = cell.context()
+    present = [k for k in rule_when if k in ctx]
+    differ = [k for k in present if not matches({k: rule_when[k]}, ctx)]
+    kept = all(k in ctx and matches({k: rule_when[k]}, ctx) for k in IDENTITY_KEYS if k in rule_when)
+    return f"{differ[0]}={ctx[differ[0]]}" if len(differ) == 1 and kept else None
+
+
+def _missing_options(matrix: Matrix, versions: Mapping[str, Optional[str]]) -> List[str]:
+    """The cell axes a platform skip says the user's release lacks (``autocast`` on peft <0.12)."""
+    platform = getattr(matrix, "platform", None)
+    out: List[str] = []
+    for rule in getattr(platform, "skips", None) or []:
+        specs = getattr(rule, "versions", None) or {}
+        if specs and all(version_matches(s, versions.get(p)) for p, s in specs.items()):
+            when = getattr(rule, "when", None) or {}
+            for one in when if isinstance(when, list) else [when]:
+                out += list(one.keys())
+    return out
+
+
+def workarounds(matrix: Matrix, case: Case, index: int, versions: Mapping[str, Optional[str]]) -> List[Workaround]:
+    """The matched rule's cells with one of its ``when`` settings changed that train on these versions, by the
+    ``ok`` rule that says so; a setting the user's release lacks (a platform skip) is left out."""
+    when = getattr(case.expect[index], "when", None) or {}
+    lacking = set(_missing_options(matrix, versions)) - {"device", "world_size", "nodes"}
+    found: Dict[Tuple[int, str], List[str]] = {}
+    for cell in expand_case(case):
+        change = _change(when, cell)
+        if change is None or change.split("=", 1)[0] in lacking:
+            continue
+        expected = expected_for(case, cell, versions)
+        if expected.kind == "ok" and expected.rule is not None:
+            found.setdefault((expected.rule, change), []).append(cell.id)
+    return [
+        Workaround(r, change, sorted(ids)) for (r, change), ids in sorted(found.items(), key=lambda kv: -len(kv[1]))
+    ]

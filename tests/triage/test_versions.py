@@ -1,0 +1,64 @@
+"""``triage.versions``: answers true to the versions: the observed range, "fixed in" that never contradicts its rule,
+and workarounds that are the matched rule's own cells, filtered by what the user's release has."""
+
+from pathlib import Path
+
+import pytest
+
+from fsdp_matrix.expectations import version_matches
+from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.triage import cli as triage_cli
+from fsdp_matrix.triage.versions import fixed_in, observed_range, workarounds
+
+ROOT = Path(__file__).resolve().parents[2]
+MATRIX = load_matrix(ROOT / "matrix.yaml", check_repros=False)
+CASES = {c.id: c for c in MATRIX.cases}
+# the peft 0.3.0 / torch 2.0.1 paste of huggingface/accelerate#1620
+OLD_PASTE = ROOT / "tests" / "fixtures" / "triage" / "corpus" / "accelerate1620_peft030_torch201.txt"
+
+
+def test_versions_older_than_every_combo_say_so_and_offer_nothing(capsys):
+    code = triage_cli.main([str(OLD_PASTE), "--versions", "peft=0.3.0,torch=2.0.1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "1. mixed-dtype" in out
+    assert "peft 0.3.0 is older than every combo observed (oldest: peft 0.10.0); nothing here is known for it" in out
+    assert "workarounds expected to hold" not in out and "workarounds: none offered" in out
+    assert "autocast" not in out.split("workarounds:", 1)[1]  # get_peft_model has no autocast_adapter_dtype there
+    assert "yours are in range" not in out and "cells expected to raise it on your versions" not in out
+
+
+def test_versions_inside_the_range_are_not_flagged():
+    assert observed_range(MATRIX, {"peft": "0.13.2", "torch": "2.13.0"}) == []
+    assert observed_range(MATRIX, {"peft": "0.3.0"})[0].startswith("peft 0.3.0 is older than every combo observed")
+
+
+RULES = [(c.id, i) for c in MATRIX.cases for i, r in enumerate(c.expect) if r.error is not None]
+
+
+@pytest.mark.parametrize("case_id,index", RULES, ids=[f"{c}[{i}]" for c, i in RULES])
+def test_fixed_in_never_contradicts_its_rule(case_id, index):
+    rule = CASES[case_id].expect[index]
+    fixed = fixed_in(MATRIX, CASES[case_id], index)
+    specs = dict(rule.versions or {})
+    for package, version in fixed.versions.items():
+        assert not version_matches(specs[package], version), (fixed.text, specs)
+    upper = any(s.split(",")[-1].lstrip().startswith("<") or "<" in s for s in specs.values())
+    assert fixed.text.startswith("no release") is (not fixed.versions), fixed.text
+    if upper:
+        assert fixed.versions, fixed.text  # a rule with an upper bound is fixed past it
+
+
+def test_workarounds_are_the_matched_rule_s_cells_with_one_setting_changed():
+    case = CASES["mixed-dtype"]
+    integer = next(i for i, r in enumerate(case.expect) if r.error and "integer" in r.error.match)
+    current = next(c for c in MATRIX.combos if c.id == "current").pins.model_dump()
+    changes = {w.change.split("=")[0] for w in workarounds(MATRIX, case, integer, current)}
+    assert changes and changes <= set(case.expect[integer].when) - {"adapter"}  # e.g. storage=bf16, never lora
+
+
+@pytest.mark.parametrize("peft,offered", [("0.11.1", False), ("0.13.2", True)])
+def test_a_workaround_the_release_lacks_is_not_offered(peft, offered):
+    case = CASES["mixed-dtype"]
+    upcast = next(i for i, r in enumerate(case.expect) if r.error and "float32" in r.error.match)
+    found = workarounds(MATRIX, case, upcast, {"peft": peft, "torch": "2.13.0", "transformers": "4.57.6"})
+    assert any(w.change == "autocast=0" for w in found) is offered
