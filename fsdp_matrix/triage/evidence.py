@@ -135,7 +135,8 @@ def frame_hints_met(hints: List[str], paste: Paste) -> List[str]:
     met = []
     for hint in hints:
         if _FUNCTION_HINTS.match(hint):
-            if any(f.function == hint for f in paste.frames):
+            # IPython names a method with its class: LoraModel.merge_and_unload
+            if any(f.function and f.function.rsplit(".", 1)[-1] == hint for f in paste.frames):
                 met.append(f"frame in {hint}()")
         elif any(f.module and (f.module == hint or f.module.startswith(hint + ".")) for f in paste.frames):
             met.append(f"frame in {hint}")

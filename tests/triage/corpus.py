@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.triage.match import claims, match
+from fsdp_matrix.triage.parse import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "triage" / "corpus"
 
@@ -25,7 +29,7 @@ RULE_CHANGES: Dict[Tuple[str, int], Dict[str, object]] = {
     ("generate-fsdp1", 2): {"frames": ["generate"]},
     ("generate-fsdp2", 0): {"frames": ["generate"]},
     ("resize-embeddings-meta", 1): {"frames": ["resize_token_embeddings"]},
-    ("merge-device", 1): {"frames": ["merge_and_unload"]},
+    ("merge-device", 1): {"frames": ["merge_and_unload", "peft.tuners.lora"]},
 }
 """(case id, expect index) -> the keys RULE_CHANGES.md adds to that rule's ``error``."""
 
@@ -122,8 +126,6 @@ def table(rows: List[Row]) -> str:
 
 def triage_answer(matrix) -> Callable[[str], Tuple[Optional[str], Optional[str]]]:
     """This branch's triage: the first claimed case and its level."""
-    from fsdp_matrix.triage.match import claims, match
-    from fsdp_matrix.triage.parse import parse
 
     def answer(text: str) -> Tuple[Optional[str], Optional[str]]:
         found = claims(match(matrix, parse(text)))
@@ -137,8 +139,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml")
     p.add_argument("--rule-changes", action="store_true", help="apply RULE_CHANGES.md's additions in memory")
     args = p.parse_args(argv)
-    from fsdp_matrix.matrix import load_matrix
-
     matrix = load_matrix(args.matrix, check_repros=False)
     if args.rule_changes:
         matrix = with_rule_changes(matrix)
