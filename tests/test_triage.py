@@ -20,7 +20,7 @@ from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.records import Observed, Record, append
 from fsdp_matrix.triage import cli as triage_cli
 from fsdp_matrix.triage.match import claims, match, nearest_combo, platform_hits
-from fsdp_matrix.triage.parse import module_of, parse
+from fsdp_matrix.triage.parse import MAX_BYTES, module_of, parse
 from tests.triage.corpus import with_rule_changes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -275,3 +275,18 @@ def test_workarounds_observed_on_your_versions_else_the_nearest_combo(tmp_path, 
     assert triage_cli.main([paste, "--results", str(tmp_path), "--versions", versions]) == 0
     section = capsys.readouterr().out.split("1. lora-requires-grad", 1)[1].split("\n2. ", 1)[0]
     assert f"observed {where}: fix-holds 1/1 (records)" in section
+
+
+def test_a_huge_log_is_read_by_its_head_and_tail(tmp_path, capsys, monkeypatch):
+    # a whole log of many ranks: the error at its end is found, and no more than MAX_BYTES are kept
+    tail = paste_of("llamafactory3550_dora_rank0.txt")
+    log = "".join(f"[rank{i % 8}]: step {i} loss 1.0\n" for i in range(300_000)) + tail
+    path = tmp_path / "log.txt"
+    path.write_text(log)
+    assert path.stat().st_size > 3 * MAX_BYTES
+    assert len(triage_cli._read(str(path)).encode()) <= MAX_BYTES
+    assert triage_cli.main([str(path), "--versions", "peft=0.13.2"]) == 0
+    assert "1. dora-sharded-weight" in capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(log))
+    assert triage_cli.main(["-", "--versions", "peft=0.13.2"]) == 0
+    assert "1. dora-sharded-weight" in capsys.readouterr().out

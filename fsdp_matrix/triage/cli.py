@@ -79,15 +79,26 @@ def installed_versions() -> Dict[str, Optional[str]]:
     return out
 
 
+def _head_and_tail(stream, limit: int = MAX_BYTES):
+    """The stream's first and last ``limit / 2`` characters (or bytes), read in chunks: a traceback's start and its
+    exception line, without holding a whole log of many ranks in memory."""
+    half = limit // 2
+    head = stream.read(half)
+    tail = head[:0]
+    while True:
+        chunk = stream.read(half)
+        if not chunk:
+            return head + tail
+        tail = (tail + chunk)[-half:]
+
+
 def _read(source: Optional[str]) -> str:
-    """The paste, at most ``MAX_BYTES`` of it plus its tail: a whole log of many ranks is not read whole."""
+    """The paste, at most ``MAX_BYTES`` of it: its head and its tail."""
     if source in (None, "-"):
-        return sys.stdin.read(MAX_BYTES)
+        return _head_and_tail(sys.stdin)
     try:
         with open(source, "rb") as fh:
-            head = fh.read(MAX_BYTES // 2)
-            fh.seek(max(fh.tell(), fh.seek(0, 2) - MAX_BYTES // 2))
-            return (head + fh.read()).decode("utf-8", "replace")
+            return _head_and_tail(fh).decode("utf-8", "replace")
     except OSError as exc:
         raise TriageError(f"{source}: cannot read: {exc.strerror or exc}") from None
 

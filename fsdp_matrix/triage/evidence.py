@@ -8,11 +8,12 @@ that shows another stack is not claimed at all (its message only looks alike).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from fsdp_matrix.triage.parse import Frame, Paste
+from fsdp_matrix.triage.parse import Frame, Paste, PastedError
 
 FSDP_MODULES = (
     "torch.distributed.fsdp",
@@ -98,7 +99,13 @@ def _frames_in(frames: List[Frame], prefixes: Tuple[str, ...]) -> List[str]:
 
 
 def read_context(paste: Paste) -> Context:
-    """The stack, the entry and the other-stack signs of a paste."""
+    """The stack, the entry and the other-stack signs of a paste (read once per paste: every rule asks)."""
+    return _read_context(paste.text, tuple(paste.frames), tuple(paste.errors))
+
+
+@functools.lru_cache(maxsize=16)
+def _read_context(text: str, frames: Tuple[Frame, ...], errors: Tuple[PastedError, ...]) -> Context:
+    paste = Paste(text=text, errors=list(errors), frames=list(frames))
     ctx = Context()
     fsdp_frames = _frames_in(paste.frames, FSDP_MODULES)
     ctx.fsdp = [f"frame in {m}" for m in fsdp_frames[:2]]

@@ -8,6 +8,7 @@ not required: users paste a trimmed tail, and another release may raise the same
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
@@ -128,6 +129,7 @@ class CaseMatch:
         return "likely" if self.records and not self.hits else None
 
 
+@functools.lru_cache(maxsize=64)
 def _plain(text: str) -> str:
     return " ".join(text.replace("`", "").split())
 
@@ -188,8 +190,9 @@ _EXPANSIONS = 16
 """At most this many readings of a regex's ``(a|b)`` groups are compared with a message."""
 
 
-def _words(text: str) -> set:
-    return set(re.findall(r"[a-z][a-z0-9_]+", text.lower()))
+@functools.lru_cache(maxsize=256)
+def _words(text: str) -> frozenset:
+    return frozenset(re.findall(r"[a-z][a-z0-9_]+", text.lower()))
 
 
 def _readings(regex: str) -> List[str]:
@@ -206,7 +209,8 @@ def _readings(regex: str) -> List[str]:
     return out[:_EXPANSIONS]
 
 
-def _wanted(regex: str) -> List[set]:
+@functools.lru_cache(maxsize=1024)
+def _wanted(regex: str) -> List[frozenset]:
     plain = re.sub(r"\\[dswDSW]|\\.", " ", _pattern(regex))
     return [_words(reading) for reading in _readings(plain)]
 
@@ -245,7 +249,8 @@ def _message_fit(regex: re.Pattern[str], raw: str, paste: Paste) -> Tuple[Option
     found = [e for e in paste.errors if _loose(raw, e.message)]
     if found:
         return "loose", found
-    if any(_loose(raw, line) for line in paste.lines if len(line) < 600):
+    # a line's words are the paste's words: when the whole paste lacks the rule's, no line has them
+    if _loose(raw, _plain(paste.text)) and any(_loose(raw, line) for line in paste.lines if len(line) < 600):
         return "loose", []
     return None, []
 
@@ -260,9 +265,8 @@ def _against(
     """Why this paste is another failure with a similar message, or None."""
     module = getattr(sig.error, "module", None) or ""
     fsdp_frames = any(f.startswith("frame") for f in ctx.fsdp)
-    for _, reason in ctx.elsewhere:
-        if not fsdp_frames:
-            return f"similar message, but this looks like {reason}"
+    if ctx.elsewhere and not fsdp_frames:
+        return f"similar message, but this looks like {ctx.elsewhere[0][1]}"
     if ctx.full_finetune and not ctx.peft:
         return (
             "similar message, but the model is trained whole (full fine-tuning or pretraining), without PEFT adapters"
