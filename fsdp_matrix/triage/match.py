@@ -468,16 +468,6 @@ def _rule_for(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> 
     return case.expect[expected.rule] if expected.rule is not None else None
 
 
-def workarounds(case: Case, versions: Mapping[str, Optional[str]]) -> Dict[int, List[Cell]]:
-    """The case's CPU cells expected to train on these versions, by the ``ok`` rule that says so."""
-    out: Dict[int, List[Cell]] = {}
-    for cell in expand_case(case):
-        expected = expected_for(case, cell, versions)
-        if expected.kind == "ok" and expected.rule is not None:
-            out.setdefault(expected.rule, []).append(cell)
-    return out
-
-
 def rule_versions(rule: Any) -> str:
     """``peft <0.14, accelerate >=0.30`` or ``any version``."""
     specs = getattr(rule, "versions", None) or {}
