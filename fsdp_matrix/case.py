@@ -3,7 +3,8 @@
 ``from fsdp_matrix.case import RankContext, peft_model, wrap_and_train`` keeps working across releases of
 fsdp-matrix: the names in ``__all__`` are pinned by ``tests/test_case_api.py``, and each is the very object of its
 home module (``fsdp_matrix.workload.*``, ``fsdp_matrix.errors``, ``fsdp_matrix.standalone``), so the older imports
-from those modules keep working too. Everything else in ``fsdp_matrix`` may move.
+from those modules keep working too, though only this module is advertised: every repro in ``repros/`` imports
+harness code from here alone (``tests/test_repro_contract.py``). Everything else in ``fsdp_matrix`` may move.
 
 ``DTensor`` and ``fully_shard`` are torch's own classes, imported from wherever this torch release keeps them
 (the path moved between 2.4 and 2.6).
@@ -37,8 +38,8 @@ from fsdp_matrix.workload.checkpoint_torch import RAW_PATHS, raw_roundtrip
 from fsdp_matrix.workload.checks import Failures, TrainingChecks, clean_name, full_parameters
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import take_reference
-from fsdp_matrix.workload.entry import accelerate_setup
-from fsdp_matrix.workload.generation import greedy_generate, train_unsharded
+from fsdp_matrix.workload.entry import accelerate_setup, prepare_and_train
+from fsdp_matrix.workload.generation import check_same_tokens, greedy_generate, train_unsharded
 from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
 from fsdp_matrix.workload.meta_init import build_rank0_model, has_meta, init_of
 from fsdp_matrix.workload.models import (
@@ -54,10 +55,10 @@ from fsdp_matrix.workload.models import (
     torch_dtype,
 )
 from fsdp_matrix.workload.params import UnknownAxisValue, axis, flag
-from fsdp_matrix.workload.recipe import MODELS, base_dtype_name, peft_model, wrap_and_train
+from fsdp_matrix.workload.recipe import MODELS, base_dtype_name, base_model, peft_model, wrap_and_train, wrap_cell
 from fsdp_matrix.workload.tinynets import build_tinynet
 from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names, wrapper_kind
-from fsdp_matrix.workload.trl_trainer import trl_entry, trl_setup, trl_train_and_check
+from fsdp_matrix.workload.trl_trainer import trl_entry
 from fsdp_matrix.workload.wrapping import WRAPS, decoder_layer_policy, fsdp1, fsdp2, fully_shard, wrap
 
 __all__ = [
@@ -65,10 +66,12 @@ __all__ = [
     "RankContext",
     "main",
     "CheckFailed",
-    # the recipe most cases use
+    # the recipe most cases use, and its base and wrap for a repro that builds its own adapter or trains its own way
     "peft_model",
     "wrap_and_train",
     "base_dtype_name",
+    "base_model",
+    "wrap_cell",
     # axis values, read so that an unknown one fails naming it
     "axis",
     "flag",
@@ -106,12 +109,12 @@ __all__ = [
     "fully_shard",
     "DTensor",
     "accelerate_setup",
+    "prepare_and_train",
     "trainer_setup",
     "train_unsharded",
     "greedy_generate",
+    "check_same_tokens",
     "trainer_train_and_check",
-    "trl_setup",
-    "trl_train_and_check",
     "trl_entry",
     # training and its checks
     "train_and_check",

@@ -17,10 +17,7 @@ from typing import Iterator, List
 
 import torch.distributed.fsdp as fsdp_module
 
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.entry import accelerate_setup
-from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import train_and_check, trainable_names
+from fsdp_matrix.case import RankContext, main, peft_model, prepare_and_train, trainable_names
 
 CASE = "accelerate-ignored-params"
 
@@ -51,18 +48,12 @@ def run(params: dict, ctx: RankContext) -> dict:
     params = {"adapter": "lora", "entry": "accelerate", "wrap": "fsdp2", **params}
     model = peft_model(params, ctx)
     trainable = trainable_names(model)
-    with fully_shard_keywords() as keywords, accelerate_setup(model, params, ctx) as setup:
-        checks = setup.checks()
-        checks["fully_shard_keywords"] = sorted(keywords)
-        checks.update(
-            train_and_check(
-                setup.model, ctx, trainable=trainable, optimizer=setup.optimizer, backward=setup.accelerator.backward
-            )
+    with fully_shard_keywords() as keywords:
+        # inspect runs once prepare, where accelerate calls fully_shard, has run, and before training
+        return prepare_and_train(
+            model, params, ctx, trainable, inspect=lambda _: {"fully_shard_keywords": sorted(keywords)}
         )
-    return checks
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

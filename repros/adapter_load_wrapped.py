@@ -21,14 +21,19 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
-from fsdp_matrix.workload.adapters import is_adapter
-from fsdp_matrix.workload.checkpoint import TOLERANCE, adapter_key, gathered_adapter, logits
-from fsdp_matrix.workload.checks import Failures
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import synthetic_batch
-from fsdp_matrix.workload.wrapping import WRAPS, wrap
+from fsdp_matrix.case import (
+    TOLERANCE,
+    Failures,
+    RankContext,
+    adapter_key,
+    gathered_adapter,
+    is_adapter,
+    logits,
+    main,
+    peft_model,
+    synthetic_batch,
+    wrap_cell,
+)
 
 CASE = "adapter-load-wrapped"
 
@@ -72,7 +77,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     want_logits = logits(source, batch).float()
     del source
     fresh = peft_model(params, ctx)
-    wrapped = wrap(fresh, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
+    wrapped = wrap_cell(fresh, params, ctx)
     result = load_into_wrapped(wrapped, state)
     unexpected = _unexpected(result)
     loaded = gathered_adapter(wrapped)
@@ -109,6 +114,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

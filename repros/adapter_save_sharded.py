@@ -28,20 +28,25 @@ from torch import distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.checkpoint import (
+from fsdp_matrix.case import (
+    WRAPS,
+    CheckFailed,
+    RankContext,
+    axis,
     cell_dir,
     check_saved,
+    flag,
+    fsdp1,
     full_shapes,
     gathered_adapter,
+    main,
     on_every_rank,
+    peft_model,
     read_adapter_dir,
+    train_and_check,
+    trainable_names,
+    wrap,
 )
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import train_and_check, trainable_names
-from fsdp_matrix.workload.wrapping import WRAPS, fsdp1, wrap
 
 CASE = "adapter-save-sharded"
 
@@ -102,6 +107,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

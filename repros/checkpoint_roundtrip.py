@@ -1,4 +1,4 @@
-"""Checkpoint round trips (issue 11, part 3): save the trained adapter under FSDP by a path users use, reload it
+"""Checkpoint round trips: save the trained adapter under FSDP by a path users use, reload it
 into a fresh unwrapped model, check it.
 
 Axes: ``save`` (the path, below), ``sdt`` (``full``/``sharded`` state dict type, for the resume paths),
@@ -14,16 +14,26 @@ resumed run does not continue the saved one (see fsdp_matrix/workload/checkpoint
 
 from __future__ import annotations
 
-from fsdp_matrix.workload.adapters import adapter_dtypes, has_autocast_option
-from fsdp_matrix.workload.checkpoint import cell_dir, full_shapes
-from fsdp_matrix.workload.checkpoint_hf import HF_SAVES, hf_roundtrip
-from fsdp_matrix.workload.checkpoint_torch import RAW_PATHS, raw_roundtrip
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import DTYPES, build_model, torch_dtype
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import MODELS, base_dtype_name, peft_model
-from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import WRAPS, wrap
+from fsdp_matrix.case import (
+    DTYPES,
+    HF_SAVES,
+    RAW_PATHS,
+    RankContext,
+    adapter_dtypes,
+    axis,
+    base_dtype_name,
+    base_model,
+    cell_dir,
+    full_shapes,
+    has_autocast_option,
+    hf_roundtrip,
+    main,
+    peft_model,
+    raw_roundtrip,
+    torch_dtype,
+    train_and_check,
+    wrap_cell,
+)
 
 CASE = "checkpoint-roundtrip"
 
@@ -33,25 +43,22 @@ def run(params: dict, ctx: RankContext) -> dict:
     save, dtype = axis(params, "save", (*HF_SAVES, *RAW_PATHS)), axis(params, "dtype", tuple(DTYPES), default="fp32")
     if save not in RAW_PATHS and save not in HF_SAVES:
         raise ValueError(f"unknown save path {save!r}")
-    # half-precision cells keep the adapter in the base dtype, so FSDP1 units stay uniform (report 3 is elsewhere)
+    # half-precision cells keep the adapter in the base dtype, so FSDP1 units stay uniform (peft#2129 is another case)
     autocast = False if dtype != "fp32" and has_autocast_option() else None
 
     def build_peft():
         return peft_model(params, ctx, autocast=autocast)
 
-    def build_base():
-        return build_model(axis(params, "model", MODELS), dtype, ctx)
-
     model = build_peft()
     if adapter_dtypes(model) != [base_dtype_name(params)]:
         raise RuntimeError(f"adapters are {adapter_dtypes(model)}, not {base_dtype_name(params)}")
     expected = full_shapes(model)
-    builders = (build_base, build_peft)
+    builders = (lambda: base_model(params, ctx), build_peft)
     with cell_dir(ctx, params) as out:
         if save in HF_SAVES:
             del model  # accelerate and the Trainer wrap and train a model of their own
             return {"save": save, **hf_roundtrip(save, params, ctx, out, builders, expected, torch_dtype(dtype))}
-        wrapped = wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
+        wrapped = wrap_cell(model, params, ctx)
         checks = train_and_check(wrapped, ctx)
         return {
             "save": save,
@@ -61,6 +68,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

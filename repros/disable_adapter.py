@@ -21,14 +21,22 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from fsdp_matrix.workload.adapters import add_adapter
-from fsdp_matrix.workload.checks import Failures, TrainingChecks, trainable_names
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import DTYPES, build_model
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import MODELS
-from fsdp_matrix.workload.training import synthetic_batch
-from fsdp_matrix.workload.wrapping import WRAPS, decoder_layer_policy, fsdp1, fsdp2
+from fsdp_matrix.case import (
+    WRAPS,
+    Failures,
+    RankContext,
+    TrainingChecks,
+    add_adapter,
+    axis,
+    base_model,
+    decoder_layer_policy,
+    flag,
+    fsdp1,
+    fsdp2,
+    main,
+    synthetic_batch,
+    trainable_names,
+)
 
 CASE = "disable-adapter"
 STEPS = 3
@@ -95,7 +103,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     call, api = axis(params, "call", ("in_forward", "after_forward", "idle")), axis(params, "api", ("ctx", "layers"))
     batch = synthetic_batch(ctx)
-    base = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
+    base = base_model(params, ctx)
     with torch.no_grad():
         base_logits = base(input_ids=batch).logits.float()
     peft_model = add_adapter(base, axis(params, "adapter", ("lora", "dora")), ctx.seed)
@@ -138,6 +146,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -1,4 +1,4 @@
-"""peft#1984 (report 2): DoRA under FSDP1 with PEFT's wrap policy and use_orig_params=True.
+"""peft#1984: DoRA under FSDP1 with PEFT's wrap policy and use_orig_params=True.
 
 ``lora_A`` is its own FSDP unit, so outside that unit's forward its weight is a 1-D shard, and DoRA reads
 ``lora_A.weight.shape[1]``: ``IndexError: tuple index out of range``. Needs world size >= 2 (at 1 FSDP1 falls
@@ -7,8 +7,7 @@ back to NO_SHARD and the weight keeps its shape). Workarounds: use_orig_params=F
 
 from __future__ import annotations
 
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.recipe import peft_model, wrap_and_train
+from fsdp_matrix.case import RankContext, main, peft_model, wrap_and_train
 
 CASE = "dora-sharded-weight"
 
@@ -19,6 +18,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

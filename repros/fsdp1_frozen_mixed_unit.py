@@ -25,12 +25,16 @@ import re
 from torch import nn
 from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import decoder_layer_class
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import train_and_check, trainable_names
-from fsdp_matrix.workload.wrapping import fsdp1
+from fsdp_matrix.case import (
+    RankContext,
+    axis,
+    decoder_layer_class,
+    fsdp1,
+    main,
+    peft_model,
+    train_and_check,
+    trainable_names,
+)
 
 CASE = "fsdp1-frozen-mixed-unit"
 POLICIES = ("module_wrap", "split")
@@ -68,6 +72,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

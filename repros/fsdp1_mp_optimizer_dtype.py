@@ -12,7 +12,7 @@ on the adapter's dtype when FSDP wraps it.
 
 from __future__ import annotations
 
-from fsdp_matrix.case import RankContext, axis, build_4bit_model, build_model, lora_config, trl_entry
+from fsdp_matrix.case import RankContext, axis, build_4bit_model, build_model, lora_config, main, trl_entry
 
 CASE = "fsdp1-mp-optimizer-dtype"
 
@@ -29,6 +29,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

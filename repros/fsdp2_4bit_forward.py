@@ -22,13 +22,20 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.corruption import take_reference
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names
-from fsdp_matrix.workload.wrapping import fsdp2, fully_shard
+from fsdp_matrix.case import (
+    CheckFailed,
+    DTensor,
+    RankContext,
+    axis,
+    fsdp2,
+    fully_shard,
+    main,
+    peft_model,
+    synthetic_batch,
+    take_reference,
+    train_and_check,
+    trainable_names,
+)
 
 CASE = "fsdp2-4bit-forward"
 
@@ -102,6 +109,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -25,13 +25,20 @@ from peft.tuners.lora import LoraLayer
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from fsdp_matrix.workload.adapters import TARGET_MODULES, lora_config
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.corruption import take_reference
-from fsdp_matrix.workload.models import build_model
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.training import synthetic_batch, train_and_check, trainable_names
-from fsdp_matrix.workload.wrapping import fsdp2, fully_shard
+from fsdp_matrix.case import (
+    TARGET_MODULES,
+    RankContext,
+    axis,
+    build_model,
+    fsdp2,
+    fully_shard,
+    lora_config,
+    main,
+    synthetic_batch,
+    take_reference,
+    train_and_check,
+    trainable_names,
+)
 
 CASE = "fsdp2-lora-embedding"
 LORA_SHARD = ("none", "per_param", "module")
@@ -76,6 +83,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -19,15 +19,21 @@ import torch
 from peft import get_peft_model
 from torch.distributed.device_mesh import init_device_mesh
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import has_autocast_option, lora_config
-from fsdp_matrix.workload.checks import trainable_names
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import DTYPES, build_model, torch_dtype
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import MODELS
-from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import fsdp2, fully_shard
+from fsdp_matrix.case import (
+    CheckFailed,
+    RankContext,
+    axis,
+    base_dtype_name,
+    base_model,
+    flag,
+    fsdp2,
+    fully_shard,
+    has_autocast_option,
+    lora_config,
+    main,
+    train_and_check,
+    trainable_names,
+)
 
 CASE = "fsdp2-mixed-dtype-unit"
 
@@ -38,8 +44,7 @@ def _dtypes(model: torch.nn.Module, trainable: bool) -> list:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    dtype = axis(params, "dtype", tuple(DTYPES))
-    base = build_model(axis(params, "model", MODELS), dtype, ctx)
+    base = base_model(params, ctx)
     config = lora_config(modules_to_save=["lm_head"] if axis(params, "mts", ("none", "lm_head")) == "lm_head" else None)
     autocast = flag(params, "autocast")
     # asking for the upcast on a PEFT without the option raises TypeError, as PEFT does; no upcast is what it did
@@ -55,13 +60,11 @@ def run(params: dict, ctx: RankContext) -> dict:
         fully_shard(model, mesh=init_device_mesh(ctx.device.type, (ctx.world_size,)))
     checks = {**built, **train_and_check(model, ctx, trainable=trainable)}
     checks["frozen_dtypes_after"] = _dtypes(model, False)
-    want = [str(torch_dtype(dtype))]
+    want = [base_dtype_name(params)]
     if checks["frozen_dtypes_after"] != want:
         raise CheckFailed(f"frozen parameters ended up {checks['frozen_dtypes_after']}, not {want}")
     return checks
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

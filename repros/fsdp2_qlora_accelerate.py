@@ -20,12 +20,17 @@ import warnings
 
 import torch
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.entry import accelerate_setup
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names
+from fsdp_matrix.case import (
+    CheckFailed,
+    DTensor,
+    RankContext,
+    axis,
+    main,
+    peft_model,
+    prepare_and_train,
+    synthetic_batch,
+    trainable_names,
+)
 
 CASE = "fsdp2-qlora-accelerate"
 
@@ -62,18 +67,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         unwrapped_loss = float(model(input_ids=batch, labels=batch).loss)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with accelerate_setup(model, params, ctx) as setup:
-            checks = setup.checks()
-            checks.update(four_bit_weights(setup.model))
-            checks.update(
-                train_and_check(
-                    setup.model,
-                    ctx,
-                    trainable=trainable,
-                    optimizer=setup.optimizer,
-                    backward=setup.accelerator.backward,
-                )
-            )
+        checks = prepare_and_train(model, params, ctx, trainable, inspect=four_bit_weights)
     checks["accelerate_warnings"] = sorted(
         {str(w.message).splitlines()[0][:200] for w in caught if "Params4bit" in str(w.message)}
     )
@@ -90,6 +84,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -26,16 +26,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import add_adapter
-from fsdp_matrix.workload.checks import trainable_names
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
-from fsdp_matrix.workload.models import DTYPES, build_model, decoder_layers
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import MODELS
-from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import WRAPS, wrap
+from fsdp_matrix.case import (
+    CheckFailed,
+    RankContext,
+    add_adapter,
+    axis,
+    base_model,
+    decoder_layers,
+    main,
+    train_and_check,
+    trainable_names,
+    trainer_setup,
+    trainer_train_and_check,
+    wrap_cell,
+)
 
 CASE = "gc-frozen-inputs"
 GC = {"hf_reentrant": True, "hf_nonreentrant": False}
@@ -72,7 +76,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         raise ValueError(f"{CASE} runs through the torch or trainer entry, not {entry!r}")
     if entry == "trainer" and inputs == "peft":
         raise ValueError("through the Trainer, checkpointing is turned on by the Trainer, after PEFT: inputs peft")
-    base = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
+    base = base_model(params, ctx)
     if inputs == "peft":
         base.gradient_checkpointing_enable(**_kwargs(gc))
     model = add_adapter(base, axis(params, "adapter", ("lora",)), ctx.seed)
@@ -87,7 +91,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         with trainer_setup(model, params, ctx, gradient_checkpointing=True, **_kwargs(gc)) as trainer:
             checks = trainer_train_and_check(trainer, params, ctx, trainable)
     else:
-        wrapped = wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
+        wrapped = wrap_cell(model, params, ctx)
         checks = train_and_check(wrapped, ctx, steps=STEPS, trainable=trainable)
     recomputed = calls[1] / (STEPS * layers)
     checks["attention_recomputed_per_layer_step"] = recomputed
@@ -100,6 +104,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -23,16 +23,21 @@ from peft import get_peft_model
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import lora_config
-from fsdp_matrix.workload.checks import trainable_names
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.generation import greedy_generate, train_unsharded
-from fsdp_matrix.workload.models import DTYPES, build_model
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import MODELS
-from fsdp_matrix.workload.training import synthetic_batch, train_and_check
-from fsdp_matrix.workload.wrapping import wrap
+from fsdp_matrix.case import (
+    RankContext,
+    axis,
+    base_model,
+    check_same_tokens,
+    flag,
+    greedy_generate,
+    lora_config,
+    main,
+    synthetic_batch,
+    train_and_check,
+    train_unsharded,
+    trainable_names,
+    wrap,
+)
 
 CASE = "generate-fsdp1"
 WORKAROUNDS = ("none", "summon_root", "summon_all")
@@ -40,7 +45,7 @@ PROMPT, STEPS = 6, 3
 
 
 def _build(params: dict, ctx: RankContext) -> nn.Module:
-    model = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
+    model = base_model(params, ctx)
     torch.manual_seed(ctx.seed)
     return get_peft_model(model, lora_config(init_lora_weights=False))
 
@@ -72,23 +77,8 @@ def run(params: dict, ctx: RankContext) -> dict:
         with gathered:
             # the PeftModel under the FSDP root, as a user reaches it (wrapped.module.generate)
             tokens = greedy_generate(wrapped.module, prompt)
-    same = tokens.shape == expected.shape and bool(torch.equal(tokens, expected))
-    checks.update(
-        {
-            "new_tokens_row0": tokens[0, PROMPT:].tolist(),
-            "unsharded_new_tokens_row0": expected[0, PROMPT:].tolist(),
-            "tokens_equal_unsharded": same,
-        }
-    )
-    if not same:
-        raise CheckFailed(
-            f"generate under FSDP1 on rank {ctx.rank} gave {tokens[:, PROMPT:].tolist()}, "
-            f"the unsharded model {expected[:, PROMPT:].tolist()}"
-        )
-    return checks
+    return check_same_tokens(checks, tokens, expected, PROMPT, f"generate under FSDP1 on rank {ctx.rank}")
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

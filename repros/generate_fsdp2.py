@@ -17,16 +17,20 @@ import torch
 from peft import get_peft_model
 from torch import nn
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import lora_config
-from fsdp_matrix.workload.checks import trainable_names
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.generation import greedy_generate, train_unsharded
-from fsdp_matrix.workload.models import DTYPES, build_model
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.recipe import MODELS
-from fsdp_matrix.workload.training import synthetic_batch, train_and_check
-from fsdp_matrix.workload.wrapping import fsdp2
+from fsdp_matrix.case import (
+    RankContext,
+    axis,
+    base_model,
+    check_same_tokens,
+    fsdp2,
+    greedy_generate,
+    lora_config,
+    main,
+    synthetic_batch,
+    train_and_check,
+    train_unsharded,
+    trainable_names,
+)
 
 try:
     from torch.distributed.fsdp import register_fsdp_forward_method
@@ -38,7 +42,7 @@ PROMPT, STEPS = 6, 3
 
 
 def _build(params: dict, ctx: RankContext) -> nn.Module:
-    model = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
+    model = base_model(params, ctx)
     if axis(params, "adapter", ("lora", "none")) == "none":
         return model
     torch.manual_seed(ctx.seed)
@@ -69,24 +73,9 @@ def run(params: dict, ctx: RankContext) -> dict:
         expected = greedy_generate(reference, prompt)
         root_types = sorted({type(p).__name__ for p in model.parameters()})
         tokens = greedy_generate(model, prompt)
-    same = tokens.shape == expected.shape and bool(torch.equal(tokens, expected))
-    checks.update(
-        {
-            "param_types_before_generate": root_types,
-            "new_tokens_row0": tokens[0, PROMPT:].tolist(),
-            "unsharded_new_tokens_row0": expected[0, PROMPT:].tolist(),
-            "tokens_equal_unsharded": same,
-        }
-    )
-    if not same:
-        raise CheckFailed(
-            f"generate under FSDP2 gave {tokens[:, PROMPT:].tolist()}, "
-            f"the unsharded model {expected[:, PROMPT:].tolist()}"
-        )
-    return checks
+    checks["param_types_before_generate"] = root_types
+    return check_same_tokens(checks, tokens, expected, PROMPT, "generate under FSDP2")
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

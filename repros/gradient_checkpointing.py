@@ -26,14 +26,22 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 
-from fsdp_matrix.workload.adapters import add_adapter
-from fsdp_matrix.workload.checks import Failures, trainable_names
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import DTYPES, build_model, decoder_layer_class, decoder_layers
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import MODELS
-from fsdp_matrix.workload.training import synthetic_batch, train_and_check
-from fsdp_matrix.workload.wrapping import WRAPS, wrap
+from fsdp_matrix.case import (
+    WRAPS,
+    Failures,
+    RankContext,
+    add_adapter,
+    axis,
+    base_model,
+    decoder_layer_class,
+    decoder_layers,
+    flag,
+    main,
+    synthetic_batch,
+    train_and_check,
+    trainable_names,
+    wrap,
+)
 
 CASE = "gradient-checkpointing"
 GC = ("none", "hf_reentrant", "hf_nonreentrant", "torch_ac")
@@ -69,7 +77,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     gc, kind = axis(params, "gc", GC), axis(params, "wrap", WRAPS)
     batch = synthetic_batch(ctx)
-    base = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
+    base = base_model(params, ctx)
     with torch.no_grad():
         # LoRA's lora_B and DoRA's magnitude start where the adapted model's output equals the base model's
         reference_loss = float(base(input_ids=batch, labels=batch).loss)
@@ -100,6 +108,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

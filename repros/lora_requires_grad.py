@@ -1,17 +1,23 @@
-"""peft#1702 (report 1): LoRA under FSDP1 with use_orig_params=False and frozen + trainable weights in one unit.
+"""peft#1702: LoRA under FSDP1 with use_orig_params=False and frozen + trainable weights in one unit.
 
 Expected: ``ValueError: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False``` for
 orig0 + decoder_layer; use_orig_params=True, PEFT's wrap policy and FSDP2 train. bf16 cells keep the adapters in
-bf16 (``autocast_adapter_dtype=False``) so the dtype check (report 3) does not fire first.
+bf16 (``autocast_adapter_dtype=False``) so the dtype check (peft#2129) does not fire first.
 """
 
 from __future__ import annotations
 
-from fsdp_matrix.workload.adapters import adapter_dtypes, has_autocast_option
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import DTYPES
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.recipe import base_dtype_name, peft_model, wrap_and_train
+from fsdp_matrix.case import (
+    DTYPES,
+    RankContext,
+    adapter_dtypes,
+    axis,
+    base_dtype_name,
+    has_autocast_option,
+    main,
+    peft_model,
+    wrap_and_train,
+)
 
 CASE = "lora-requires-grad"
 
@@ -30,6 +36,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

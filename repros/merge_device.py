@@ -14,14 +14,18 @@ import inspect
 import torch
 from peft import PeftModel, get_peft_model
 
-from fsdp_matrix.case import save_once
-from fsdp_matrix.workload.adapters import lora_config
-from fsdp_matrix.workload.checks import Failures
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import DTYPES, build_model
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.recipe import MODELS
-from fsdp_matrix.workload.training import synthetic_batch
+from fsdp_matrix.case import (
+    DTYPES,
+    MODELS,
+    Failures,
+    RankContext,
+    axis,
+    build_model,
+    lora_config,
+    main,
+    save_once,
+    synthetic_batch,
+)
 
 CASE = "merge-device"
 
@@ -79,6 +83,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

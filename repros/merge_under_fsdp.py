@@ -20,12 +20,18 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from fsdp_matrix.workload.checks import Failures
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names
-from fsdp_matrix.workload.wrapping import WRAPS, wrap
+from fsdp_matrix.case import (
+    DTensor,
+    Failures,
+    RankContext,
+    axis,
+    main,
+    peft_model,
+    synthetic_batch,
+    train_and_check,
+    trainable_names,
+    wrap_cell,
+)
 
 CASE = "merge-under-fsdp"
 
@@ -51,7 +57,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     model = peft_model(params, ctx)
     full = list(model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj").weight.shape)
     trainable = trainable_names(model)
-    wrapped = wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
+    wrapped = wrap_cell(model, params, ctx)
     checks = train_and_check(wrapped, ctx, trainable=trainable)
     batch = synthetic_batch(ctx)
     before = _logits(wrapped, batch)
@@ -83,6 +89,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

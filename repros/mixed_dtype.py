@@ -1,4 +1,4 @@
-"""peft#2129 (report 3): LoRA on a bf16/fp16 base, and QLoRA on a 4-bit base, under FSDP.
+"""peft#2129: LoRA on a bf16/fp16 base, and QLoRA on a 4-bit base, under FSDP.
 
 ``autocast_adapter_dtype=True`` (PEFT's default) upcasts the adapters to fp32; an FSDP unit holding them with the
 half-precision base raises ``Must flatten tensors with uniform dtype``. A 4-bit base stored as uint8 (bitsandbytes'
@@ -8,8 +8,7 @@ the compute dtype, PEFT's wrap policy, FSDP2.
 
 from __future__ import annotations
 
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.recipe import peft_model, wrap_and_train
+from fsdp_matrix.case import RankContext, main, peft_model, wrap_and_train
 
 CASE = "mixed-dtype"
 
@@ -20,6 +19,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -11,24 +11,18 @@ from __future__ import annotations
 import torch
 from peft import get_peft_model
 
-from fsdp_matrix.workload.adapters import lora_config
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import DTYPES, build_model
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.recipe import MODELS, wrap_and_train
+from fsdp_matrix.case import RankContext, base_model, lora_config, main, wrap_and_train
 
 CASE = "modules-to-save"
 
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    base = build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
+    base = base_model(params, ctx)
     config = lora_config(modules_to_save=["lm_head"])
     torch.manual_seed(ctx.seed)  # the same adapter on every rank
     return wrap_and_train(get_peft_model(base, config), params, ctx)
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

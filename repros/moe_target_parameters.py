@@ -17,11 +17,7 @@ import transformers
 from peft import get_peft_model
 from torch import nn
 
-from fsdp_matrix.workload.adapters import lora_config
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import TINY_SHAPE
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.recipe import wrap_and_train
+from fsdp_matrix.case import TINY_SHAPE, RankContext, axis, lora_config, main, wrap_and_train
 
 CASE = "moe-target-parameters"
 EXPERTS = 4
@@ -57,6 +53,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -1,4 +1,4 @@
-"""peft#2166 (report 4): ``fsdp_auto_wrap_policy`` on a model without ``_no_split_modules``.
+"""peft#2166: ``fsdp_auto_wrap_policy`` on a model without ``_no_split_modules``.
 
 With FSDP_TRANSFORMER_CLS_TO_WRAP unset, ``"".split(",")`` gives ``[""]`` and the class lookup for ``""`` fails:
 ``Could not find the transformer layer class to wrap in the model.`` (``Exception``, later ``TypeError``); fixed in
@@ -17,12 +17,19 @@ import torch
 from peft import get_peft_model
 from peft.utils.other import fsdp_auto_wrap_policy
 
-from fsdp_matrix.workload.adapters import lora_config
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.tinynets import build_tinynet
-from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import fsdp1
+from fsdp_matrix.case import (
+    RankContext,
+    axis,
+    build_tinynet,
+    flag,
+    fsdp1,
+    lora_config,
+    main,
+    train_and_check,
+    trainable_names,
+    trainer_setup,
+    trainer_train_and_check,
+)
 
 CASE = "no-split-modules"
 ENV_VAR = "FSDP_TRANSFORMER_CLS_TO_WRAP"
@@ -34,9 +41,6 @@ def through_trainer(model, value, params: dict, ctx: RankContext) -> dict:
     to wrap is given as its users give it, ``fsdp_config["transformer_layer_cls_to_wrap"]`` (the Trainer exports it
     as the variable), or not at all."""
     from unittest import mock
-
-    from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
-    from fsdp_matrix.workload.training import trainable_names
 
     params = {**params, "wrap": "decoder_layer"}  # FSDP1, the Trainer's policy: the class is the cell's, or none
     extra = {"transformer_layer_cls_to_wrap": [value]} if value else {}
@@ -69,6 +73,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -28,14 +28,20 @@ from peft import get_peft_model
 from torch.distributed.tensor import distribute_tensor
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import lora_config
-from fsdp_matrix.workload.checks import clean_name, trainable_names
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import TINY_SHAPE, build_model
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.training import DTensor, train_and_check
-from fsdp_matrix.workload.wrapping import fsdp2
+from fsdp_matrix.case import (
+    TINY_SHAPE,
+    CheckFailed,
+    DTensor,
+    RankContext,
+    axis,
+    build_model,
+    clean_name,
+    fsdp2,
+    lora_config,
+    main,
+    train_and_check,
+    trainable_names,
+)
 
 CASE = "peft-meta-base-load"
 LOADS = ("plain", "plain_nonstrict", "peft_api", "peft_api_dtensor")
@@ -133,6 +139,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -22,13 +22,22 @@ from peft import PromptTuningConfig, get_peft_model
 from torch import distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
-from fsdp_matrix.workload.checks import Failures, clean_name, full_parameters, trainable_names
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import DTYPES, build_model
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import MODELS
-from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import WRAPS, wrap
+from fsdp_matrix.case import (
+    DTYPES,
+    MODELS,
+    WRAPS,
+    Failures,
+    RankContext,
+    axis,
+    build_model,
+    clean_name,
+    flag,
+    full_parameters,
+    main,
+    train_and_check,
+    trainable_names,
+    wrap,
+)
 
 CASE = "prompt-tuning-sharded-load"
 PROMPT = "prompt_encoder"
@@ -102,6 +111,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -24,14 +24,19 @@ import inspect
 import torch
 from torch import nn
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import add_adapter
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import MODELS
-from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import WRAPS, wrap
+from fsdp_matrix.case import (
+    MODELS,
+    WRAPS,
+    CheckFailed,
+    RankContext,
+    add_adapter,
+    axis,
+    build_model,
+    flag,
+    main,
+    train_and_check,
+    wrap,
+)
 
 CASE = "qdora-cpu-init"
 
@@ -131,6 +136,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

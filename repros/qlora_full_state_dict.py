@@ -19,13 +19,20 @@ from __future__ import annotations
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.checks import clean_name, full_parameters, trainable_names, wrapper_kind
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import train_and_check
-from fsdp_matrix.workload.wrapping import WRAPS, wrap
+from fsdp_matrix.case import (
+    CheckFailed,
+    RankContext,
+    axis,
+    clean_name,
+    flag,
+    full_parameters,
+    main,
+    peft_model,
+    train_and_check,
+    trainable_names,
+    wrap_cell,
+    wrapper_kind,
+)
 
 CASE = "qlora-full-state-dict"
 
@@ -54,7 +61,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     offload = flag(params, "offload")
     model = peft_model(params, ctx)
     trainable = trainable_names(model)
-    wrapped = wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
+    wrapped = wrap_cell(model, params, ctx)
     checks = train_and_check(wrapped, ctx, trainable=trainable)
     expected = full_parameters(wrapped, wrapper_kind(wrapped), None)
     expected = {n: v for n, v in expected.items() if clean_name(n) in set(trainable)}
@@ -68,6 +75,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

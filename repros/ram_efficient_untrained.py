@@ -14,7 +14,7 @@ values still arrive from rank 0 in ``prepare``). ``init: full`` is the control.
 
 from __future__ import annotations
 
-from fsdp_matrix.case import RankContext, axis, has_meta, peft_model, wrap_and_train
+from fsdp_matrix.case import RankContext, axis, has_meta, main, peft_model, wrap_and_train
 
 CASE = "ram-efficient-untrained"
 FIXES = ("none", "materialize")
@@ -41,6 +41,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

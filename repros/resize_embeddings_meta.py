@@ -27,6 +27,7 @@ from fsdp_matrix.case import (
     build_rank0_model,
     flag,
     init_of,
+    main,
     on_every_rank,
     wrap_and_train,
 )
@@ -55,6 +56,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -31,14 +31,24 @@ from torch import distributed as dist
 from torch.distributed.fsdp import FullStateDictConfig, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import is_adapter, lora_config
-from fsdp_matrix.workload.checkpoint import adapter_key, cell_dir, check_saved, full_shapes, read_adapter_dir
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import build_model
-from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.training import train_and_check, trainable_names
-from fsdp_matrix.workload.wrapping import decoder_layer_policy, fsdp1
+from fsdp_matrix.case import (
+    CheckFailed,
+    RankContext,
+    adapter_key,
+    axis,
+    build_model,
+    cell_dir,
+    check_saved,
+    decoder_layer_policy,
+    fsdp1,
+    full_shapes,
+    is_adapter,
+    lora_config,
+    main,
+    read_adapter_dir,
+    train_and_check,
+    trainable_names,
+)
 
 CASE = "save-rank0-state-dict"
 VIA = ("hf_add_adapter", "peft_model")
@@ -115,6 +125,4 @@ def _check_file(path, shapes: dict, state: dict) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import distributed as dist
 
-from fsdp_matrix.case import Failures, RankContext, axis, lora_config, peft_model, wrap_and_train
+from fsdp_matrix.case import Failures, RankContext, axis, lora_config, main, peft_model, wrap_and_train
 
 CASE = "second-adapter-meta"
 HOWS = ("add_adapter", "add_adapter_meta", "load_adapter")
@@ -98,6 +98,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -13,21 +13,20 @@ import torch
 from peft import get_peft_model, get_peft_model_state_dict
 from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
-from fsdp_matrix.errors import CheckFailed
-from fsdp_matrix.workload.adapters import lora_config
-from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.models import DTYPES, build_model
-from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.recipe import MODELS
-from fsdp_matrix.workload.training import (
+from fsdp_matrix.case import (
+    CheckFailed,
+    RankContext,
+    base_model,
     clean_name,
     full_parameters,
+    lora_config,
+    main,
     synthetic_batch,
     train_and_check,
     trainable_names,
+    wrap_cell,
     wrapper_kind,
 )
-from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "trainable-tokens"
 
@@ -49,11 +48,9 @@ def run(params: dict, ctx: RankContext) -> dict:
     tokens = sorted({int(t) for t in synthetic_batch(ctx)[0, :3]})
     config = lora_config(trainable_token_indices=tokens)
     torch.manual_seed(ctx.seed)  # the same adapter on every rank
-    model = get_peft_model(
-        build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx), config
-    )
+    model = get_peft_model(base_model(params, ctx), config)
     trainable = trainable_names(model)
-    wrapped = wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
+    wrapped = wrap_cell(model, params, ctx)
     checks = train_and_check(wrapped, ctx, trainable=trainable)
     saved = adapter_state_dict(wrapped)
     trained = {clean_name(n): t for n, t in full_parameters(wrapped, wrapper_kind(wrapped)).items()}
@@ -75,6 +72,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -13,7 +13,7 @@ through the Trainer, which puts PEFT's policy in place for a PEFT model; ``fsdp2
 
 from __future__ import annotations
 
-from fsdp_matrix.case import RankContext, axis, build_4bit_model, lora_config, trl_entry
+from fsdp_matrix.case import RankContext, axis, build_4bit_model, lora_config, main, trl_entry
 
 CASE = "trl-qlora-upcast"
 
@@ -26,6 +26,4 @@ def run(params: dict, ctx: RankContext) -> dict:
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -31,7 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from fsdp_matrix.case import (
     TINY_SHAPE,
-    CheckFailed,
+    Failures,
     RankContext,
     axis,
     cell_dir,
@@ -40,6 +40,7 @@ from fsdp_matrix.case import (
     flag,
     fully_shard,
     lora_config,
+    main,
     save_model_files,
     save_once,
     synthetic_batch,
@@ -124,7 +125,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     group = _shard_group(wrapped, mesh, hybrid)
     checks = train_and_check(wrapped, ctx, trainable=trainable, reference=reference)
     per_node = ctx.local_world_size or ctx.world_size
-    failed = []
+    failed = Failures()
     if hybrid and sorted({r // per_node for r in group}) != [ctx.rank // per_node]:
         failed.append(f"rank {ctx.rank} shards with ranks {group}: not its own node's")
     if checks.get("shard_group") != len(group):
@@ -155,13 +156,10 @@ def run(params: dict, ctx: RankContext) -> dict:
             f"rank {ctx.rank}: after the {load} load {len(differ)}/{len(trained)} tensors differ from the trained "
             f"ones ({len(adapters)} of them LoRA), e.g. {', '.join((adapters or differ)[:3])}"
         )
-    if failed:
-        raise CheckFailed("; ".join(failed))
+    failed.raise_if_any()
     lora_a = [tuple(t.shape) for k, t in trained.items() if "lora_A" in k][:1]
     return {**checks, "shard_group_ranks": group, "lora_A_shape": lora_a, "tensors_reloaded": len(trained)}
 
 
 if __name__ == "__main__":
-    from fsdp_matrix.standalone import main
-
     main(run, CASE)

@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 from unittest import mock
 
 import torch
@@ -269,8 +269,26 @@ def accelerate_train_and_check(
     ``ram_efficient`` on rank 0, and broadcast: meta_init.reference_for)."""
     if reference is None:
         reference = reference_for(model, synthetic_batch(ctx), ctx, params)
+    return prepare_and_train(model, params, ctx, trainable, reference=reference)
+
+
+def prepare_and_train(
+    model: nn.Module,
+    params: Mapping[str, Any],
+    ctx: RankContext,
+    trainable: List[str],
+    reference: Optional[Reference] = None,
+    inspect: Optional[Callable[[nn.Module], Dict[str, Any]]] = None,
+) -> Dict[str, Any]:
+    """accelerate's ``prepare`` (accelerate_setup), then train_and_check with accelerate's optimizer and backward.
+
+    ``inspect(prepared_model)`` adds to the checks what a repro looks at between ``prepare`` and training. Without
+    ``reference`` the forward and sharding checks of corruption.py are not run (accelerate_train_and_check takes one).
+    """
     with accelerate_setup(model, params, ctx) as setup:
         checks = setup.checks()
+        if inspect is not None:
+            checks.update(inspect(setup.model))
         checks.update(
             train_and_check(
                 setup.model,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.training import LR
 
 NEW_TOKENS = 8
@@ -33,3 +34,21 @@ def greedy_generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int = NE
         pad_token_id=0,
         eos_token_id=None,
     )
+
+
+def check_same_tokens(checks: dict, tokens: torch.Tensor, expected: torch.Tensor, prompt: int, what: str) -> dict:
+    """Record the first row's new tokens of the sharded (``tokens``) and the unsharded (``expected``) generate in
+    ``checks``; CheckFailed naming ``what`` (e.g. ``generate under FSDP2``) when they differ. Returns ``checks``."""
+    same = tokens.shape == expected.shape and bool(torch.equal(tokens, expected))
+    checks.update(
+        {
+            "new_tokens_row0": tokens[0, prompt:].tolist(),
+            "unsharded_new_tokens_row0": expected[0, prompt:].tolist(),
+            "tokens_equal_unsharded": same,
+        }
+    )
+    if not same:
+        raise CheckFailed(
+            f"{what} gave {tokens[:, prompt:].tolist()}, the unsharded model {expected[:, prompt:].tolist()}"
+        )
+    return checks

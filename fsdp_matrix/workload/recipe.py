@@ -48,6 +48,17 @@ def peft_model(params: Mapping[str, Any], ctx: RankContext, autocast: Optional[b
     return add_adapter(base, adapter, ctx.seed, autocast=autocast)
 
 
+def base_model(params: Mapping[str, Any], ctx: RankContext) -> nn.Module:
+    """The plain base of the ``model`` and ``dtype`` axes (``dtype`` fp32 when absent), the same on every rank."""
+    return build_model(axis(params, "model", MODELS), axis(params, "dtype", tuple(DTYPES), default="fp32"), ctx)
+
+
+def wrap_cell(model: nn.Module, params: Mapping[str, Any], ctx: RankContext) -> nn.Module:
+    """``model`` wrapped as the ``wrap`` axis says (FSDP1 or FSDP2), ``use_orig_params`` from the ``orig`` axis
+    (absent: the wrapper's default); the shard, mixed-precision and init axes are wrap_and_train's."""
+    return wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
+
+
 def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext) -> dict:
     """Wrap per the ``entry``/``wrap``/``orig`` axes, train, check; the checks also say what was built.
 

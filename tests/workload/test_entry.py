@@ -5,12 +5,14 @@ test_accelerate_launch.py; these tests check the pieces that need no process gro
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
 from accelerate.state import AcceleratorState, PartialState
 
 from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload import entry
 from fsdp_matrix.workload.adapters import add_adapter
 from fsdp_matrix.workload.entry import entry_of, isolated_accelerate_state, make_plugin, require_wrapper
 from fsdp_matrix.workload.hf_trainer import trainer_fsdp_config
@@ -82,3 +84,44 @@ def test_a_wrapper_other_than_the_one_asked_for_fails(ctx):
         require_wrapper(fsdp1, 2)
     with pytest.raises(CheckFailed, match=r"model is PeftModelForCausalLM \(none\), not FSDP1"):
         require_wrapper(_lora(ctx), 1)
+
+
+def test_prepare_and_train_inspects_the_prepared_model_before_training(monkeypatch):
+    # the glue alone: accelerate's real prepare and training run in the accelerate cells of the matrix
+    calls = []
+
+    class Setup:
+        model, optimizer = "prepared", "accelerate's optimizer"
+        accelerator = type("Acc", (), {"backward": "accelerate's backward"})()
+
+        def checks(self):
+            calls.append("setup.checks")
+            return {"entry": "accelerate"}
+
+    @contextlib.contextmanager
+    def fake_setup(model, params, ctx):
+        calls.append(("prepare", model))
+        yield Setup()
+        calls.append("leave")
+
+    def fake_train(model, ctx, **kwargs):
+        calls.append(("train", model, kwargs))
+        return {"losses": [1.0]}
+
+    monkeypatch.setattr(entry, "accelerate_setup", fake_setup)
+    monkeypatch.setattr(entry, "train_and_check", fake_train)
+
+    def inspect(model):
+        calls.append(("inspect", model))
+        return {"x": 1}
+
+    checks = entry.prepare_and_train("model", {}, "ctx", ["a"], inspect=inspect)
+    assert checks == {"entry": "accelerate", "x": 1, "losses": [1.0]}
+    kwargs = {"trainable": ["a"], "optimizer": "accelerate's optimizer", "backward": "accelerate's backward"}
+    assert calls == [
+        ("prepare", "model"),
+        "setup.checks",
+        ("inspect", "prepared"),
+        ("train", "prepared", {**kwargs, "reference": None}),
+        "leave",
+    ]
