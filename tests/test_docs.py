@@ -244,22 +244,27 @@ def test_commands_are_found():
 
 
 @pytest.mark.parametrize(
-    "command",
+    "command,why",
     [
-        "python -m fsdp_matrix explian CELL",
-        "python -m fsdp_matrix explain CELL --combination torch2.6",
-        "python -m fsdp_matrix explain CELL --combo torch9.9",
-        "python -m fsdp_matrix explain lora-requires-grad/no-such-cell-ws2",
-        "nox -s matrixx",
-        'nox -s "matrix(no-such-combo)"',
-        "nox -s matrix -- --no-such-option",
-        "nox -s upgrade -- peft==0.14.0 --no-such-option",
-        "torchrun --nproc-per-node 2 repros/dora_sharded_weight.py --cell no-such-cell-ws2",
-        "make docs",
+        ("python -m fsdp_matrix explian CELL", "no such command"),
+        ("python -m fsdp_matrix explain CELL --combination torch2.6", "no --combination in its --help"),
+        ("python -m fsdp_matrix report DIR --format pdf", "exit 2"),
+        ("python -m fsdp_matrix explain CELL --combo torch9.9", "no such combo"),
+        ("python -m fsdp_matrix explain lora-requires-grad/no-such-cell-ws2", "no such cell"),
+        ("nox -s matrixx", "no such session"),
+        ('nox -s "matrix(no-such-combo)"', "no combo no-such-combo"),
+        ('nox -s "torch(old)"', "is not one of torch's"),
+        ("nox -t gpus", "no combo has that tag"),
+        ("nox -s matrix -- --no-such-option", "no option named"),
+        ("nox -s matrix -- --cases no-such-case", "no such case"),
+        ("nox -s upgrade -- peft==0.14.0 --no-such-option", "no --no-such-option in its --help"),
+        ("torchrun --nproc-per-node 2 repros/dora_sharded_weight.py --cell no-such-cell-ws2", "no such cell"),
+        ("torchrun --nproc-per-node 2 repros/no_such_repro.py", "no such file"),
+        ("make docs", "does not know how to check"),
     ],
 )
-def test_a_wrong_command_fails(command, capsys, pytestconfig):
+def test_a_wrong_command_fails(command, why, capsys, pytestconfig):
     # ValueError: pytest's getoption, for an option no plugin declares
-    with pytest.raises((AssertionError, ValueError)):
+    with pytest.raises((AssertionError, ValueError), match=re.escape(why)):
         for words in _words(command):
             _check_words(words, capsys, pytestconfig)
