@@ -14,6 +14,7 @@
     nox -s bisect -- CELL --package peft --old 0.13.2 --new 0.15.2
     nox -s upgrade -- peft==0.14.0 [--combo old]   which cells a version bump changes, and which release did it
     nox -s bench                      batched runner vs one torchrun launch per cell
+    nox -s docs                       the manual (docs/) as a site, built with mkdocs --strict
     nox -t cpu -l                     list sessions by tag (CI fans these out)
 
 Envs are built with uv (virtualenv as fallback) from exact pins, verified against the pins after install, and
@@ -352,3 +353,14 @@ def bench(session: nox.Session) -> None:
     if not report.ok:
         session.error(f"env-error for {combo.id}: {report.message}")
     session.run("python", "-m", "fsdp_matrix", "bench", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The manual under docs/ as a mkdocs-material site, built with --strict (a broken link or anchor fails it);
+    the site lands in results/docs-site."""
+    session.install("mkdocs-material>=9.5,<10")
+    config = str(HERE / "docs" / "mkdocs.yml")
+    # NO_MKDOCS_2_WARNING: mkdocs-material prints a multi-line notice about its successor on every build
+    quiet = {"NO_MKDOCS_2_WARNING": "1"}
+    session.run("mkdocs", "build", "--strict", "--config-file", config, *session.posargs, env=quiet)

@@ -1,32 +1,47 @@
-"""The README's figures about the matrix are read from matrix.yaml, so they cannot drift from it unnoticed."""
+"""The README is the front door, and its figures are read from matrix.yaml, so they cannot drift from it unnoticed.
+
+The figures about the matrix (the counts, the cases table in docs/pages/cases.md, the timings' "N combos x M cells")
+are checked wherever README.md or the manual quote them; the README's example case is checked as a case; every link
+of the README reaches a file and heading that exist; and CI runs the README's test command. The commands shown in
+README.md and docs/ are checked by tests/test_docs.py.
+"""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from fsdp_matrix.cells import expand
-from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix import case as facade
+from fsdp_matrix.cells import expand, expand_case
+from fsdp_matrix.matrix import load_matrix, parse_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+CASES_PAGE = (ROOT / "docs" / "pages" / "cases.md").read_text()
+DOCS = {p: p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]}
 MATRIX = load_matrix(ROOT / "matrix.yaml")
+README_LIMIT = 20_000
+"""Bytes: the README is read in one sitting; everything else has a page under docs/."""
+
+ROWS = re.findall(r"^\| `([a-z0-9-]+)` \| ([^|]+) \|", CASES_PAGE, re.M)
 
 
 def _section(title: str) -> str:
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", README, re.M | re.S)
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.M | re.S)
     assert match, f"README has no section '## {title}'"
     return match.group(1)
 
 
-COVERS = _section("What it covers")
-ROWS = re.findall(r"^\| `([a-z0-9-]+)` \| ([^|]+) \|", COVERS, re.M)
-
-
 def _tagged(tag: str) -> int:
     return sum(tag in combo.tags for combo in MATRIX.combos)
+
+
+def test_readme_is_short():
+    assert len(README.encode()) <= README_LIMIT, f"README.md is {len(README.encode())} bytes: move detail to docs/"
 
 
 def test_cases_table_lists_every_case_once():
@@ -43,24 +58,94 @@ def test_cases_table_cites_the_cases_own_report(case_id, upstream):
     assert [n for n in numbers if n not in report] == [], f"{case_id}: {upstream!r} vs matrix.yaml report {report!r}"
 
 
-def test_counts_match_matrix_yaml():
-    match = re.search(r"(\d+) cases, (\d+) cells per CPU combo \((\d+) ranks\), (\d+) CPU combos", COVERS)
-    assert match, "the 'N cases, M cells per CPU combo (2 ranks), K CPU combos' line is gone"
-    cases, cells, ranks, cpu = map(int, match.groups())
-    assert cases == len(MATRIX.cases)
-    assert cells == len(expand(MATRIX, world_size=ranks))
-    assert cpu == _tagged("cpu")
-    torch_axis = re.search(r"(\d+) torch-axis combos", COVERS)
-    assert torch_axis and int(torch_axis.group(1)) == _tagged("torch")
+def _counts(text: str):
+    return re.findall(r"(\d+) cases, (\d+) cells per CPU combo \((\d+) ranks\), (\d+) CPU combos", text)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/pages/cases.md"])
+def test_counts_match_matrix_yaml(page):
+    text = (ROOT / page).read_text()
+    found = _counts(text)
+    assert found, f"{page}: the 'N cases, M cells per CPU combo (2 ranks), K CPU combos' line is gone"
+    for cases, cells, ranks, cpu in (map(int, f) for f in found):
+        assert cases == len(MATRIX.cases)
+        assert cells == len(expand(MATRIX, world_size=ranks))
+        assert cpu == _tagged("cpu")
+    torch_axis = re.findall(r"(\d+) torch-axis combos", text)
+    assert torch_axis and {int(n) for n in torch_axis} == {_tagged("torch")}
 
 
 def test_every_combos_times_cells_figure_matches():
-    # timings elsewhere quote "13 CPU combos x 202 cells" and "all 202 cells on each of the 12 combos"
-    for combos, cells in re.findall(r"(\d+) CPU combos x (\d+) cells", README):
-        assert (int(combos), int(cells)) == (_tagged("cpu"), len(expand(MATRIX)))
-    for cells, combos in re.findall(r"all (\d+) cells on each of the (\d+) combos", README):
-        assert (int(cells), int(combos)) == (len(expand(MATRIX)), _tagged("torch"))
+    # timings quote "13 CPU combos x 202 cells" and "all 202 cells on each of the 12 combos"
+    for text in DOCS.values():
+        for combos, cells in re.findall(r"(\d+) CPU combos x (\d+) cells", text):
+            assert (int(combos), int(cells)) == (_tagged("cpu"), len(expand(MATRIX)))
+        for cells, combos in re.findall(r"all (\d+) cells on each of the (\d+) combos", text):
+            assert (int(cells), int(combos)) == (len(expand(MATRIX)), _tagged("torch"))
+
+
+def test_readme_shows_the_two_commands_and_ci_runs_the_test_command():
+    block = re.search(r"```bash\n(.*?)```", _section("The two commands"), re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    assert "python -m pip install 'nox[uv]' && nox -s matrix" in commands
+    assert "python -m pip install 'nox[uv]' && nox -s tests" in commands
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert ci[-2:] == ["python -m pip install 'nox[uv]'", "nox -s tests"], ".ci/run no longer runs the README's command"
 
 
 def test_readme_names_the_case_facade():
-    assert "fsdp_matrix.case" in _section("Adding a case from a new bug report")
+    assert "fsdp_matrix.case" in _section("Adding a case")
+
+
+def _readme_block(lang: str) -> str:
+    recipe = _section("Adding a case")
+    match = re.search(rf"^( *)```{lang}\n(.*?)^\1```", recipe, re.M | re.S)
+    assert match, f"the recipe has no {lang} block"
+    return re.sub(rf"^{match.group(1)}", "", match.group(2), flags=re.M)
+
+
+def test_readme_example_repro_imports_only_the_facade():
+    tree = ast.parse(_readme_block("python"))
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert imports and all(isinstance(n, ast.ImportFrom) and n.module == "fsdp_matrix.case" for n in imports)
+    names = {alias.name for n in imports for alias in n.names}
+    assert names <= set(facade.__all__), f"not in fsdp_matrix.case: {names - set(facade.__all__)}"
+    assert {"CASE", "run"} <= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets} | {
+        n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+    }
+
+
+def test_readme_example_case_is_a_valid_case_and_its_explain_id_is_one_of_its_cells():
+    entry = yaml.safe_load(_readme_block("yaml"))
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    data["cases"] += entry
+    example = parse_matrix(data).case(entry[0]["id"])
+    ids = {f"{example.id}/{cell.id}" for cell in expand_case(example)}
+    shown = re.findall(rf"explain ({re.escape(example.id)}/\S+)", _section("Adding a case"))
+    assert shown and set(shown) <= ids, f"{shown} not among the example's cells {sorted(ids)}"
+
+
+def _slug(heading: str) -> str:
+    # Python-Markdown's toc slugify, as mkdocs writes heading ids
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+LINKS = re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)", README)
+
+
+@pytest.mark.parametrize("target,anchor", [link for link in LINKS if "://" not in link[0]], ids=str)
+def test_readme_link_reaches_a_file_and_heading(target, anchor):
+    path = ROOT / target
+    assert path.is_file(), f"README links to {target}, which does not exist"
+    if anchor:
+        headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+        assert anchor in {_slug(h) for h in headings}, f"{target} has no heading #{anchor}"
+
+
+def test_every_page_is_in_the_site():
+    # mkdocs builds only docs_dir (docs/pages): a page elsewhere under docs/ would be missing from the site
+    pages = ROOT / "docs" / "pages"
+    assert pages / "index.md" in DOCS
+    strays = [str(p.relative_to(ROOT)) for p in DOCS if p.parent != ROOT and pages not in p.parents]
+    assert strays == [], f"move these under docs/pages/ so that mkdocs builds them: {strays}"
