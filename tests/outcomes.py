@@ -3,8 +3,9 @@ rules. Uses only the API main had at a9cf680, so the same function made tests/fi
 main's code (``PYTHONPATH=<main checkout> python -m tests.outcomes > tests/fixtures/expectations_main.json``).
 
 ``--full``: every field of every cell on both devices (``full_outcomes``), what tests/test_expectations.py compares
-with tests/fixtures/expectations_full.json (made from commit 534148c, before the rules' evidence moved out of
-matrix.yaml: ``PYTHONPATH=<that checkout> python tests/outcomes.py --full <that checkout>/matrix.yaml``)."""
+with tests/fixtures/expectations_full.json, made with commit 534148c's code and matrix.yaml (before the rules'
+evidence moved out of matrix.yaml; ``full_outcomes`` uses only what that commit has). Regenerate it, when matrix.yaml
+changes an expectation on purpose, with ``python -m tests.outcomes --full > tests/fixtures/expectations_full.json``."""
 
 from __future__ import annotations
 
@@ -102,6 +103,13 @@ def encode_full(data: Dict[str, Dict[str, str]]) -> Dict[str, Any]:
     return {"keys": keys, "rows": list(index), "columns": columns}
 
 
+def dump_full(blob: Dict[str, Any]) -> str:
+    """``encode_full``'s blob as JSON text: one key or row a line, one combo and device a line."""
+    head = [f'"keys": {json.dumps(blob["keys"], indent=0)},', f'"rows": {json.dumps(blob["rows"], indent=0)},']
+    cols = [f"{json.dumps(c)}: {json.dumps(v, separators=(',', ':'))}" for c, v in blob["columns"].items()]
+    return "{\n" + "\n".join(head) + '\n"columns": {\n' + ",\n".join(cols) + "\n}\n}\n"
+
+
 def decode_full(blob: Dict[str, Any]) -> Dict[str, Dict[str, str]]:
     rows = blob["rows"]
     return {col: {k: rows[i] for k, i in zip(blob["keys"], idx) if i >= 0} for col, idx in blob["columns"].items()}
@@ -112,6 +120,8 @@ if __name__ == "__main__":
 
     args = [a for a in sys.argv[1:] if a != "--full"]
     matrix = load_matrix(args[0] if args else None)
-    blob = encode_full(full_outcomes(matrix)) if "--full" in sys.argv else encode(outcomes(matrix))
-    json.dump(blob, sys.stdout, indent=0)
-    sys.stdout.write("\n")
+    if "--full" in sys.argv:
+        sys.stdout.write(dump_full(encode_full(full_outcomes(matrix))))
+    else:
+        json.dump(encode(outcomes(matrix)), sys.stdout, indent=0)
+        sys.stdout.write("\n")

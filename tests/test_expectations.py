@@ -210,9 +210,9 @@ def test_every_expectation_is_as_before_the_evidence_moved_out_of_matrix_yaml():
     """matrix.yaml's layout (rule ids, named errors, one-line sources, wrapped lines) changed no expectation.
 
     tests/fixtures/expectations_full.json holds ``Expected.to_json()`` (all but ``source``) and the unmet requirement
-    of every cell of every combo, on both devices, computed by ``tests/outcomes.py --full`` from commit 534148c. A
-    later change of matrix.yaml that changes an expectation on purpose regenerates it
-    (``python tests/outcomes.py --full > tests/fixtures/expectations_full.json``) and says why in its commit."""
+    of every cell of every combo, on both devices, computed by ``tests.outcomes.full_outcomes`` with commit 534148c's
+    code and matrix.yaml. A later change of matrix.yaml that changes an expectation on purpose regenerates it
+    (``python -m tests.outcomes --full > tests/fixtures/expectations_full.json``) and says why in its commit."""
     import json
     from pathlib import Path
 
