@@ -175,10 +175,9 @@ def _signature_json(rule: PlatformRule) -> Dict[str, Any]:
     return {"id": rule.id, "reason": rule.reason, "source": rule.source, "errors": errors}
 
 
-def trace(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> Trace:
-    """Try every rule for ``cell`` under the installed ``versions``, in order (see the module docstring)."""
+def _requirement_trials(case: Case, cell: Cell) -> List[Trial]:
+    """The case's ``requires``, each tried for ``cell``: the first unmet one decides (the session skips the cell)."""
     trials: List[Trial] = []
-    requirement = unmet_requirement(case.requires, cell)
     for i, req in enumerate(case.requires):
         miss = which_mismatch(req.when, cell.context())
         need = f"device {req.device}" if req.device else f"world size >= {req.min_world_size}"
@@ -186,6 +185,13 @@ def trace(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> Trac
         why = f"when {miss}" if miss else (f"unmet: needs {need}" if unmet else f"met: needs {need}")
         decides = unmet and not any(t.decides for t in trials)
         trials.append(Trial("requires", f"requires[{i}]", unmet, why, f"skip ({req.reason})", decides))
+    return trials
+
+
+def trace(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> Trace:
+    """Try every rule for ``cell`` under the installed ``versions``, in order (see the module docstring)."""
+    trials = _requirement_trials(case, cell)
+    requirement = unmet_requirement(case.requires, cell)
     expected: Optional[Expected] = None
     for i, skip in enumerate(case.platform.skips):
         hit, why = _why(skip.alternatives(), skip.versions, cell, versions)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.cells import Cell, find_cell
 from fsdp_matrix.clip import first_line
 from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.evidence import PLATFORM, for_rule
 from fsdp_matrix.expectations import Trace, trace
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
 from fsdp_matrix.rules import RULE_PACKAGES
@@ -60,7 +61,26 @@ def _installed() -> Dict[str, Optional[str]]:
     return out
 
 
-def render(cell: Cell, tr: Trace, versions: Dict[str, Optional[str]], where: str) -> List[str]:
+def rule_evidence(matrix: Matrix, cell: Cell, tr: Trace) -> Optional[Tuple[str, str]]:
+    """``(rule id, evidence text)`` of the rule that decides the cell, when its evidence file has a section."""
+    exp = tr.expected
+    if exp.platform:
+        rule = f"{PLATFORM}/{exp.platform}"
+    elif exp.rule is not None:
+        rule = matrix.case(cell.case).rule_id(exp.rule)
+    else:
+        return None
+    text = for_rule(matrix.evidence_dir, rule)
+    return (rule, text) if text else None
+
+
+def render(
+    cell: Cell,
+    tr: Trace,
+    versions: Dict[str, Optional[str]],
+    where: str,
+    evidence: Optional[Tuple[str, str]] = None,
+) -> List[str]:
     shown = ", ".join(f"{k} {v or '(not installed)'}" for k, v in versions.items())
     nodes = f" on {cell.nodes} nodes" if cell.nodes > 1 else ""
     lines = [
@@ -81,6 +101,9 @@ def render(cell: Cell, tr: Trace, versions: Dict[str, Optional[str]], where: str
     lines.append(f"applies: {rule or 'no rule (kind none: matrix.yaml needs one)'}: {exp.describe()}")
     if exp.source:
         lines.append(f"  source: {exp.source}")
+    if evidence:
+        lines.append(f"  evidence ({evidence[0]}):")
+        lines += [f"    {line}".rstrip() for line in evidence[1].splitlines()]
     if tr.requirement:
         lines.append("  (the session skips the cell for the requirement; the rule is what its record expects)")
     if exp.signatures:
@@ -126,7 +149,7 @@ def main(argv: List[str]) -> int:
         where += f", with {args.versions}"
     cell = find_cell(matrix, args.cell, device)
     tr = trace(matrix.case(cell.case), cell, versions)
-    lines = render(cell, tr, versions, where)
+    lines = render(cell, tr, versions, where, rule_evidence(matrix, cell, tr))
     if args.results:
         lines.append(
             newest_record(args.results, cell, args.combo) or f"newest record: none for this cell in {args.results}"

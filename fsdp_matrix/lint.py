@@ -15,6 +15,10 @@ every boundary version it names and its neighbours.
 
 A case rule duplicates a platform rule when it expects the error of a platform signature (the case's rule would win
 and call it reproduced), or when a platform skip already selects every cell it selects for the same versions.
+
+The evidence files (``docs/evidence/*.md``, see fsdp_matrix.evidence) are checked against the rules: a section whose
+heading names no rule, or that sits in another case's file, is reported, and so is a case named ``platform`` (the
+platform's evidence file). A rule without a section is not: its one-line ``source`` may say all there is.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.cells import Cell, expand_case, matches
+from fsdp_matrix.evidence import PLATFORM, problems, read_all
 from fsdp_matrix.expectations import trace
 from fsdp_matrix.matrix import Case, Matrix
 from fsdp_matrix.rules import any_when
@@ -101,6 +106,7 @@ def lint(matrix: Matrix) -> List[Finding]:
                 if not any(matches(when, c.context()) for cells in all_cells.values() for c in cells):
                     alt = f".when[{a}]" if isinstance(rule.when, list) else ".when"
                     out.append(Finding(f"platform.{kind}[{k}]({rule.id}){alt}", "selects no cell of any case"))
+    out += evidence_findings(matrix)
     decided = _decided(matrix)
     for i, case in enumerate(matrix.cases):
         cells = all_cells[case.id]
@@ -134,6 +140,18 @@ def lint(matrix: Matrix) -> List[Finding]:
                     )
                 )
     return out
+
+
+def evidence_findings(matrix: Matrix) -> List[Finding]:
+    """Evidence sections that belong to no rule (or to another file), and a case that takes the platform's name."""
+    out = [
+        Finding(f"cases[{i}]", f"the case id {PLATFORM!r} is the platform's evidence file; rename the case")
+        for i, case in enumerate(matrix.cases)
+        if case.id == PLATFORM
+    ]
+    ids = {case.rule_id(r) for case in matrix.cases for r in range(len(case.expect))}
+    ids |= {f"{PLATFORM}/{rule.id}" for rule in [*matrix.platform.skips, *matrix.platform.signatures]}
+    return out + [Finding(where, what) for where, what in problems(read_all(matrix.evidence_dir), ids)]
 
 
 def _shadowing(cells: List[Cell], versions: Mapping[str, str], earlier: List[Tuple]) -> str:

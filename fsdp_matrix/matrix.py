@@ -185,6 +185,18 @@ class Case(Strict):
     """Axes of this case only (a user's case has its own knobs), declared like the top-level ``axes:``."""
     _platform: Platform = PrivateAttr(default_factory=Platform)
 
+    @model_validator(mode="after")
+    def _unique_rule_ids(self) -> Case:
+        seen: Dict[str, int] = {}
+        for i, rule in enumerate(self.expect):
+            if rule.id is not None and seen.setdefault(rule.id, i) != i:
+                raise ValueError(f"expect[{i}].id: duplicate rule id {rule.id!r} (expect[{seen[rule.id]}] has it)")
+        return self
+
+    def rule_id(self, index: int) -> str:
+        """``<case>/<rule id>`` of ``expect[index]`` (``<case>/expect[index]`` for a rule without an id)."""
+        return f"{self.id}/{self.expect[index].id or f'expect[{index}]'}"
+
     @property
     def platform(self) -> Platform:
         """The matrix's platform rules: the Matrix that holds this case hands them over, so that every caller of
@@ -216,9 +228,55 @@ class Case(Strict):
                         raise ValueError(f"{where}.{key}: unknown value {value!r} (the axis has: {shown(values)})")
 
 
+def _named_error(value: Any, errors: Dict[str, Any], where: str) -> Any:
+    """An ``error`` given by name: the signature ``errors:`` declares under it (an inline mapping is kept as is)."""
+    if not isinstance(value, str):
+        return value
+    if value not in errors:
+        have = ", ".join(sorted(errors)) or "none declared"
+        raise ValueError(f"{where}: unknown error {value!r} (errors: has {have})")
+    return errors[value]
+
+
+def resolve_named_errors(data: Any) -> Any:
+    """``data`` with every error named by a string (a case rule's ``error``, an item of a platform signature's
+    ``errors``) replaced by its signature from the top-level ``errors:`` table, so that the rule models see only
+    signatures."""
+    if not isinstance(data, dict) or not isinstance(data.get("errors", {}), dict):
+        return data
+    table = data.get("errors") or {}
+    data = dict(data)
+    cases = []
+    for i, case in enumerate(data.get("cases") or []):
+        if isinstance(case, dict) and isinstance(case.get("expect"), list):
+            rules = []
+            for j, rule in enumerate(case["expect"]):
+                if isinstance(rule, dict) and "error" in rule:
+                    where = f"cases[{i}]({case.get('id')}).expect[{j}].error"
+                    rule = {**rule, "error": _named_error(rule["error"], table, where)}
+                rules.append(rule)
+            case = {**case, "expect": rules}
+        cases.append(case)
+    if "cases" in data:
+        data["cases"] = cases
+    platform = data.get("platform")
+    if isinstance(platform, dict) and isinstance(platform.get("signatures"), list):
+        sigs = []
+        for k, sig in enumerate(platform["signatures"]):
+            if isinstance(sig, dict) and isinstance(sig.get("errors"), list):
+                where = f"platform.signatures[{k}]({sig.get('id')}).errors"
+                sig = {**sig, "errors": [_named_error(e, table, f"{where}[{n}]") for n, e in enumerate(sig["errors"])]}
+            sigs.append(sig)
+        data["platform"] = {**platform, "signatures": sigs}
+    return data
+
+
 class Matrix(Strict):
     """The whole of matrix.yaml."""
 
+    errors: Dict[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")], ErrorSignature] = {}
+    """Error signatures that several rules share, by name: a case rule's ``error:`` and an item of a platform
+    signature's ``errors:`` may give the name instead of the mapping (one regex, written once)."""
     axes: Optional[Dict[str, Axis]] = None
     """The shared axes: name -> meaning and allowed values. When given, every grid axis must be declared here or
     in its case's ``axes:``, and every grid and ``when`` value must be one of the declared values."""
@@ -226,6 +284,18 @@ class Matrix(Strict):
     """Rules every case shares (see fsdp_matrix.rules)."""
     combos: List[Combo] = Field(min_length=1)
     cases: List[Case] = Field(min_length=1)
+
+    _origin: Optional[Path] = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_errors(cls, data: Any) -> Any:
+        return resolve_named_errors(data)
+
+    @property
+    def evidence_dir(self) -> Optional[Path]:
+        """``docs/evidence`` beside the matrix file it was loaded from (None for a matrix parsed from data)."""
+        return None if self._origin is None else self._origin.parent / "docs" / "evidence"
 
     @model_validator(mode="after")
     def _declared_axes(self) -> Matrix:
@@ -386,6 +456,7 @@ def load_matrix(path: Union[str, Path, None] = None, check_repros: bool = True) 
         raise MatrixConfigError(one_line(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")) from None
     data = load_yaml(path, text)
     matrix = parse_matrix(data, origin=path.name)
+    matrix._origin = path
     if check_repros:
         roots = {path.parent.resolve(), DEFAULT_MATRIX.parent.resolve()}
         for i, case in enumerate(matrix.cases):

@@ -109,6 +109,9 @@ OUTCOMES = ("ok", "error", "skip", "hang", "warning")
 class Rule(Strict):
     """One known behaviour: when params and versions match, this is the expected outcome."""
 
+    id: Optional[str] = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._+-]*$")
+    """Short name, unique in its case: the rule is ``<case>/<id>`` in ``explain`` and in the case's evidence file
+    (``docs/evidence/<case>.md``, a ``## <case>/<id>`` section). matrix.yaml names every rule (a test checks)."""
     when: When = {}
     """Cell params (plus ``device`` and ``world_size``) to match; a list matches any of its values."""
     versions: Dict[str, str] = {}
@@ -124,7 +127,8 @@ class Rule(Strict):
     no_warning: Optional[WarningSignature] = None
     """With ``ok``: the cell trains without raising this warning (the fix); raising it is a REGRESSION."""
     source: str = Field(min_length=1)
-    """Where the behaviour comes from: seed report, issue or PR number, observation."""
+    """Where the behaviour comes from, in one line: the upstream link and the combos it was observed on. The longer
+    account of what was read and observed is the rule's evidence (see fsdp_matrix.evidence)."""
 
     @field_validator("versions")
     @classmethod
@@ -163,7 +167,8 @@ class PlatformRule(Strict):
     reason: str = Field(min_length=1)
     """The fact, as the skipped cell's reason."""
     source: str = Field(min_length=1)
-    """The observation it was written from."""
+    """The observation it was written from, in one line; the longer account is its evidence (``## platform/<id>``
+    in ``docs/evidence/platform.md``)."""
 
     @field_validator("versions")
     @classmethod

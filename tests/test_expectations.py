@@ -204,3 +204,28 @@ def test_malformed_hang_and_warning_rules_are_one_line(rule, message):
     with pytest.raises(MatrixConfigError) as err:
         parse_matrix(data)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_every_expectation_is_as_before_the_evidence_moved_out_of_matrix_yaml():
+    """matrix.yaml's layout (rule ids, named errors, one-line sources, wrapped lines) changed no expectation.
+
+    tests/fixtures/expectations_full.json holds ``Expected.to_json()`` (all but ``source``) and the unmet requirement
+    of every cell of every combo, on both devices, computed by ``tests.outcomes.full_outcomes`` with commit 534148c's
+    code and matrix.yaml. A later change of matrix.yaml that changes an expectation on purpose regenerates it
+    (``python -m tests.outcomes --full > tests/fixtures/expectations_full.json``) and says why in its commit."""
+    import json
+    from pathlib import Path
+
+    from fsdp_matrix.matrix import load_matrix
+    from tests.outcomes import decode_full, full_outcomes
+
+    before = decode_full(json.loads((Path(__file__).parent / "fixtures" / "expectations_full.json").read_text()))
+    now = full_outcomes(load_matrix())
+    assert sorted(now) == sorted(before)
+    changed = [
+        f"{column} {key}: {before[column].get(key)} -> {cells.get(key)}"
+        for column, cells in now.items()
+        for key in sorted(set(cells) | set(before[column]))
+        if cells.get(key) != before[column].get(key)
+    ]
+    assert not changed, f"{len(changed)} cells changed, e.g. {changed[:3]}"

@@ -206,3 +206,58 @@ def test_a_combos_cases_must_exist():
     data["combos"][0]["cases"] = ["no-such-case"]
     with pytest.raises(MatrixConfigError, match=r"combos\[0\]\(current\)\.cases: unknown case 'no-such-case'"):
         parse_matrix(data)
+
+
+def _named(**errors):
+    data = matrix_data(errors=errors)
+    data["cases"][0]["expect"][0]["error"] = "flatten"
+    return data
+
+
+def test_a_rule_names_an_error_of_the_errors_table():
+    inline = parse_matrix(matrix_data()).case("lora-requires-grad").expect[0].error
+    table = {"flatten": matrix_data()["cases"][0]["expect"][0]["error"]}
+    named = parse_matrix(_named(**table)).case("lora-requires-grad").expect[0].error
+    assert named == inline
+    # the other rules keep their inline signatures
+    assert parse_matrix(_named(**table)).case("lora-requires-grad").expect[1].error.match.startswith("FlatParameter")
+
+
+def test_a_platform_signature_names_an_error_of_the_table():
+    data = _named(flatten={"type": "ValueError", "match": "uniform"})
+    data["platform"] = {"signatures": [{"id": "x", "errors": ["flatten"], "reason": "r", "source": "s"}]}
+    assert parse_matrix(data).platform.signatures[0].errors[0].match == "uniform"
+
+
+@pytest.mark.parametrize(
+    "errors,line",
+    [
+        ({}, "matrix.yaml: cases[0](lora-requires-grad).expect[0].error: unknown error 'flatten' (errors: has none"),
+        ({"other": {"type": "E", "match": "m"}}, "unknown error 'flatten' (errors: has other)"),
+        ({"flatten": {"type": "E", "match": "(unbalanced"}}, "errors.flatten.match: invalid regex"),
+        ({"flatten": {"type": "E", "match": "m"}, "Bad Name": {"type": "E", "match": "m"}}, "errors.Bad Name"),
+    ],
+)
+def test_a_bad_error_name_is_one_line(errors, line):
+    with pytest.raises(MatrixConfigError) as err:
+        parse_matrix(_named(**errors))
+    assert line in str(err.value) and "\n" not in str(err.value)
+
+
+def test_rule_ids_are_unique_in_a_case():
+    data = matrix_data()
+    for rule in data["cases"][0]["expect"]:
+        rule["id"] = "same"
+    with pytest.raises(MatrixConfigError, match=r"expect\[1\].id: duplicate rule id 'same' \(expect\[0\] has it\)"):
+        parse_matrix(data)
+    data["cases"][0]["expect"][1]["id"] = "Bad Id"
+    with pytest.raises(MatrixConfigError, match=r"expect\[1\]\(Bad Id\)\.id: String should match pattern"):
+        parse_matrix(data)
+
+
+def test_a_rule_id_is_case_slash_id():
+    data = matrix_data()
+    data["cases"][0]["expect"][0]["id"] = "flatten-error"
+    case = parse_matrix(data).case("lora-requires-grad")
+    assert case.rule_id(0) == "lora-requires-grad/flatten-error"
+    assert case.rule_id(1) == "lora-requires-grad/expect[1]"
