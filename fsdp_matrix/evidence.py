@@ -1,8 +1,8 @@
 """The evidence behind matrix.yaml's rules: what was read and observed, kept out of the rule grammar.
 
 A rule's ``source:`` is one line (the upstream link, the combos it was observed on). The longer account lives in
-``docs/evidence/<case>.md`` beside matrix.yaml, one ``## <case>/<rule id>`` section per rule (the platform's rules:
-``docs/evidence/platform.md``, ``## platform/<id>``). Those pages are part of the docs site; ``explain`` prints a
+``docs/pages/evidence/<case>.md`` beside matrix.yaml, one ``## <case>/<rule id>`` section per rule (the platform's rules:
+``docs/pages/evidence/platform.md``, ``## platform/<id>``). Those pages are part of the docs site; ``explain`` prints a
 rule's section beside the rule, and ``validate`` checks that every section belongs to a rule. A rule whose one-line
 source says everything needs no section.
 """
@@ -71,7 +71,7 @@ def problems(sections: List[Section], rule_ids: Set[str]) -> List[Tuple[str, str
     out: List[Tuple[str, str]] = []
     seen: Dict[str, Section] = {}
     for s in sections:
-        where = f"docs/evidence/{s.file}:{s.line}"
+        where = f"docs/pages/evidence/{s.file}:{s.line}"
         if s.rule not in rule_ids:
             out.append((where, f"section {s.rule!r} names no rule of matrix.yaml (headings are ## <case>/<rule id>)"))
         elif f"{s.rule.split('/', 1)[0]}.md" != s.file:

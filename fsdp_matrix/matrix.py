@@ -294,8 +294,8 @@ class Matrix(Strict):
 
     @property
     def evidence_dir(self) -> Optional[Path]:
-        """``docs/evidence`` beside the matrix file it was loaded from (None for a matrix parsed from data)."""
-        return None if self._origin is None else self._origin.parent / "docs" / "evidence"
+        """``docs/pages/evidence`` beside the matrix file it was loaded from (None for a matrix parsed from data)."""
+        return None if self._origin is None else self._origin.parent / "docs" / "pages" / "evidence"
 
     @model_validator(mode="after")
     def _declared_axes(self) -> Matrix:

@@ -111,7 +111,7 @@ class Rule(Strict):
 
     id: Optional[str] = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._+-]*$")
     """Short name, unique in its case: the rule is ``<case>/<id>`` in ``explain`` and in the case's evidence file
-    (``docs/evidence/<case>.md``, a ``## <case>/<id>`` section). matrix.yaml names every rule (a test checks)."""
+    (``docs/pages/evidence/<case>.md``, a ``## <case>/<id>`` section). matrix.yaml names every rule (a test checks)."""
     when: When = {}
     """Cell params (plus ``device`` and ``world_size``) to match; a list matches any of its values."""
     versions: Dict[str, str] = {}
@@ -168,7 +168,7 @@ class PlatformRule(Strict):
     """The fact, as the skipped cell's reason."""
     source: str = Field(min_length=1)
     """The observation it was written from, in one line; the longer account is its evidence (``## platform/<id>``
-    in ``docs/evidence/platform.md``)."""
+    in ``docs/pages/evidence/platform.md``)."""
 
     @field_validator("versions")
     @classmethod
