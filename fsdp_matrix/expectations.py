@@ -171,7 +171,8 @@ def _rule_expected(rule: Rule, index: int) -> Expected:
 
 
 def _signature_json(rule: PlatformRule) -> Dict[str, Any]:
-    errors = [e.model_dump(exclude_none=True) for e in getattr(rule, "errors", [])]
+    # frames are triage's hints, not part of judging a record: the record's shape stays as it was
+    errors = [e.model_dump(exclude_none=True, exclude={"frames"}) for e in getattr(rule, "errors", [])]
     return {"id": rule.id, "reason": rule.reason, "source": rule.source, "errors": errors}
 
 

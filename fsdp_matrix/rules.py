@@ -67,6 +67,10 @@ class ErrorSignature(Strict):
     match: str
     module: Optional[str] = None
     """Module (dotted, prefix match) of the innermost frame that raised, e.g. ``torch.distributed.fsdp._flat_param``."""
+    frames: List[str] = []
+    """Frames a pasted traceback must show for ``triage`` to tell this error from the same message raised elsewhere:
+    a dotted module prefix (``peft.tuners.lora``) or a function name (``generate``). A cell's own record is judged
+    without them: a repro's traceback need not pass through ``generate()`` by that name."""
 
     @field_validator("match")
     @classmethod

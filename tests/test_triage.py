@@ -21,7 +21,6 @@ from fsdp_matrix.records import Observed, Record, append
 from fsdp_matrix.triage import cli as triage_cli
 from fsdp_matrix.triage.match import claims, match, nearest_combo, platform_hits
 from fsdp_matrix.triage.parse import MAX_BYTES, module_of, parse
-from tests.triage.corpus import with_rule_changes
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "triage"
@@ -78,8 +77,8 @@ def test_paste_names_the_right_case_first(name):
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_paste_is_claimed_with_an_evidence_level(name):
-    # with RULE_CHANGES.md's frame hints: merge-device's message is any library's, told apart by its frames
-    found = claims(match(with_rule_changes(MATRIX), parse(paste_of(name))))
+    # merge-device's message is any library's: its rule's frame hints tell it apart
+    found = claims(match(MATRIX, parse(paste_of(name))))
     assert found and found[0].case.id == EXPECTED[name] and found[0].level in ("strong", "likely", "weak")
 
 

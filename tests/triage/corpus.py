@@ -1,9 +1,8 @@
 """The triage corpus: real pastes from upstream threads (tests/fixtures/triage/corpus/), each with its URL and the
 case it should be named as first, or ``none`` for another failure; and the measure of triage on it.
 
-``python -m tests.triage.corpus [--rule-changes]`` prints the table: precision (claims that were right), recall
-(covered pastes named first), claims on other pastes, median time per paste. ``--rule-changes`` measures with the
-additions RULE_CHANGES.md asks of matrix.yaml applied in memory (``RULE_CHANGES`` below).
+``python -m tests.triage.corpus [--matrix FILE]`` prints the table: precision (claims that were right), recall
+(covered pastes named first), claims on other pastes, median time per paste.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.triage.match import claims, match
@@ -22,17 +21,6 @@ from fsdp_matrix.triage.parse import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "triage" / "corpus"
-
-RULE_CHANGES: Dict[Tuple[str, int], Dict[str, object]] = {
-    ("generate-fsdp1", 0): {"frames": ["generate"]},
-    ("generate-fsdp1", 1): {"frames": ["generate"]},
-    ("generate-fsdp1", 2): {"frames": ["generate"]},
-    ("generate-fsdp2", 0): {"frames": ["generate"]},
-    ("resize-embeddings-meta", 1): {"frames": ["resize_token_embeddings"]},
-    ("merge-device", 1): {"frames": ["merge_and_unload", "peft.tuners.lora"]},
-}
-"""(case id, expect index) -> the keys RULE_CHANGES.md adds to that rule's ``error``."""
-
 
 @dataclass(frozen=True)
 class Fixture:
@@ -57,20 +45,6 @@ def load() -> List[Fixture]:
         expected = lines[1].split("expected:", 1)[1].strip()
         out.append(Fixture(path.name, url, None if expected == "none" else expected, "\n".join(lines[2:]) + "\n"))
     return out
-
-
-def with_rule_changes(matrix, changes=RULE_CHANGES):
-    """The matrix with RULE_CHANGES.md's additions made in memory (the rule models are frozen: copies)."""
-    cases = []
-    for case in matrix.cases:
-        expect = []
-        for i, rule in enumerate(case.expect):
-            extra = changes.get((case.id, i))
-            if extra and rule.error is not None:
-                rule = rule.model_copy(update={"error": rule.error.model_copy(update=extra)})
-            expect.append(rule)
-        cases.append(case.model_copy(update={"expect": expect}))
-    return matrix.model_copy(update={"cases": cases})
 
 
 @dataclass
@@ -137,11 +111,8 @@ def triage_answer(matrix) -> Callable[[str], Tuple[Optional[str], Optional[str]]
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.triage.corpus", description=__doc__.splitlines()[0])
     p.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml")
-    p.add_argument("--rule-changes", action="store_true", help="apply RULE_CHANGES.md's additions in memory")
     args = p.parse_args(argv)
     matrix = load_matrix(args.matrix, check_repros=False)
-    if args.rule_changes:
-        matrix = with_rule_changes(matrix)
     print(table(measure(triage_answer(matrix), load())))
     return 0
 
