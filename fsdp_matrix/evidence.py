@@ -1,7 +1,7 @@
 """The evidence behind matrix.yaml's rules: what was read and observed, kept out of the rule grammar.
 
 A rule's ``source:`` is one line (the upstream link, the combos it was observed on). The longer account lives in
-``docs/pages/evidence/<case>.md`` beside matrix.yaml, one ``## <case>/<rule id>`` section per rule (the platform's rules:
+``docs/pages/evidence/<case>.md`` beside matrix.yaml, one ``## <case>/<rule id>`` section per rule (platform rules:
 ``docs/pages/evidence/platform.md``, ``## platform/<id>``). Those pages are part of the docs site; ``explain`` prints a
 rule's section beside the rule, and ``validate`` checks that every section belongs to a rule. A rule whose one-line
 source says everything needs no section.

@@ -16,7 +16,7 @@ every boundary version it names and its neighbours.
 A case rule duplicates a platform rule when it expects the error of a platform signature (the case's rule would win
 and call it reproduced), or when a platform skip already selects every cell it selects for the same versions.
 
-The evidence files (``docs/pages/evidence/*.md``, see fsdp_matrix.evidence) are checked against the rules: a section whose
+The evidence files (``docs/pages/evidence/*.md``, fsdp_matrix.evidence) are checked against the rules: a section whose
 heading names no rule, or that sits in another case's file, is reported, and so is a case named ``platform`` (the
 platform's evidence file). A rule without a section is not: its one-line ``source`` may say all there is.
 """

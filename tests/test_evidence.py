@@ -1,4 +1,4 @@
-"""Evidence files: each rule's long account in docs/pages/evidence/<case>.md, checked by validate, printed by explain."""
+"""Evidence files: a rule's long account in docs/pages/evidence/<case>.md, checked by validate, printed by explain."""
 
 from __future__ import annotations
 
@@ -44,7 +44,10 @@ def test_problems_name_orphans_misplaced_and_repeated_sections():
         Section("c/a", "c.md", 9, ""),
     ]
     assert problems(sections, {"c/a", "d/x"}) == [
-        ("docs/pages/evidence/c.md:5", "section 'c/gone' names no rule of matrix.yaml (headings are ## <case>/<rule id>)"),
+        (
+            "docs/pages/evidence/c.md:5",
+            "section 'c/gone' names no rule of matrix.yaml (headings are ## <case>/<rule id>)",
+        ),
         ("docs/pages/evidence/c.md:7", "section 'd/x' belongs in d.md"),
         ("docs/pages/evidence/c.md:9", "second section for 'c/a' (first on line 3)"),
     ]
@@ -53,8 +56,8 @@ def test_problems_name_orphans_misplaced_and_repeated_sections():
 def test_validate_reports_a_section_of_no_rule(tmp_path, capsys):
     m = _matrix(tmp_path, {"lora-requires-grad.md": f"## {RULE}\n\nseen\n\n## lora-requires-grad/renamed\n\nold\n"})
     assert [f.line() for f in lint(m)] == [
-        "docs/pages/evidence/lora-requires-grad.md:5: section 'lora-requires-grad/renamed' names no rule of matrix.yaml "
-        "(headings are ## <case>/<rule id>)"
+        "docs/pages/evidence/lora-requires-grad.md:5: section 'lora-requires-grad/renamed' names no rule of "
+        "matrix.yaml (headings are ## <case>/<rule id>)"
     ]
     assert main(["validate", str(tmp_path / "matrix.yaml")]) == 1
     assert "lora-requires-grad/renamed" in capsys.readouterr().err
@@ -78,7 +81,7 @@ def test_explain_prints_the_evidence_of_the_rule_that_applies(tmp_path, capsys):
 
 
 def test_the_repo_evidence_belongs_to_rules_and_extends_their_sources():
-    """Every section of docs/pages/evidence names a rule of matrix.yaml, and begins where the rule's one-line source does
+    """Every section of docs/pages/evidence names a rule of matrix.yaml, and begins where its one-line source does
     (the long account holds all of the source; the one line is where it starts, cut short with '…' if mid-clause)."""
     matrix = load_matrix(DEFAULT_MATRIX)
     sections = read_all(matrix.evidence_dir)

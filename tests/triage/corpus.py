@@ -22,6 +22,7 @@ from fsdp_matrix.triage.parse import parse
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "triage" / "corpus"
 
+
 @dataclass(frozen=True)
 class Fixture:
     """One pasted failure of the corpus."""
