@@ -313,13 +313,16 @@ def tests(session: nox.Session, combo: str) -> None:
         # here) run in `nox -s matrix`, the heavy end-to-end tests in `nox -s heavy`: CI's 20 minutes cannot hold them
         "-m",
         "not layout and not heavy",
+        # the budget stays visible in CI's output
+        "--durations=15",
         *session.posargs,
     )
 
 
 @nox.session
 def heavy(session: nox.Session) -> None:
-    """The end-to-end tests too long for `nox -s tests` (e.g. the nightly's real commit bisect over a toy repo)."""
+    """The end-to-end tests too long for `nox -s tests` (pytest's ``heavy`` marker): real release bisects, the
+    commit bisect over a toy repo. The nightly CPU workflow runs it."""
     spec = MATRIX.combo("old")
     report = _prepare(session, spec, "cpu", TEST_TOOLS)
     if not report.ok:
@@ -327,7 +330,7 @@ def heavy(session: nox.Session) -> None:
     results = HERE / "results" / "heavy"
     shutil.rmtree(results, ignore_errors=True)
     args = ["--results", str(results), "--combo", spec.id, "--device", "cpu", "-p", "no:cacheprovider"]
-    session.run("python", "-m", "pytest", str(HERE / "tests"), *args, "-m", "heavy", *session.posargs)
+    session.run("python", "-m", "pytest", str(HERE / "tests"), *args, "-m", "heavy", "--durations=15", *session.posargs)
 
 
 @nox.session

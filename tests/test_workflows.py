@@ -160,6 +160,13 @@ def test_cpu_nightly_runs_the_torch_axis_newest_and_main_then_diff_upgrade_summa
     assert wf["env"]["UV_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
 
 
+def test_cpu_nightly_runs_the_heavy_tests():
+    # the end-to-end tests `nox -s tests` leaves out (pytest's `heavy` marker) still run every night
+    jobs = load_workflow("nightly-cpu.yml")["jobs"]
+    assert [name for name, job in jobs.items() if "nox -s heavy" in steps_text(job)] == ["heavy"]
+    assert "ubuntu" in str(jobs["heavy"]["runs-on"])
+
+
 def test_nox_lists_the_torch_axis():
     nox = shutil.which("nox", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if nox is None:

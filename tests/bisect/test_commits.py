@@ -83,6 +83,7 @@ def _bisect(root: Path, cells: List[str], good: str, bad: str, out: Path) -> sub
 
 
 @pytest.mark.bisect
+@pytest.mark.heavy  # the commit bisect over the toy repo, then a rerun that reuses it: minutes (nox -s heavy)
 @pytest.mark.timeout(1300)
 def test_commit_bisect_finds_the_fixing_commit_and_skips_one_that_does_not_build(toy) -> None:
     root, shas, cells = toy
@@ -124,6 +125,7 @@ def test_commit_bisect_finds_the_fixing_commit_and_skips_one_that_does_not_build
 
 
 @pytest.mark.bisect
+@pytest.mark.heavy  # two real step installs and launches (nox -s heavy)
 @pytest.mark.timeout(900)
 def test_a_merge_base_that_does_not_behave_like_good_stops_the_bisect(toy) -> None:
     root, shas, cells = toy

@@ -24,6 +24,7 @@ SEED_ERROR = "Could not find the transformer layer class to wrap"
 
 
 @pytest.mark.bisect
+@pytest.mark.heavy  # a real release bisect: one env install and launch per step (nox -s heavy)
 @pytest.mark.timeout(1500)
 def test_bisect_finds_the_peft_release_that_fixed_seed_003(tmp_path: Path) -> None:
     cache = Path(os.environ.get("FSDP_MATRIX_BISECT_CACHE") or tmp_path / "envs")

@@ -35,16 +35,19 @@ def test_child_that_exits_before_it_is_killed_is_reported_not_fatal(rank_hygiene
     assert any("child processes left running" in p for p in state["problems"])
 
 
-HOSTILE_STATE = ["patch_adamw", "warn_error", "sys_path", "anomaly", "matmul", "set_env", "chdir"]
+HOSTILE_SAMPLE = ["patch_adamw", "warn_error"]
+"""One change the ranks must restart after, and one the worker undoes itself."""
 
 
 def test_a_cell_that_leaves_global_state_changed_never_taints_the_next(tmp_path):
-    """Issue 17 defect 3: a monkeypatched ``torch.optim.AdamW.step`` or ``warnings.simplefilter("error")`` (and
-    sys.path, anomaly mode, matmul precision, os.environ, cwd) left by one cell flipped the next healthy cell. The
+    """A monkeypatched ``torch.optim.AdamW.step`` or ``warnings.simplefilter("error")`` (and
+    sys.path, anomaly mode, matmul precision, os.environ, cwd) left by one cell could flip the next healthy cell. The
     next cell must run in a process without the change, and the changing cell's record says the ranks restarted."""
     from tests.runner.hostile import run_sequence
 
-    faults = [f for hostile in HOSTILE_STATE for f in (hostile, "probe")]
+    # every kind of left-behind state (HOSTILE_STATE) runs through `python -m fsdp_matrix run` in the hostile test
+    # of tests/test_chaos.py; here each one more would only cost another restart of both ranks
+    faults = [f for hostile in HOSTILE_SAMPLE for f in (hostile, "probe")]
     recs = run_sequence(tmp_path, faults)
     probes = [(prev, r) for prev, f, r in zip(faults, faults[1:], recs[1:]) if f == "probe"]
     assert [(prev, r.verdict) for prev, r in probes] == [(prev, "fix-holds") for prev, _ in probes], [
