@@ -79,12 +79,14 @@ def main(argv: List[str]) -> int:
     # declared once (runner/options.py); the device defaults to the combo's, else cpu; versions go on top of the
     # combo's pins or the installed ones
     options.add_arguments(
-        p.add_argument, ("combo", "versions", "device", "results", "matrix"), choices=options.CONCRETE_DEVICE,
+        p.add_argument, ("combo", "device", "results", "matrix"), choices=options.CONCRETE_DEVICE,
         defaults={"device": None, "results": None, "matrix": DEFAULT_MATRIX}, model=options.MatrixOptions,
     )  # fmt: skip
+    # checked after parsing, so that main returns its one-line error (an empty --versions adds nothing)
+    options.add_arguments(p.add_argument, ("versions",), model=options.MatrixOptions, typed=False)
     args = p.parse_args(argv)
     matrix: Matrix = load_matrix(args.matrix)
-    overrides = args.versions or {}
+    overrides = options.check("versions", args.versions) if args.versions else {}
     if args.combo is not None:  # --combo '' names no combo: an error, not the installed versions
         combo = matrix.combo(args.combo)
         versions: Dict[str, Optional[str]] = dict(combo.pins.model_dump())

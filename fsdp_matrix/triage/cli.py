@@ -271,11 +271,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("file", nargs="?", help="the traceback or log; '-' or nothing reads stdin")
     # declared once (runner/options.py); the versions are the user's (default: the installed ones)
     options.add_arguments(
-        p.add_argument, ("results", "versions", "matrix"), defaults={"results": None}, model=options.MatrixOptions
+        p.add_argument, ("results", "matrix"), defaults={"results": None}, model=options.MatrixOptions
     )
+    # checked after parsing, so that main returns its one-line error
+    options.add_arguments(p.add_argument, ("versions",), model=options.MatrixOptions, typed=False)
     args = p.parse_args(argv)
     if args.versions is not None:
-        versions, versions_from = dict(args.versions), "given with --versions"
+        versions, versions_from = dict(options.check("versions", args.versions)), "given with --versions"
     else:
         versions, versions_from = installed_versions(PACKAGES), "installed here"
     matrix = load_matrix(args.matrix, check_repros=False)
