@@ -30,6 +30,7 @@ from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.matrix import Combo, Matrix, load_matrix
 from fsdp_matrix.progress import Heartbeat
+from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser, flat
 
 _PROJECT = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
@@ -55,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME==VERSION",
         help="override a combo pin for every step (repeatable)",
     )
-    p.add_argument("--combo", help="matrix.yaml combo giving the other pins (default: the newest CPU combo)")
+    options.add_arguments(p.add_argument, ("combo",), model=options.MatrixOptions)  # declared once
     p.add_argument("--json", type=Path, metavar="PATH", help="write the result as JSON")
     p.add_argument("--pre", action="store_true", help="include pre-releases")
     p.add_argument(

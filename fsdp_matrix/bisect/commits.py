@@ -45,6 +45,7 @@ from fsdp_matrix.envs.sources import (
 from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.progress import Heartbeat
+from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser, flat
 
 _SEP = "\x1f"
@@ -142,7 +143,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--git", required=True, metavar="REPO", help="local clone (path) or git URL of the package")
     p.add_argument("--good", required=True, metavar="REF", help="ref whose outcome is the reference, e.g. v0.13.2")
     p.add_argument("--bad", required=True, metavar="REF", help="ref whose outcome differs, e.g. v0.14.0")
-    p.add_argument("--combo", help="matrix.yaml combo giving the other pins (default: the newest CPU combo)")
+    options.add_arguments(p.add_argument, ("combo",), model=options.MatrixOptions)  # declared once
     p.add_argument(
         "--pin",
         action="append",

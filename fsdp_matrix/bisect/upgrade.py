@@ -36,6 +36,7 @@ from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.matrix import Combo, load_matrix
 from fsdp_matrix.progress import Heartbeat, fmt_seconds
 from fsdp_matrix.report.style import symbol
+from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser, flat
 from fsdp_matrix.verdicts import Verdict
 
@@ -376,7 +377,7 @@ def render(result: UpgradeResult) -> str:
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="fsdp-matrix upgrade", description=__doc__.split("\n\n")[0])
     p.add_argument("bumps", nargs="+", metavar="NAME==VERSION", help="the versions to upgrade to")
-    p.add_argument("--combo", help="base combo (default: the newest cpu combo)")
+    options.add_arguments(p.add_argument, ("combo",), model=options.MatrixOptions)  # declared once
     p.add_argument("--cases", action="append", default=[], help="case ids, comma-separated (default: all)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write base, target and changed cells as JSON")
     p.add_argument("--pre", action="store_true", help="let pre-releases be bisection candidates")

@@ -145,7 +145,7 @@ class MatrixOptions(BaseModel):
     results: Optional[Path] = Path("results")
     """A results dir (or one cells.jsonl) whose records are read."""
     combo: Optional[str] = None
-    """matrix.yaml combo id whose pins stand for the versions."""
+    """matrix.yaml combo id whose pins are used (bisect, upgrade, export: default the newest CPU combo)."""
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     """cpu or cuda (auto picks cuda when a GPU is visible)."""
     versions: Optional[Dict[str, str]] = None
