@@ -252,6 +252,8 @@ class Found:
     """Per cell, GOOD's outcome when GOOD sits off the line."""
     stopped: Optional[int] = None
     """The exit code when the search stopped before bisecting the line."""
+    untested: bool = False
+    """It stopped because GOOD could not be tested: there is no answer to write."""
 
 
 def load(req: CommitRequest) -> Line:
@@ -310,7 +312,7 @@ def _check_good(q: Line, hooks: Dict[str, Any], found: Found) -> Optional[Dict[i
     untested = [c for c in cells if c not in found.references]
     if untested:
         print(f"{q.request.good} ({good[:10]}) could not be tested for {', '.join(untested)}: {at[good].reason}")
-        found.stopped = 1
+        found.stopped, found.untested = 1, True
         return None
     unlike = [c for c in cells if c in at_base and not same_observation(at_base[c], found.references[c])]
     for cell in unlike:
@@ -379,14 +381,16 @@ def render(q: Line, found: Found, start: float) -> Dict[str, Optional[Commit]]:
     return firsts
 
 
-def run(req: CommitRequest) -> Tuple[int, Dict[str, Any]]:
-    """The whole commit bisect: load -> search -> render; (exit code, the JSON answer). Raises MatrixError or
-    EnvError (one line) for what it cannot do."""
+def run(req: CommitRequest) -> Tuple[int, Optional[Dict[str, Any]]]:
+    """The whole commit bisect: load -> search -> render; (exit code, the JSON answer, None when GOOD could not be
+    tested). Raises MatrixError or EnvError (one line) for what it cannot do."""
     start = time.monotonic()
     q = load(req)
     found = search(q)
-    if found.stopped is not None:
-        return found.stopped, to_json(q, found, {}, start)
+    if found.untested:
+        return 1, None
+    if found.stopped is not None:  # the merge base does not behave like GOOD: no answer per cell
+        return found.stopped, to_json(q, Found(found.steps), {}, start)
     firsts = render(q, found, start)
     done = all(a.first_changed or a.answer.startswith("no change") for a in found.answers.values())
     return (0 if done else 1), to_json(q, found, firsts, start)
@@ -399,7 +403,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (MatrixError, EnvError) as exc:
         print(f"fsdp-matrix bisect: {flat(exc)}", file=sys.stderr)
         return 2
-    if args.json:
+    if args.json and data is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=1, default=str))
     return code

@@ -76,10 +76,15 @@ def check_commits(combo: Combo, package: str, good: Dict, bad: Dict, held: List[
         cells, package, bad["url"], good["commit"], bad["commit"], combo.id, held, None, step
     )
     try:
-        return commits.run(request)[1]
+        code, answer = commits.run(request)
     except MatrixError as exc:
         print(f"fsdp-matrix bisect: {flat(exc)}", file=sys.stderr)
-        return {"error": "the commit bisect exited 2 without an answer (see the log above)"}
+        code, answer = 2, None
+    return (
+        answer
+        if answer is not None
+        else {"error": f"the commit bisect exited {code} without an answer (see the log above)"}
+    )
 
 
 def commit_section(column: str, package: str, good: Dict, bad: Dict, result: Dict[str, Any], verdicts: Dict) -> str:
