@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from fsdp_matrix.bisect.installers import PinnedInstaller
 from fsdp_matrix.bisect.paths import DEFAULT_CACHE, usable_dir
@@ -76,14 +76,12 @@ def bisection_from(
     """The installer and runner for ``opts`` over ``combo`` (``pins`` override its pins for every step); ``runner``
     passes LaunchRunner's reporting and resume options (say, status, label, resume, bare)."""
     usable_dir(opts.cache)
-    say: Callable[[str], None] = runner.pop("say", print)
     launcher = LaunchRunner(
         opts.cache,
         matrix=opts.matrix,
         device=opts.device,
         world_size=world_size or opts.world_size or 2,
         timeout=opts.timeout,
-        say=say,
         **runner,
     )
     return Bisection(PinnedInstaller(combo, package, opts.cache, dict(pins or {}), opts.device), launcher)
