@@ -153,27 +153,16 @@ def _run_combo(
             texts = [f"{k}={v}" for k, v in combo.sources.items()] + list(opts.pin)
             first = sources.failure_line(sources.resolve_pins(texts), report.message)
         session.error(f"env-error for {combo.id}: {first}")
-    args = [
-        "python",
-        "-m",
-        "pytest",
-        str(HERE / "tests" / "test_repros.py"),
-        "--results",
-        str(results),
-        "--combo",
-        combo.id,
-        "--device",
-        device,
-        "-p",
-        "no:cacheprovider",
-        "--progress-line",
-        *rest,
-    ]
-    if opts.world_size:
-        args += ["--world-size", opts.world_size]
-    if opts.resume:
-        args.append("--resume")
-    session.run(*args)
+    from fsdp_matrix.runner import options
+
+    launch = options.LaunchOptions(
+        results=results, combo=combo.id, device=device, world_size=opts.world_size, resume=opts.resume
+    )
+    where = options.to_argv(launch, ("results", "combo", "device"))
+    session.run(
+        "python", "-m", "pytest", str(HERE / "tests" / "test_repros.py"), *where, "-p", "no:cacheprovider",
+        "--progress-line", *rest, *options.to_argv(launch, ("world_size", "resume")),
+    )  # fmt: skip
 
 
 def _axis(combo: Combo) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.runner.options import OptionError
 from fsdp_matrix.usage import OneLineParser, flat
 
 # command -> module whose main(argv) implements it; imported lazily so `report` never imports torch
@@ -60,7 +61,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if command == "validate":
             return validate_main(rest)
         return importlib.import_module(COMMANDS[command]).main(rest)
-    except MatrixError as exc:
+    except (MatrixError, OptionError) as exc:
         # one line even when the message quotes an argument with a line break or a control character in it
         print(f"fsdp_matrix {command}: {flat(exc)}", file=sys.stderr)
         return 2

@@ -12,15 +12,15 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from packaging.version import InvalidVersion, Version
-
 from fsdp_matrix.cells import Cell, find_cell
 from fsdp_matrix.clip import first_line
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.evidence import PLATFORM, for_rule
 from fsdp_matrix.expectations import Trace, trace
+from fsdp_matrix.installed import installed_versions
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
 from fsdp_matrix.rules import RULE_PACKAGES
+from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser
 
 STAGES = (
@@ -29,36 +29,6 @@ STAGES = (
     ("case rule", "case rules (first match wins)"),
     ("platform signature", "platform signatures (judge an error the case's rule did not expect: skipped)"),
 )
-
-
-def parse_versions(text: str) -> Dict[str, str]:
-    """``torch=2.6.0,peft=0.14.0`` -> a dict; MatrixError (one line) naming a bad item."""
-    out: Dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, version = item.partition("=")
-        name, version = name.strip(), version.strip().lstrip("=")
-        if not sep or name not in RULE_PACKAGES:
-            raise MatrixError(
-                f"--versions: {item!r}: expected NAME=VERSION with NAME one of {', '.join(RULE_PACKAGES)}"
-            )
-        try:
-            Version(version)
-        except InvalidVersion:
-            raise MatrixError(f"--versions: {item!r}: {version!r} is not a version") from None
-        out[name] = version
-    return out
-
-
-def _installed() -> Dict[str, Optional[str]]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: Dict[str, Optional[str]] = {}
-    for name in RULE_PACKAGES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def rule_evidence(matrix: Matrix, cell: Cell, tr: Trace) -> Optional[Tuple[str, str]]:
@@ -129,24 +99,27 @@ def newest_record(results: Path, cell: Cell, combo: Optional[str]) -> Optional[s
 def main(argv: List[str]) -> int:
     p = OneLineParser(prog="fsdp_matrix explain", description=__doc__.split("\n\n")[0])
     p.add_argument("cell", help="CASE/CELL or a cell id unique across cases")
-    p.add_argument("--combo", help="use this combo's pins (and its device: cuda for gpu combos)")
-    p.add_argument("--versions", default="", help="NAME=VERSION,... on top of the combo's pins or the installed ones")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="default: the combo's, else cpu")
-    p.add_argument("--results", type=Path, help="a results dir (or cells.jsonl) to show the newest record from")
-    p.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX)
+    # declared once (runner/options.py); the device defaults to the combo's, else cpu; versions go on top of the
+    # combo's pins or the installed ones
+    options.add_arguments(
+        p.add_argument, ("combo", "device", "results", "matrix"), choices=options.CONCRETE_DEVICE,
+        defaults={"device": None, "results": None, "matrix": DEFAULT_MATRIX}, model=options.MatrixOptions,
+    )  # fmt: skip
+    # checked after parsing, so that main returns its one-line error (an empty --versions adds nothing)
+    options.add_arguments(p.add_argument, ("versions",), model=options.MatrixOptions, typed=False)
     args = p.parse_args(argv)
     matrix: Matrix = load_matrix(args.matrix)
-    overrides = parse_versions(args.versions)
+    overrides = options.check("versions", args.versions) if args.versions else {}
     if args.combo is not None:  # --combo '' names no combo: an error, not the installed versions
         combo = matrix.combo(args.combo)
         versions: Dict[str, Optional[str]] = dict(combo.pins.model_dump())
         device = args.device or ("cuda" if "gpu" in combo.tags else "cpu")
         where = f"combo {combo.id}"
     else:
-        versions, device, where = _installed(), args.device or "cpu", "installed here"
+        versions, device, where = installed_versions(RULE_PACKAGES), args.device or "cpu", "installed here"
     if overrides:
         versions.update(overrides)
-        where += f", with {args.versions}"
+        where += ", with " + ",".join(f"{k}={v}" for k, v in overrides.items())
     cell = find_cell(matrix, args.cell, device)
     tr = trace(matrix.case(cell.case), cell, versions)
     lines = render(cell, tr, versions, where, rule_evidence(matrix, cell, tr))

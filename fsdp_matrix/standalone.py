@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Tuple
 from fsdp_matrix.cells import Cell, find_cell
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.runner import options
 
 
 def _value(text: str) -> Any:
@@ -28,9 +29,8 @@ def _value(text: str) -> Any:
 def parse(argv: List[str]) -> Tuple[argparse.Namespace, Dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cell", help="cell id, e.g. dora-bf16-orig1-peft_policy-llama-ws2")
-    p.add_argument("--results", default="results", type=Path)
-    p.add_argument("--matrix", default=None, type=Path)
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    # declared once (runner/options.py): the records' dir, the matrix, the device (auto: cuda when a GPU is visible)
+    options.add_arguments(p.add_argument, ("results", "matrix", "device"), defaults={"device": "auto"})
     p.add_argument("--timeout", type=float, default=180.0, help="process-group timeout: bounds a one-rank failure")
     p.add_argument("--no-record", action="store_true", help="print the outcome only")
     args, rest = p.parse_known_args(argv)

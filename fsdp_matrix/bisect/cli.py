@@ -1,4 +1,9 @@
-"""``python -m fsdp_matrix bisect CELL --package NAME --old V --new V``: which release changed a cell's outcome."""
+"""``python -m fsdp_matrix bisect CELL --package NAME --old V --new V``: which release changed a cell's outcome.
+
+``bisect ... --git REPO --good REF --bad REF`` bisects the package's commits instead (bisect/commits.py). Both are
+load -> wire -> search -> render -> exit code, over the one search (``bisect_cells``) and the one wiring
+(``bisection_from``).
+"""
 
 from __future__ import annotations
 
@@ -6,31 +11,30 @@ import argparse
 import json
 import re
 import sys
-import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller, days_between, parse_pins
-from fsdp_matrix.bisect.paths import usable_dir, writable_file
+from fsdp_matrix.bisect import commits
+from fsdp_matrix.bisect.installers import DatedInstaller, days_between, parse_pins
+from fsdp_matrix.bisect.paths import writable_file
 from fsdp_matrix.bisect.releases import release_candidates
-from fsdp_matrix.bisect.runner import LaunchRunner, OneCell
-from fsdp_matrix.bisect.search import BisectResult, Step, bisect, install_bound
+from fsdp_matrix.bisect.search import CellAnswer, Installer, SearchResult, Step, bisect_cells, install_bound
+from fsdp_matrix.bisect.wiring import Bisection, StepOptions, add_step_arguments, bisection_from
 from fsdp_matrix.cells import Cell, find_cell, unmet_requirement
 from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.expectations import expected_for
-from fsdp_matrix.matrix import Matrix, load_matrix
+from fsdp_matrix.matrix import Combo, Matrix, load_matrix
 from fsdp_matrix.progress import Heartbeat
 from fsdp_matrix.runner import options
-from fsdp_matrix.runner.options import CONCRETE_DEVICE
-from fsdp_matrix.usage import OneLineParser, flat, positive_seconds
+from fsdp_matrix.usage import OneLineParser, flat
 
 _PROJECT = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
 """A valid project name (PEP 508)."""
-DEFAULT_CACHE = Path(tempfile.gettempdir()) / "fsdp-matrix-bisect"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME==VERSION",
         help="override a combo pin for every step (repeatable)",
     )
-    p.add_argument("--combo", help="matrix.yaml combo giving the other pins (default: the newest CPU combo)")
+    options.add_arguments(p.add_argument, ("combo",), model=options.MatrixOptions)  # declared once
     p.add_argument("--json", type=Path, metavar="PATH", help="write the result as JSON")
     p.add_argument("--pre", action="store_true", help="include pre-releases")
     p.add_argument(
@@ -61,10 +65,8 @@ def parser() -> argparse.ArgumentParser:
         metavar=("OLD_DATE", "NEW_DATE"),
         help="bisect over days (YYYY-MM-DD): torch stays pinned, every other package floats to that day",
     )
-    # launch options, declared once (runner/options.py); the world size defaults to the cell id's
-    options.add_arguments(p.add_argument, ("matrix", "device", "world_size"), choices=CONCRETE_DEVICE)
-    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where step envs live (reused across runs)")
-    p.add_argument("--timeout", type=positive_seconds, default=900, help="seconds one step's run may take")
+    # the step options, declared once (bisect/wiring.py); the world size defaults to the cell id's
+    add_step_arguments(p, timeout=900, cache_help="where step envs live (reused across runs)")
     return p
 
 
@@ -98,16 +100,58 @@ def _reason(step: Step) -> str:
     return clip(clip(step.reason, lines=1, tail=True), 90)
 
 
-def table(result: BisectResult) -> str:
+@dataclass
+class Question:
+    """A release (or day) bisect of one cell, as loaded from the command line."""
+
+    cell: Cell
+    """The cell."""
+    combo: Combo
+    """The combo giving the other pins."""
+    what: str
+    """The package bisected, or ``date``."""
+    candidates: List[str]
+    """Every candidate between the ends, oldest first."""
+    bisection: Bisection
+    """The installer over the combo's pins and the runner."""
+    installer: Installer
+    """What installs a candidate: the bisection's, or a DatedInstaller over it."""
+    dated: Optional[DatedInstaller] = None
+    """With --by-date: the installer that can say which packages moved between two days."""
+
+
+@dataclass
+class Answer:
+    """The search's answer for the one cell, with the candidates asked for."""
+
+    result: SearchResult
+    """The search: candidates and steps."""
+    cell: CellAnswer
+    """The cell's answer."""
+
+    def to_json(self) -> Dict[str, Any]:
+        c = self.cell
+        return {
+            "package": self.result.package,
+            "old": self.result.candidates[0],
+            "new": self.result.candidates[-1],
+            "candidates": self.result.candidates,
+            "first_changed": c.first_changed,
+            "last_unchanged": c.last_unchanged,
+            "untestable": c.untestable,
+            "steps": [asdict(s) for s in self.result.steps],
+            "answer": c.answer,
+            "installs": self.result.installs,
+        }
+
+
+def table(answer: Answer) -> str:
     rows = [("tested", "installed", "outcome", "seconds")]
-    order = {c: i for i, c in enumerate(result.candidates)}
-    for step in sorted(result.steps, key=lambda s: order.get(s.candidate, -1)):
+    order = {c: i for i, c in enumerate(answer.result.candidates)}
+    marks = {answer.cell.first_changed: " <- first changed", answer.cell.last_unchanged: " <- last unchanged"}
+    for step in sorted(answer.result.steps, key=lambda s: order.get(s.candidate, -1)):
         what = step.outcome.describe() if step.outcome else f"skipped: {_reason(step)}"
-        mark = (
-            " <- first changed"
-            if step.candidate == result.first_changed
-            else (" <- last unchanged" if step.candidate == result.last_unchanged else "")
-        )
+        mark = marks.get(step.candidate, "")
         rows.append((step.candidate, "yes" if step.installed else "no", what + mark, f"{step.seconds:.1f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>7}" for r in rows)
@@ -118,90 +162,104 @@ def _progress(step: Step) -> None:
     print(f"  {step.candidate}: {what} ({step.seconds:.0f}s)", flush=True)
 
 
+def _check_args(args: argparse.Namespace) -> Dict[str, str]:
+    """Everything that needs no matrix: versions, days, paths, the package name; the --pin overrides."""
+    for option, value in (("--old", args.old), ("--new", args.new)):
+        if value is not None and not args.by_date:
+            _version(option, value)
+    if args.by_date:
+        days_between(*args.by_date)
+    if args.json:
+        writable_file(args.json)
+    pins = parse_pins(args.pin)
+    if args.package is not None:
+        if not _PROJECT.match(args.package):
+            raise EnvError(f"--package {args.package!r}: not a package name")
+        name = canonicalize_name(args.package)
+        if name in pins:
+            raise EnvError(
+                f"--pin {name}=={pins[name]}: {name} is the package being bisected (its range is --old .. --new)"
+            )
+    return pins
+
+
+def load(args: argparse.Namespace) -> Question:
+    """Read the matrix, find the cell and the combo, check every argument, and wire the installer and runner."""
+    matrix = load_matrix(args.matrix)
+    combo = matrix.combo(args.combo) if args.combo is not None else matrix.newest("cpu")
+    cell = find_cell(matrix, args.cell, args.device, args.world_size)
+    pins = _check_args(args)
+    # each step's results and launch logs stay under the cache (cache/runs), for a look at a surprising step
+    wired = bisection_from(
+        StepOptions.from_args(args), combo, package=args.package or "peft", pins=pins,
+        world_size=cell.world_size, resume=False, bare=True, say=lambda text: None,
+    )  # fmt: skip
+    ends = [wired.installer.pins_for(v) for v in (args.old, args.new)] if not args.by_date else []
+    skipped = _skipped(matrix, cell, ends)
+    if skipped:
+        raise EnvError(f"{cell.key}: the cell is skipped on this combo: {skipped}")
+    if args.by_date:
+        dated = DatedInstaller(wired.installer)
+        return Question(cell, combo, "date", days_between(*args.by_date), wired, dated, dated)
+    candidates = release_candidates(args.package, args.old, args.new, args.pre)
+    return Question(cell, combo, args.package, candidates, wired, wired.installer)
+
+
+def search(q: Question) -> Answer:
+    """The bisection, with a heartbeat and a line per step."""
+    n = len(q.candidates)
+    print(
+        f"bisecting {q.cell.key} on combo {q.combo.id} over {n} candidates "
+        f"({q.what} {q.candidates[0]} .. {q.candidates[-1]}); at most {install_bound(n)} installs plus skips",
+        flush=True,
+    )
+    with Heartbeat("bisect", "starting") as beat:
+        steps: List[Step] = []
+
+        def started(candidate: str, cells: Sequence[str]) -> None:
+            beat.update(f"step {len(steps) + 1}: {q.what} {candidate}: installing, then running the cell", say=True)
+
+        def ended(step: Step) -> None:
+            steps.append(step)
+            _progress(step)
+
+        # a candidate the cell cannot run at is one that cannot be installed, as the answers have always said
+        result = bisect_cells(
+            q.installer, q.bisection.runner, q.candidates, [q.cell.key], q.what,
+            on_step=ended, on_start=started, tested="installed",
+        )  # fmt: skip
+    return Answer(result, result.cells[q.cell.key])
+
+
+def render(q: Question, answer: Answer, json_path: Optional[Path]) -> int:
+    """Print the table and the answer, write --json; the exit code."""
+    print(table(answer))
+    print(answer.cell.answer)
+    data = answer.to_json()
+    data.update(cell=q.cell.key, combo=q.combo.id)
+    first, last = answer.cell.first_changed, answer.cell.last_unchanged
+    if q.dated and first and last:
+        changes = q.dated.changes(last, first)
+        data["changed_packages"] = changes
+        print(f"changed between {last} and {first}: " + (", ".join(changes) or "nothing"))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(data, indent=1, default=str))
+    return 0 if first or answer.cell.answer.startswith("no change") else 1
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--git" or a.startswith("--git=") for a in argv):
-        from fsdp_matrix.bisect import commits  # the commit bisect: --git REPO --good REF --bad REF
-
-        return commits.main(argv)
-    args = parser().parse_args(argv)
+        return commits.main(argv)  # the commit bisect: --git REPO --good REF --bad REF
+    p = parser()
+    args = p.parse_args(argv)
     if not args.by_date and None in (args.package, args.old, args.new):
-        parser().error("give --package, --old and --new (or --by-date OLD_DATE NEW_DATE)")
+        p.error("give --package, --old and --new (or --by-date OLD_DATE NEW_DATE)")
     try:
-        matrix = load_matrix(args.matrix)
-        combo = matrix.combo(args.combo) if args.combo is not None else matrix.newest("cpu")
-        cell = find_cell(matrix, args.cell, args.device, args.world_size)
-        for option, value in (("--old", args.old), ("--new", args.new)):
-            if value is not None and not args.by_date:
-                _version(option, value)
-        if args.by_date:
-            days_between(*args.by_date)
-        if args.json:
-            writable_file(args.json)
-        usable_dir(args.cache)
-        pins = parse_pins(args.pin)
-        if args.package is not None:
-            if not _PROJECT.match(args.package):
-                raise EnvError(f"--package {args.package!r}: not a package name")
-            name = canonicalize_name(args.package)
-            if name in pins:
-                raise EnvError(
-                    f"--pin {name}=={pins[name]}: {name} is the package being bisected (its range is --old .. --new)"
-                )
-        base = PinnedInstaller(combo, args.package or "peft", args.cache, pins, args.device)
-        skipped = _skipped(matrix, cell, [base.pins_for(v) for v in (args.old, args.new)] if not args.by_date else [])
-        if skipped:
-            raise EnvError(f"{cell.key}: the cell is skipped on this combo: {skipped}")
-        # each step's results and launch logs stay under the cache (cache/runs), for a look at a surprising step
-        launches = LaunchRunner(
-            args.cache,
-            matrix=args.matrix,
-            device=args.device,
-            world_size=cell.world_size,
-            timeout=args.timeout,
-            resume=False,
-            say=lambda text: None,
-        )
-        runner = OneCell(launches, cell.key)
-        dated: Optional[DatedInstaller] = None
-        if args.by_date:
-            candidates: List[str] = days_between(*args.by_date)
-            dated = DatedInstaller(base)
-            what = "date"
-        else:
-            candidates = release_candidates(args.package, args.old, args.new, args.pre)
-            what = args.package
-        print(
-            f"bisecting {cell.key} on combo {combo.id} over {len(candidates)} candidates "
-            f"({what} {candidates[0]} .. {candidates[-1]}); at most {install_bound(len(candidates))} installs "
-            "plus skips",
-            flush=True,
-        )
-        with Heartbeat("bisect", "starting") as beat:
-            steps: List[Step] = []
-
-            def started(candidate: str, cells: Sequence[str]) -> None:
-                beat.update(f"step {len(steps) + 1}: {what} {candidate}: installing, then running the cell", say=True)
-
-            def ended(step: Step) -> None:
-                steps.append(step)
-                _progress(step)
-
-            result = bisect(dated or base, runner, candidates, what, on_step=ended, on_start=started)
+        question = load(args)
+        answer = search(question)
     except MatrixError as exc:
         print(f"fsdp-matrix bisect: {flat(exc)}", file=sys.stderr)
         return 2
-    print(table(result))
-    print(result.answer)
-    data = result.to_json()
-    data.update(cell=cell.key, combo=combo.id)
-    if dated and result.first_changed and result.last_unchanged:
-        changes = dated.changes(result.last_unchanged, result.first_changed)
-        data["changed_packages"] = changes
-        print(
-            f"changed between {result.last_unchanged} and {result.first_changed}: " + (", ".join(changes) or "nothing")
-        )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=1, default=str))
-    return 0 if result.first_changed or result.answer.startswith("no change") else 1
+    return render(question, answer, args.json)

@@ -16,15 +16,17 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.utils import canonicalize_name
 
 from fsdp_matrix.bisect.installers import PinnedInstaller, parse_pins
+from fsdp_matrix.bisect.outcome import Outcome
 from fsdp_matrix.bisect.runner import LaunchRunner
-from fsdp_matrix.bisect.search import CellAnswer, Outcome, Prepared, Step, bisect_cells, install_bound
+from fsdp_matrix.bisect.search import CellAnswer, Prepared, Step, bisect_cells, install_bound
+from fsdp_matrix.bisect.wiring import StepOptions, add_step_arguments, bisection_from
 from fsdp_matrix.cells import find_cell
 from fsdp_matrix.clip import clip
 from fsdp_matrix.envs import DEFAULT_IMPORTS
@@ -43,6 +45,8 @@ from fsdp_matrix.envs.sources import (
 from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.progress import Heartbeat
+from fsdp_matrix.runner import options
+from fsdp_matrix.usage import OneLineParser, flat
 
 _SEP = "\x1f"
 
@@ -125,7 +129,7 @@ class CommitInstaller:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="fsdp-matrix bisect --git",
         description="Find the first commit of a package whose build changes a cell's observed outcome.",
     )
@@ -139,7 +143,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--git", required=True, metavar="REPO", help="local clone (path) or git URL of the package")
     p.add_argument("--good", required=True, metavar="REF", help="ref whose outcome is the reference, e.g. v0.13.2")
     p.add_argument("--bad", required=True, metavar="REF", help="ref whose outcome differs, e.g. v0.14.0")
-    p.add_argument("--combo", help="matrix.yaml combo giving the other pins (default: the newest CPU combo)")
+    options.add_arguments(p.add_argument, ("combo",), model=options.MatrixOptions)  # declared once
     p.add_argument(
         "--pin",
         action="append",
@@ -147,12 +151,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME==VERSION|NAME=SOURCE",
         help="override a combo pin with a release, or with a source held at one commit (NAME=PATH_OR_URL@REF)",
     )
-    p.add_argument("--matrix", type=Path, help="matrix.yaml (default: the repo's)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the result as JSON")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--world-size", type=int, default=None, help="ranks (default: from the cell id, else 2)")
-    p.add_argument("--cache", type=Path, default=None, help="step envs, snapshots and records (reused across runs)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds one step's launch may take")
+    # the step options, declared once (bisect/wiring.py); the world size defaults to the cell id's
+    add_step_arguments(p, timeout=900)
     return p
 
 
@@ -179,126 +180,233 @@ def table(commits: Dict[str, Commit], order: List[str], steps: List[Step], answe
     return "\n".join("  ".join(f"{c:<{w}}" for c, w in zip(r[:4], widths)) + f"  {r[4]:>7}" for r in rows)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parser().parse_args(argv)
-    start = time.monotonic()
-    try:
-        return _main(args, start)
-    except (MatrixError, EnvError) as exc:
-        print(f"fsdp-matrix bisect: {exc}", file=sys.stderr)
-        return 2
+@dataclass(frozen=True)
+class CommitRequest:
+    """A commit bisect as asked for: by ``bisect --git`` on the command line, or by the nightly."""
+
+    cells: List[str]
+    """Cell refs (CASE/CELL, or an id unique across cases); several share every step."""
+    package: str
+    """The package built from the repository."""
+    git: str
+    """Its repository: a local clone or a git URL."""
+    good: str
+    """The ref whose outcome is the reference."""
+    bad: str
+    """The ref whose outcome differs."""
+    combo: Optional[str] = None
+    """The combo giving the other pins (default: the newest CPU combo)."""
+    pins: List[str] = field(default_factory=list)
+    """``NAME==VERSION`` or ``NAME=SOURCE`` overrides of the combo's pins."""
+    json: Optional[Path] = None
+    """Where to write the JSON answer."""
+    step: StepOptions = StepOptions()
+    """How each step runs."""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CommitRequest:
+        return cls(
+            args.cells, args.package, args.git, args.good, args.bad, args.combo, list(args.pin), args.json,
+            StepOptions.from_args(args),
+        )  # fmt: skip
 
 
-def _main(args: argparse.Namespace, start: float) -> int:
-    from fsdp_matrix.bisect.cli import DEFAULT_CACHE
+@dataclass
+class Line:
+    """The commits to search, and what runs them: what ``load`` finds."""
 
-    package = canonicalize_name(args.package)
+    request: CommitRequest
+    package: str
+    """The canonical package name."""
+    combo: str
+    """The combo's id."""
+    cells: List[str]
+    """Cell keys."""
+    good: str
+    """GOOD's full SHA."""
+    merge_base: str
+    """The merge base of GOOD and BAD: the line's first commit."""
+    line: List[str]
+    """The first-parent commits from the merge base to BAD, oldest first."""
+    commits: Dict[str, Commit]
+    """SHA -> subject, date and PR, for GOOD and the line."""
+    installer: CommitInstaller
+    """Installs a commit's build over the combo's pins."""
+    runner: LaunchRunner
+    """Runs a step's cells on one launch."""
+
+    @property
+    def off_line(self) -> bool:
+        return self.good != self.merge_base
+
+
+@dataclass
+class Found:
+    """What the search found."""
+
+    steps: List[Step] = field(default_factory=list)
+    """Every step, in the order run."""
+    answers: Dict[str, CellAnswer] = field(default_factory=dict)
+    """Per cell; empty when the merge base does not behave like GOOD."""
+    references: Dict[str, Outcome] = field(default_factory=dict)
+    """Per cell, GOOD's outcome when GOOD sits off the line."""
+    stopped: Optional[int] = None
+    """The exit code when the search stopped before bisecting the line."""
+    untested: bool = False
+    """It stopped because GOOD could not be tested: there is no answer to write."""
+
+
+def load(req: CommitRequest) -> Line:
+    """The repository, the line of commits, the cells and the wiring; EnvError (one line) for a bad argument."""
+    package = canonicalize_name(req.package)
     if package in REFUSED:
         raise EnvError(f"--package {package}: building {package} from source is refused ({REFUSED[package]})")
-    cache = args.cache or DEFAULT_CACHE
+    cache = req.step.cache
     cache.mkdir(parents=True, exist_ok=True)
-    pin = parse_source(package, args.git)
+    pin = parse_source(package, req.git)
     repo = repository(pin, cache / "sources")
-    matrix = load_matrix(args.matrix)
-    combo = matrix.combo(args.combo) if args.combo else matrix.newest("cpu")
-    cells = [find_cell(matrix, ref, args.device, args.world_size).key for ref in args.cells]
-    sizes = {find_cell(matrix, c, args.device, args.world_size).world_size for c in cells}
+    matrix = load_matrix(req.step.matrix)
+    combo = matrix.combo(req.combo) if req.combo else matrix.newest("cpu")
+    found = [find_cell(matrix, ref, req.step.device, req.step.world_size) for ref in req.cells]
+    cells = [c.key for c in found]
+    sizes = {c.world_size for c in found}
     if len(sizes) > 1:
         raise EnvError(f"cells {', '.join(cells)}: one launch per step needs one world size, got {sorted(sizes)}")
-    good = rev(repo, args.good)
-    merge_base, line = first_parent_line(repo, args.good, args.bad)
+    good = rev(repo, req.good)
+    merge_base, line = first_parent_line(repo, req.good, req.bad)
     commits = {c.sha: c for c in describe(repo, list(dict.fromkeys([good, *line])))}
-    releases = parse_pins([t for t in args.pin if "==" in t])
-    held = resolve_pins([t for t in args.pin if "==" not in t], cache / "sources")
+    releases = parse_pins([t for t in req.pins if "==" in t])
+    held = resolve_pins([t for t in req.pins if "==" not in t], cache / "sources")
     if package in held or package in releases:
         raise EnvError(f"--pin {package}: {package} is the package being bisected (--good .. --bad)")
-    installer = CommitInstaller(
-        PinnedInstaller(combo, package, cache, releases, args.device), pin, cache / "sources", held=held
-    )
-    bound = install_bound(len(line))
-    off_line = good != merge_base
+    wired = bisection_from(
+        req.step, combo, package=package, pins=releases, world_size=sizes.pop(), say=lambda text: None,
+        label=lambda sha: f"{package} {sha[:10]}",
+    )  # fmt: skip
+    installer = CommitInstaller(wired.installer, pin, cache / "sources", held=held)
+    return Line(req, package, combo.id, cells, good, merge_base, line, commits, installer, wired.runner)
+
+
+def _hooks(q: Line, beat: Heartbeat, steps: List[Step]) -> Dict[str, Any]:
+    def started(candidate: str, todo: Sequence[str]) -> None:
+        what = f"step {len(steps) + 1}: {q.package} {candidate[:10]}"
+        beat.update(f"{what}: installing, then running {len(todo)} cell(s)", say=True)
+
+    def ended(step: Step) -> None:
+        steps.append(step)
+        seen = sorted({o.describe() for o in step.outcomes.values()})
+        what = " | ".join(seen) if seen else f"skipped: {clip(_last_line(step.reason), 90)}"
+        print(f"  [{len(steps)}] {step.candidate[:10]} {what} ({step.seconds:.0f}s)", flush=True)
+
+    return dict(same=same_observation, on_step=ended, on_start=started)
+
+
+def _check_good(q: Line, hooks: Dict[str, Any], found: Found) -> Optional[Dict[int, Dict[str, Outcome]]]:
+    """GOOD sits off the line (a patch release): the merge base must behave like it, or the line cannot answer.
+    The merge base's outcomes, known at the line's index 0; None (and ``found.stopped``) when it cannot answer."""
+    good, base, cells = q.good, q.merge_base, q.cells
+    bisect_cells(q.installer, q.runner, [good, base], cells, q.package, **hooks)
+    at = {s.candidate: s for s in found.steps}
+    found.references = dict(at[good].outcomes) if good in at else {}
+    at_base = dict(at[base].outcomes) if base in at else {}
+    untested = [c for c in cells if c not in found.references]
+    if untested:
+        print(f"{q.request.good} ({good[:10]}) could not be tested for {', '.join(untested)}: {at[good].reason}")
+        found.stopped, found.untested = 1, True
+        return None
+    unlike = [c for c in cells if c in at_base and not same_observation(at_base[c], found.references[c])]
+    for cell in unlike:
+        g = q.request.good
+        print(
+            f"{cell}: the merge base {base[:10]} does not behave like {g}: "
+            f"{found.references[cell].describe()} at {g}, {at_base[cell].describe()} at the merge base. "
+            f"The change is on {g}'s branch, not on the first-parent line to {q.request.bad}: bisect "
+            f"that branch instead (--good {base[:10]} --bad {g}); stopping."
+        )
+    if unlike:
+        found.stopped = 1
+        return None
+    return {0: at_base}
+
+
+def search(q: Line) -> Found:
+    """GOOD first when it is off the line, then the line itself; every cell in each step's launch."""
+    bound = install_bound(len(q.line))
+    req = q.request
     print(
-        f"bisecting {', '.join(cells)} on combo {combo.id} over {len(line)} first-parent commits of {package} "
-        f"({merge_base[:10]} = merge base of {args.good} and {args.bad} .. {args.bad} = {line[-1][:10]}); "
-        f"at most {bound} installs plus skips" + (f", plus {args.good} itself" if off_line else ""),
+        f"bisecting {', '.join(q.cells)} on combo {q.combo} over {len(q.line)} first-parent commits of {q.package} "
+        f"({q.merge_base[:10]} = merge base of {req.good} and {req.bad} .. {req.bad} = {q.line[-1][:10]}); "
+        f"at most {bound} installs plus skips" + (f", plus {req.good} itself" if q.off_line else ""),
         flush=True,
     )
+    found = Found()
     with Heartbeat("bisect", "starting") as beat:
-        steps: List[Step] = []
-        runner = LaunchRunner(
-            cache,
-            matrix=args.matrix,
-            device=args.device,
-            world_size=sizes.pop(),
-            timeout=args.timeout,
-            say=lambda text: None,
-            status=beat.update,
-            label=lambda sha: f"{package} {sha[:10]}",
-        )
+        q.runner.status = beat.update
+        hooks = _hooks(q, beat, found.steps)
+        known: Optional[Dict[int, Dict[str, Outcome]]] = {}
+        if q.off_line:
+            known = _check_good(q, hooks, found)
+            if known is None:
+                return found
+        found.answers = bisect_cells(q.installer, q.runner, q.line, q.cells, q.package, known=known, **hooks).cells
+    return found
 
-        def started(candidate: str, todo: Sequence[str]) -> None:
-            what = f"step {len(steps) + 1}: {package} {candidate[:10]}"
-            beat.update(f"{what}: installing, then running {len(todo)} cell(s)", say=True)
 
-        def ended(step: Step) -> None:
-            steps.append(step)
-            seen = sorted({o.describe() for o in step.outcomes.values()})
-            what = " | ".join(seen) if seen else f"skipped: {clip(_last_line(step.reason), 90)}"
-            print(f"  [{len(steps)}] {step.candidate[:10]} {what} ({step.seconds:.0f}s)", flush=True)
-
-        hooks = dict(same=same_observation, on_step=ended, on_start=started)
-        known: Dict[int, Dict[str, Outcome]] = {}
-        references: Dict[str, Outcome] = {}
-        if off_line:
-            # GOOD sits off the line (a patch release): the merge base must behave like it, or the line cannot answer
-            bisect_cells(installer, runner, [good, merge_base], cells, package, **hooks)
-            at = {s.candidate: s for s in steps}
-            references = dict(at[good].outcomes) if good in at else {}
-            at_base = dict(at[merge_base].outcomes) if merge_base in at else {}
-            untested = [c for c in cells if c not in references]
-            if untested:
-                print(f"{args.good} ({good[:10]}) could not be tested for {', '.join(untested)}: {at[good].reason}")
-                return 1
-            unlike = [c for c in cells if c in at_base and not same_observation(at_base[c], references[c])]
-            for cell in unlike:
-                print(
-                    f"{cell}: the merge base {merge_base[:10]} does not behave like {args.good}: "
-                    f"{references[cell].describe()} at {args.good}, {at_base[cell].describe()} at the merge base. "
-                    f"The change is on {args.good}'s branch, not on the first-parent line to {args.bad}: bisect "
-                    f"that branch instead (--good {merge_base[:10]} --bad {args.good}); stopping."
-                )
-            if unlike:
-                _write(args, cells, combo.id, {}, {}, steps, line, merge_base, start, installer)
-                return 1
-            known = {0: at_base}
-        found = bisect_cells(installer, runner, line, cells, package, known=known, **hooks)
+def render(q: Line, found: Found, start: float) -> Dict[str, Optional[Commit]]:
+    """Per cell: the table, the answer with short SHAs, and the first changed commit; then the cost line."""
     firsts: Dict[str, Optional[Commit]] = {}
-    for cell in cells:
-        answer = found.cells[cell]
-        if len(cells) > 1:
+    for cell in q.cells:
+        answer = found.answers[cell]
+        if len(q.cells) > 1:
             print(f"{cell}:")
-        print(table(commits, line, steps, answer, cell))
+        print(table(q.commits, q.line, found.steps, answer, cell))
         short = answer.answer
         for sha in filter(None, [answer.first_changed, answer.last_unchanged, *answer.untestable]):
-            short = short.replace(sha, sha[:10])
+            short = short.replace(sha, sha[:10])  # the answer names whole SHAs; a person reads the first ten
         print(short)
-        first = firsts[cell] = commits.get(answer.first_changed or "")
+        first = firsts[cell] = q.commits.get(answer.first_changed or "")
         if first:
             pr = f" (PR #{first.pr})" if first.pr else ""
             print(f"first changed commit: {first.sha} {first.subject!r}, {first.date}{pr}")
             print(f"last unchanged commit: {answer.last_unchanged}")
-    installs, failed = _installs(installer)
+    installs, failed = _installs(q.installer)
     print(
-        f"{len(steps)} steps, {installs} installs"
+        f"{len(found.steps)} steps, {installs} installs"
         + (f" + {failed} that did not build or import" if failed else "")
-        + f" (bound {bound} over {len(line)} commits"
-        + (f", +1 for {args.good} off the line" if off_line else "")
+        + f" (bound {install_bound(len(q.line))} over {len(q.line)} commits"
+        + (f", +1 for {q.request.good} off the line" if q.off_line else "")
         + f"), {(time.monotonic() - start) / 60:.1f} min",
         flush=True,
     )
-    _write(args, cells, combo.id, found.cells, firsts, steps, line, merge_base, start, installer, references)
-    done = all(a.first_changed or a.answer.startswith("no change") for a in found.cells.values())
-    return 0 if done else 1
+    return firsts
+
+
+def run(req: CommitRequest) -> Tuple[int, Optional[Dict[str, Any]]]:
+    """The whole commit bisect: load -> search -> render; (exit code, the JSON answer, None when GOOD could not be
+    tested). Raises MatrixError or EnvError (one line) for what it cannot do."""
+    start = time.monotonic()
+    q = load(req)
+    found = search(q)
+    if found.untested:
+        return 1, None
+    if found.stopped is not None:  # the merge base does not behave like GOOD: no answer per cell
+        return found.stopped, to_json(q, Found(found.steps), {}, start)
+    firsts = render(q, found, start)
+    done = all(a.first_changed or a.answer.startswith("no change") for a in found.answers.values())
+    return (0 if done else 1), to_json(q, found, firsts, start)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code, data = run(CommitRequest.from_args(args))
+    except (MatrixError, EnvError) as exc:
+        print(f"fsdp-matrix bisect: {flat(exc)}", file=sys.stderr)
+        return 2
+    if args.json and data is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=1, default=str))
+    return code
 
 
 def _installs(installer: CommitInstaller) -> Tuple[int, int]:
@@ -320,33 +428,21 @@ def _answer_json(answer: Optional[CellAnswer], first: Optional[Commit], referenc
     }
 
 
-def _write(  # one JSON document, from the pieces main holds
-    args: argparse.Namespace,
-    cells: List[str],
-    combo: str,
-    answers: Mapping[str, CellAnswer],
-    firsts: Mapping[str, Optional[Commit]],
-    steps: List[Step],
-    line: List[str],
-    merge_base: str,
-    start: float,
-    installer: CommitInstaller,
-    references: Optional[Mapping[str, Outcome]] = None,
-) -> None:
+def to_json(q: Line, found: Found, firsts: Mapping[str, Optional[Commit]], start: float) -> Dict[str, Any]:
     """The JSON: first_changed, last_unchanged, commit: {sha, subject, date, pr} (of the first cell, and per cell
     under ``cells``), and every step with each cell's outcome."""
-    if not args.json:
-        return
-    per_cell = {c: _answer_json(answers.get(c), firsts.get(c), (references or {}).get(c)) for c in cells}
-    data = {
+    cells, req = q.cells, q.request
+    per_cell = {c: _answer_json(found.answers.get(c), firsts.get(c), found.references.get(c)) for c in cells}
+    installs, failed = _installs(q.installer)
+    return {
         "cell": cells[0],
-        "combo": combo,
-        "package": canonicalize_name(args.package),
-        "repo": args.git,
-        "good": args.good,
-        "bad": args.bad,
-        "merge_base": merge_base,
-        "commits": len(line),
+        "combo": q.combo,
+        "package": q.package,
+        "repo": req.git,
+        "good": req.good,
+        "bad": req.bad,
+        "merge_base": q.merge_base,
+        "commits": len(q.line),
         **per_cell[cells[0]],
         "cells": per_cell,
         "steps": [
@@ -358,12 +454,10 @@ def _write(  # one JSON document, from the pieces main holds
                 "reason": s.reason,
                 "seconds": round(s.seconds, 1),
             }
-            for s in steps
+            for s in found.steps
         ],
-        "installs": _installs(installer)[0],
-        "failed_installs": _installs(installer)[1],
-        "install_bound": install_bound(len(line)),
+        "installs": installs,
+        "failed_installs": failed,
+        "install_bound": install_bound(len(q.line)),
         "minutes": round((time.monotonic() - start) / 60, 2),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(data, indent=1, default=str))

@@ -17,20 +17,19 @@ cannot be read.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix.bisect.paths import usable_dir, writable_file
+from fsdp_matrix.bisect.paths import writable_file
+from fsdp_matrix.bisect.wiring import add_step_arguments
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import PACKAGES, Combo, Matrix, Pins, load_matrix
 from fsdp_matrix.report.diff import ReportInputError, compare, load_report, render
-from fsdp_matrix.runner import options
-from fsdp_matrix.runner.options import CONCRETE_DEVICE
 from fsdp_matrix.usage import OneLineParser, flat
 from fsdp_matrix.verdicts import ABOUT_THE_BUG
 
@@ -48,22 +47,16 @@ def _versions(report: Dict[str, Any]) -> Dict[str, Dict[str, Optional[str]]]:
 
 def check_upgrade(base: Combo, bumps: Dict[str, str], cases: List[str], args: argparse.Namespace) -> Dict[str, Any]:
     """The real upgrade check (installs envs, runs cells); the nightly test replaces it with a fake."""
-    from fsdp_matrix.bisect.installers import PinnedInstaller
-    from fsdp_matrix.bisect.runner import LaunchRunner
     from fsdp_matrix.bisect.upgrade import run_upgrade
+    from fsdp_matrix.bisect.wiring import StepOptions, bisection_from
     from fsdp_matrix.cells import expand
     from fsdp_matrix.progress import Heartbeat
 
     matrix = load_matrix(args.matrix)
     cells = [c.key for c in expand(matrix, args.device, args.world_size, cases=cases)]
-    usable_dir(args.cache)
-    installer = PinnedInstaller(base, "peft", args.cache, device=args.device)
     with Heartbeat(f"upgrade {base.id}", "starting") as beat:
-        runner = LaunchRunner(
-            args.cache, matrix=args.matrix, device=args.device, world_size=args.world_size, say=beat.say,
-            status=beat.update,
-        )  # fmt: skip
-        return run_upgrade(base, bumps, cells, installer, runner, beat=beat).to_json()
+        wired = bisection_from(StepOptions.from_args(args), base, say=beat.say, status=beat.update)
+        return run_upgrade(base, bumps, cells, wired.installer, wired.runner, beat=beat).to_json()
 
 
 def _sources(report: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
@@ -75,18 +68,23 @@ def check_commits(combo: Combo, package: str, good: Dict, bad: Dict, held: List[
     them) on ``cells``, the other packages pinned by ``held`` (``--pin`` texts); its JSON answer. The nightly test
     drives it over a toy repository."""
     from fsdp_matrix.bisect import commits
+    from fsdp_matrix.bisect.wiring import StepOptions
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "bisect.json"
-        argv = [*cells, "--package", package, "--git", bad["url"], "--good", good["commit"], "--bad", bad["commit"]]
-        argv += ["--combo", combo.id, "--json", str(out), "--cache", str(args.cache), "--device", args.device]
-        argv += ["--matrix", str(args.matrix)] if args.matrix else []
-        for text in held:
-            argv += ["--pin", text]
-        code = commits.main(argv)
-        if not out.exists():
-            return {"error": f"the commit bisect exited {code} without an answer (see the log above)"}
-        return json.loads(out.read_text())
+    # as the command bisect --git runs it: each cell at its id's world size, 900 s a step
+    step = dataclasses.replace(StepOptions.from_args(args), world_size=None, timeout=900)
+    request = commits.CommitRequest(
+        cells, package, bad["url"], good["commit"], bad["commit"], combo.id, held, None, step
+    )
+    try:
+        code, answer = commits.run(request)
+    except MatrixError as exc:
+        print(f"fsdp-matrix bisect: {flat(exc)}", file=sys.stderr)
+        code, answer = 2, None
+    return (
+        answer
+        if answer is not None
+        else {"error": f"the commit bisect exited {code} without an answer (see the log above)"}
+    )
 
 
 def commit_section(column: str, package: str, good: Dict, bad: Dict, result: Dict[str, Any], verdicts: Dict) -> str:
@@ -224,18 +222,13 @@ def nightly(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from fsdp_matrix.bisect.cli import DEFAULT_CACHE
-
     p = OneLineParser(prog="python -m fsdp_matrix nightly", description=__doc__.split("\n\n")[0])
     p.add_argument("previous", type=Path, help="last night's report.json (or results dir)")
     p.add_argument("new", type=Path, help="tonight's")
     p.add_argument("--summary", type=Path, help="append the Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--json", type=Path, help="write the diff and upgrade answers as JSON")
-    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    # launch options, declared once (runner/options.py)
-    options.add_arguments(
-        p.add_argument, ("matrix", "device", "world_size"), choices=CONCRETE_DEVICE, defaults={"world_size": 2}
-    )
+    # the step options, declared once (bisect/wiring.py)
+    add_step_arguments(p, timeout=3600, world_size=2)
     args = p.parse_args(argv)
     try:
         return nightly(args)

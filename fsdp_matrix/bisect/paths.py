@@ -4,9 +4,13 @@ a ``--json`` that cannot be written must not cost a whole run first."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from fsdp_matrix.errors import EnvError
+
+DEFAULT_CACHE = Path(tempfile.gettempdir()) / "fsdp-matrix-bisect"
+"""Where ``bisect``, ``upgrade`` and ``nightly`` keep step envs, snapshots and records (reused across runs)."""
 
 
 def usable_dir(path: Path, what: str = "--cache") -> Path:

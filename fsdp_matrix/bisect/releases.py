@@ -28,9 +28,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-# the index configuration and the Simple-API client are the envs package's; re-exported for this module's callers
-from fsdp_matrix.envs.config import PYPI, Locations, configured_locations  # noqa: F401
-from fsdp_matrix.envs.simple import DistFile, list_files, parse_simple  # noqa: F401
+from fsdp_matrix.envs.config import Locations, configured_locations
+from fsdp_matrix.envs.simple import DistFile, list_files
 from fsdp_matrix.errors import EnvError
 
 

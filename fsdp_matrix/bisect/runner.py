@@ -4,8 +4,8 @@ env, on one batched launch, streamed, and read back from the records it appends.
 ``LaunchRunner`` answers several cells at once (a CellsRunner, what ``upgrade`` and the nightly use). With
 ``resume`` (the default) each env's records go to a results dir named by the env and by a fingerprint of what
 decides a verdict (matrix.yaml, the repros, the workload), and the run resumes from it: an env whose cells already
-ran is not run again. Without it every launch gets a fresh results dir under ``cache/runs``. ``OneCell`` is the view
-``bisect`` searches with: one cell's bare Outcome, or Untestable.
+ran is not run again. Without it every launch gets a fresh results dir under ``cache/runs``. With ``bare``, what a
+release bisect compares: outcomes without their verdicts, and a skipped cell untestable.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from fsdp_matrix.bisect.installers import bytecode_on_import, harness_root
-from fsdp_matrix.bisect.search import CellOutcome, Outcome, Untestable
+from fsdp_matrix.bisect.outcome import Outcome
+from fsdp_matrix.bisect.search import CellOutcome, Untestable
 from fsdp_matrix.clip import clip
 from fsdp_matrix.records import RECORDS_FILE, Record, iter_records, latest
 from fsdp_matrix.runner import procs
+from fsdp_matrix.runner.options import LaunchOptions, to_argv
 from fsdp_matrix.verdicts import Verdict
 
 _VERDICTS = tuple(v.value for v in Verdict)
@@ -78,9 +80,13 @@ class LaunchRunner:
         say: Callable[[str], None] = print,
         status: Callable[[str], None] = lambda text: None,
         label: Callable[[str], str] = str,
+        bare: bool = False,
     ) -> None:
         self.cache, self.matrix, self.device, self.world_size = cache, matrix, device, world_size
         self.timeout, self.resume, self.say, self.status, self.label = timeout, resume, say, status, label
+        self.bare = bare
+        """Outcomes without verdicts (a release bisect compares what the cell did, not what the rules expected at
+        each release), and a skipped cell untestable."""
         self._key: Optional[str] = None
         self._fresh: Dict[Path, Path] = {}
         self.launches = 0
@@ -102,10 +108,16 @@ class LaunchRunner:
         return self._fresh[venv]
 
     def command(self, venv: Path, cells: Sequence[str]) -> List[str]:
-        cmd = [str(venv / "bin" / "python"), "-m", "fsdp_matrix", "run", *cells]
-        cmd += ["--results", str(self.results_dir(venv)), "--device", self.device]
-        cmd += ["--world-size", str(self.world_size), "--combo", venv.name, "--resume"]
-        return cmd + (["--matrix", str(self.matrix)] if self.matrix else [])
+        opts = LaunchOptions(
+            results=self.results_dir(venv),
+            device=self.device,
+            world_size=self.world_size,
+            combo=venv.name,
+            resume=True,
+            matrix=self.matrix,
+        )
+        names = ("results", "device", "world_size", "combo", "resume", "matrix")
+        return [str(venv / "bin" / "python"), "-m", "fsdp_matrix", "run", *cells, *to_argv(opts, names)]
 
     def recorded(self, venv: Path) -> Dict[str, Record]:
         path = self.results_dir(venv) / RECORDS_FILE
@@ -131,8 +143,16 @@ class LaunchRunner:
     def run_cells(self, env: Path, candidate: str, cells: Sequence[str]) -> Mapping[str, CellOutcome]:
         got = self.launch(env, candidate, cells)
         if cells and not any(c in got.records for c in cells):
-            raise Untestable(_no_record(cells, got))
-        return {c: outcome_of(got.records[c]) for c in cells if c in got.records}
+            raise Untestable(_no_record(cells, got, self.timeout))
+        return {c: self._outcome(got.records[c]) for c in cells if c in got.records}
+
+    def _outcome(self, rec: Record) -> CellOutcome:
+        if not self.bare:
+            return outcome_of(rec)
+        obs = rec.observed
+        if obs.status in ("skipped", "env-error"):
+            return Untestable(f"{obs.status}: {obs.error_message or obs.error_type or ''}".strip())
+        return dataclasses.replace(outcome_of(rec), verdict=None)
 
     def _launch(self, venv: Path, cells: Sequence[str], label: str, already: int, total: int) -> Launched:
         self.launches += 1
@@ -178,31 +198,12 @@ class LaunchRunner:
         return Launched({}, clip("\n".join(lines), lines=15, tail=True), proc.returncode, fired.is_set())
 
 
-class OneCell:
-    """One cell of a LaunchRunner as ``search.bisect`` runs it: its bare Outcome (no verdict: a bisection compares
-    what the cell did, not what the rules expected at each release), or Untestable when it could not run."""
-
-    def __init__(self, runner: LaunchRunner, cell: str) -> None:
-        self.runner, self.cell = runner, cell
-
-    def run(self, env: Path, candidate: str) -> Outcome:
-        got = self.runner.launch(env, candidate, [self.cell])
-        rec = got.records.get(self.cell)
-        if rec is None:
-            if got.timed_out:
-                # the harness's own backstop says nothing about the cell; the run command bounds a real hang itself
-                raise Untestable(f"--timeout ({self.runner.timeout:g}s) ran out before the cell had a record")
-            raise Untestable(_no_record([self.cell], got))
-        obs = rec.observed
-        if obs.status in ("skipped", "env-error"):
-            raise Untestable(f"{obs.status}: {obs.error_message or obs.error_type or ''}".strip())
-        return dataclasses.replace(outcome_of(rec), verdict=None)
-
-
-def _no_record(cells: Sequence[str], got: Launched) -> str:
+def _no_record(cells: Sequence[str], got: Launched, timeout: float) -> str:
     which = cells[0] if len(cells) == 1 else "any cell"
-    why = "the backstop --timeout ran out" if got.timed_out else f"exit {got.exit_code}"
-    return f"no record for {which} ({why}): {got.tail}"
+    if got.timed_out:
+        # the harness's own backstop says nothing about the cell; the run command bounds a real hang itself
+        return f"no record for {which}: the backstop --timeout ran out (--timeout ({timeout:g}s) ran out first)"
+    return f"no record for {which} (exit {got.exit_code}): {got.tail}"
 
 
 def _kill_launch(proc: subprocess.Popen, results: Path) -> None:

@@ -8,17 +8,17 @@ a bug appearing or a fix landing.
 
 One search serves several cells (``bisect_cells``): each cell keeps its own interval, and a step installs one
 candidate once and runs every unresolved cell whose interval holds it in one launch. Cells that changed at the same
-release share every step, so k such cells cost one bisection's installs, not k. ``bisect`` is the one-cell case.
+release share every step, so k such cells cost one bisection's installs, not k. ``bisect`` searches one cell.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Generic, List, Mapping, Optional, Protocol, Sequence, Set, TypeVar, Union
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Generic, List, Mapping, Optional, Protocol, Sequence, Set, TypeVar, Union
 
-from fsdp_matrix.bisect.outcome import MESSAGE_LIMIT, Outcome, normalise_message  # noqa: F401  (re-exported)
+from fsdp_matrix.bisect.outcome import Outcome
 
 Env = TypeVar("Env")
 
@@ -45,12 +45,6 @@ class Installer(Protocol[Env]):
 
 class Untestable(Exception):
     """Raised by a Runner when the cell could not be run at all in the env (``git bisect skip``)."""
-
-
-class Runner(Protocol[Env]):
-    """Runs the cell under test in a prepared env and reports what it observed; raises Untestable if it cannot."""
-
-    def run(self, env: Env, candidate: str) -> Outcome: ...
 
 
 CellOutcome = Union[Outcome, Untestable]
@@ -82,40 +76,6 @@ class Step:
     """Every cell run at this step, and what it did."""
     cells_skipped: Dict[str, str] = field(default_factory=dict)
     """Cells that could not run at this step, and why."""
-
-
-@dataclass
-class BisectResult:
-    """The answer of one bisection."""
-
-    package: str
-    """What was bisected: a package name, or ``date``."""
-    old: str
-    """The oldest candidate asked for."""
-    new: str
-    """The newest candidate asked for."""
-    candidates: List[str]
-    """Every candidate between old and new, inclusive, oldest first."""
-    first_changed: Optional[str] = None
-    """The first candidate whose outcome differs from the reference's; None when nothing changed or unknown."""
-    last_unchanged: Optional[str] = None
-    """The candidate just before it that was tested and behaves like the reference."""
-    untestable: List[str] = field(default_factory=list)
-    """Skipped candidates between last_unchanged and first_changed: the change may be in any of them instead."""
-    steps: List[Step] = field(default_factory=list)
-    """Every tested candidate, in the order tested."""
-    answer: str = ""
-    """One line for people: ``first changed: peft 0.14.0 (last unchanged: 0.13.2)``."""
-
-    @property
-    def installs(self) -> int:
-        """Install attempts, skipped ones included."""
-        return len(self.steps)
-
-    def to_json(self) -> Dict[str, Any]:
-        data = asdict(self)
-        data["installs"] = self.installs
-        return data
 
 
 def install_bound(n: int) -> int:
@@ -234,6 +194,7 @@ def bisect_cells(
     clock: Callable[[], float] = time.monotonic,
     on_step: Optional[Callable[[Step], None]] = None,
     on_start: Optional[Callable[[str, Sequence[str]], None]] = None,
+    tested: str = "tested",
 ) -> SearchResult:
     """For each cell, binary search ``candidates`` (oldest first) for the first whose outcome differs (per ``same``)
     from the oldest testable one's. ``known`` gives outcomes already observed, by candidate index (e.g. both ends
@@ -241,18 +202,44 @@ def bisect_cells(
 
     A step tests the median of the widest open interval, with every open cell whose interval holds it. A candidate
     that cannot be installed is skipped for all cells, a cell that cannot run at a candidate for that cell only.
+    Assumes one change between the ends: when the outcome flips and flips back, it finds one of the changes.
+    ``tested`` is the word the answers use for a candidate that gave an outcome (a one-cell release bisect says
+    ``installed``, as its answers always have).
     """
     if not candidates:
         raise ValueError("no candidates to bisect")
     cands, cells = list(candidates), list(dict.fromkeys(cells))
     search = _Search(installer, runner, cands, clock, on_step, on_start, known or {})
-    result = SearchResult(package, cands, steps=search.steps)
-    n = len(cands)
-    name = "" if package == "date" else f"{package} "
+    words = _Words("" if package == "date" else f"{package} ", tested)
+    lo, hi = _test_ends(search, cells)
+    notes = {c: _end_notes(cands, lo, hi, c, words) for c in cells}
+    answers = {c: CellAnswer(c) for c in cells}
+    open_cells = _compare_ends(search, cells, lo, hi, answers, same, words)
+    _narrow(search, open_cells, lo, hi, answers, same)
+    for cell in open_cells:
+        _changed_answer(search, answers[cell], lo[cell], hi[cell], words)
+    for cell in cells:
+        if notes[cell] and not answers[cell].answer.startswith(("no candidate", "only ")):
+            answers[cell].answer += f" [{'; '.join(notes[cell])}]"
+    return SearchResult(package, cands, answers, search.steps)
+
+
+@dataclass(frozen=True)
+class _Words:
+    """How the answers name things."""
+
+    name: str
+    """The package and a space (``peft ``), or nothing in a search over dates."""
+    tested: str
+    """The word for a candidate that gave an outcome."""
+
+
+def _test_ends(search: _Search[Env], cells: List[str]) -> tuple[Dict[str, int], Dict[str, int]]:
+    """Each cell's testable ends (lo, hi): an end that cannot be tested is replaced by its nearest testable
+    neighbour."""
     lo: Dict[str, int] = {}
     hi: Dict[str, int] = {}
-
-    # the ends must be testable; an uninstallable end is replaced by its nearest installable neighbour
+    n = len(search.candidates)
     for index in range(n):
         pending = [c for c in cells if c not in lo]
         if not pending:
@@ -265,32 +252,53 @@ def bisect_cells(
             break
         search.test(index, pending)
         hi.update({c: index for c in pending if search.outcome(index, c) is not None})
+    return lo, hi
 
-    answers = {c: CellAnswer(c) for c in cells}
-    notes: Dict[str, List[str]] = {c: [] for c in cells}
-    for cell in lo:
-        if lo[cell] != 0:
-            notes[cell].append(f"{cands[0]} could not be tested; reference is {cands[lo[cell]]}")
-        if cell in hi and hi[cell] != n - 1:
-            notes[cell].append(f"{cands[-1]} could not be tested; newest tested is {cands[hi[cell]]}")
+
+def _compare_ends(
+    search: _Search[Env],
+    cells: List[str],
+    lo: Mapping[str, int],
+    hi: Mapping[str, int],
+    answers: Mapping[str, CellAnswer],
+    same: Callable[[Outcome, Outcome], bool],
+    words: _Words,
+) -> List[str]:
+    """Answer the cells whose ends settle it (untestable, one end only, no change); the others are open."""
+    cands, name = search.candidates, words.name
     open_cells: List[str] = []
     for cell in cells:
         ans = answers[cell]
         if cell not in lo:
-            ans.answer = f"no candidate between {name}{cands[0]} and {cands[-1]} could be tested"
+            ans.answer = f"no candidate between {name}{cands[0]} and {cands[-1]} could be {words.tested}"
             continue
-        ans.reference = search.outcome(lo[cell], cell)
+        ans.reference = reference = search.outcome(lo[cell], cell)
+        assert reference is not None
         if cell not in hi:
-            ans.answer = f"only {name}{cands[lo[cell]]} could be tested; nothing to compare: {ans.reference.describe()}"
-        elif same(search.outcome(hi[cell], cell), ans.reference):
             ans.answer = (
-                f"no change: {name}{cands[lo[cell]]} and {cands[hi[cell]]} both give {ans.reference.describe()} "
+                f"only {name}{cands[lo[cell]]} could be {words.tested}; nothing to compare: {reference.describe()}"
+            )
+        elif same(search.outcome(hi[cell], cell), reference):
+            ans.answer = (
+                f"no change: {name}{cands[lo[cell]]} and {cands[hi[cell]]} both give {reference.describe()} "
                 "(a change that reverts in between is not seen)"
             )
         else:
             open_cells.append(cell)
+    return open_cells
 
-    # invariant per open cell: outcome(lo) is like the reference, outcome(hi) is not
+
+def _narrow(
+    search: _Search[Env],
+    open_cells: List[str],
+    lo: Dict[str, int],
+    hi: Dict[str, int],
+    answers: Mapping[str, CellAnswer],
+    same: Callable[[Outcome, Outcome], bool],
+) -> None:
+    """Halve the open cells' intervals until no testable candidate is left inside; invariant per open cell:
+    outcome(lo) is like the reference, outcome(hi) is not."""
+
     def pool(cell: str) -> List[int]:
         return [i for i in range(lo[cell] + 1, hi[cell]) if search.usable(i, cell)]
 
@@ -298,7 +306,7 @@ def bisect_cells(
         pools = {c: pool(c) for c in open_cells}
         widest = max(open_cells, key=lambda c: len(pools[c]), default=None)
         if widest is None or not pools[widest]:
-            break
+            return
         mid = pools[widest][len(pools[widest]) // 2]
         group = [c for c in open_cells if mid in pools[c]]
         search.test(mid, group)
@@ -311,69 +319,25 @@ def bisect_cells(
             else:
                 hi[cell] = mid
 
-    for cell in open_cells:
-        ans = answers[cell]
-        ans.first_changed, ans.last_unchanged = cands[hi[cell]], cands[lo[cell]]
-        ans.untestable = [cands[i] for i in range(lo[cell] + 1, hi[cell])]
-        ans.changed_to = search.outcome(hi[cell], cell)
-        changed = f"{ans.reference.describe()} -> {ans.changed_to.describe()}"
-        if ans.untestable:
-            ans.answer = (
-                f"first changed: {name}{ans.first_changed} or one of the untestable {', '.join(ans.untestable)} "
-                f"(last unchanged: {ans.last_unchanged}): {changed}"
-            )
-        else:
-            ans.answer = f"first changed: {name}{ans.first_changed} (last unchanged: {ans.last_unchanged}): {changed}"
-    for cell in cells:
-        if notes[cell] and not answers[cell].answer.startswith(("no candidate", "only ")):
-            answers[cell].answer += f" [{'; '.join(notes[cell])}]"
-    result.cells = answers
-    return result
+
+def _changed_answer(search: _Search[Env], ans: CellAnswer, lo: int, hi: int, words: _Words) -> None:
+    cands = search.candidates
+    ans.first_changed, ans.last_unchanged = cands[hi], cands[lo]
+    ans.untestable = [cands[i] for i in range(lo + 1, hi)]
+    ans.changed_to = search.outcome(hi, ans.cell)
+    assert ans.reference is not None and ans.changed_to is not None
+    changed = f"{ans.reference.describe()} -> {ans.changed_to.describe()}"
+    first = f"first changed: {words.name}{ans.first_changed}"
+    if ans.untestable:
+        first += f" or one of the untestable {', '.join(ans.untestable)}"
+    ans.answer = f"{first} (last unchanged: {ans.last_unchanged}): {changed}"
 
 
-class _OneCell(Generic[Env]):
-    """A single-cell Runner seen as a CellsRunner."""
-
-    def __init__(self, runner: Runner[Env]) -> None:
-        self.runner = runner
-
-    def run_cells(self, env: Env, candidate: str, cells: Sequence[str]) -> Mapping[str, CellOutcome]:
-        return {cells[0]: self.runner.run(env, candidate)}
-
-
-def bisect(
-    installer: Installer[Env],
-    runner: Runner[Env],
-    candidates: Sequence[str],
-    package: str,
-    clock: Callable[[], float] = time.monotonic,
-    on_step: Optional[Callable[[Step], None]] = None,
-    on_start: Optional[Callable[[str, Sequence[str]], None]] = None,
-) -> BisectResult:
-    """Binary search over ``candidates`` (oldest first) for the first whose outcome differs from the oldest one's.
-
-    Assumes one change between the ends: when the outcome flips and flips back, it finds one of the changes. A
-    candidate that cannot be installed is skipped and the median of the still-untested candidates is tried instead,
-    so installs stay within ``install_bound(n)`` plus the skips. ``on_step`` sees each step as it ends.
-    """
-    if not candidates:
-        raise ValueError("no candidates to bisect")
-    found = bisect_cells(
-        installer, _OneCell(runner), candidates, ["cell"], package, clock=clock, on_step=on_step, on_start=on_start
-    )
-    cell = found.cells["cell"]
-    # one cell: a candidate it cannot run at is one that cannot be installed, as the answers have always said
-    answer = cell.answer.replace(" could be tested", " could be installed").replace(
-        "could not be tested", "could not be installed"
-    )
-    return BisectResult(
-        package,
-        found.candidates[0],
-        found.candidates[-1],
-        found.candidates,
-        cell.first_changed,
-        cell.last_unchanged,
-        cell.untestable,
-        found.steps,
-        answer,
-    )
+def _end_notes(cands: List[str], lo: Mapping[str, int], hi: Mapping[str, int], cell: str, words: _Words) -> List[str]:
+    """Which asked-for end could not be tested, and what stood in for it."""
+    notes: List[str] = []
+    if cell in lo and lo[cell] != 0:
+        notes.append(f"{cands[0]} could not be {words.tested}; reference is {cands[lo[cell]]}")
+    if cell in lo and cell in hi and hi[cell] != len(cands) - 1:
+        notes.append(f"{cands[-1]} could not be {words.tested}; newest tested is {cands[hi[cell]]}")
+    return notes

@@ -24,10 +24,12 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from fsdp_matrix.bisect.installers import PinnedInstaller, parse_pins
-from fsdp_matrix.bisect.paths import usable_dir, writable_file
+from fsdp_matrix.bisect.outcome import Outcome
+from fsdp_matrix.bisect.paths import writable_file
 from fsdp_matrix.bisect.releases import release_candidates
-from fsdp_matrix.bisect.search import CellsRunner, Outcome, Prepared, Step, Untestable, bisect_cells
+from fsdp_matrix.bisect.search import CellsRunner, Prepared, Step, Untestable, bisect_cells
 from fsdp_matrix.bisect.upgrade_git import CommitLine, commit_lines, parse_git_args, seen_at
+from fsdp_matrix.bisect.wiring import StepOptions, add_step_arguments, bisection_from
 from fsdp_matrix.cells import expand
 from fsdp_matrix.envs.sources import SourcePin
 from fsdp_matrix.errors import EnvError, MatrixError
@@ -35,8 +37,7 @@ from fsdp_matrix.matrix import Combo, load_matrix
 from fsdp_matrix.progress import Heartbeat, fmt_seconds
 from fsdp_matrix.report.style import symbol
 from fsdp_matrix.runner import options
-from fsdp_matrix.runner.options import CONCRETE_DEVICE
-from fsdp_matrix.usage import OneLineParser, flat, positive_seconds
+from fsdp_matrix.usage import OneLineParser, flat
 from fsdp_matrix.verdicts import Verdict
 
 Pins = Dict[str, str]
@@ -134,12 +135,34 @@ def run_upgrade(
 ) -> UpgradeResult:
     """The whole upgrade check; ``installer`` and ``runner`` do the real work (fakes in tests). ``git``: package ->
     its repository, whose commits between the first changed release and the one before are bisected next
-    (bisect/upgrade_git.py); ``cache`` holds their snapshots (default: the installer's)."""
+    (bisect/upgrade_git.py); ``cache`` holds their snapshots (default: the installer's).
+
+    The steps: check the bumps, run both ends, attribute each changed cell to one bumped package, bisect each
+    package's releases (then its commits), tally the cost."""
     start = time.monotonic()
-    git = dict(git or {})
-    cache = cache or getattr(installer, "cache", None)
-    candidates = candidates or release_candidates
-    say = beat.say if beat else print
+    up = _Upgrade(base, _checked_bumps(base, bumps, pre, candidates or release_candidates), cells, installer, runner)
+    up.pre, up.candidates, up.beat, up.git = pre, candidates or release_candidates, beat, dict(git or {})
+    up.cache = cache or getattr(installer, "cache", None)
+    up.say = beat.say if beat else print
+    changed = _run_ends(up)
+    groups = _attribute(up, changed)
+    bound = 2 + (
+        0 if len(up.bumps) == 1 else len({tuple(sorted(p.items())) for p in _attribution_pins(up.bumps, up.base_pins)})
+    )
+    for (pkg, context), group in groups.items():
+        bound += _bisect_group(up, pkg, context, group)
+    distinct = {tuple(sorted(log.pins.items())): log for log in installer.log}
+    result = up.result
+    result.installs = len(distinct)
+    result.installed = sum(1 for log in distinct.values() if not log.reused)
+    result.install_bound = bound
+    result.launches = getattr(runner, "launches", 0)
+    result.wall_s = time.monotonic() - start
+    return result
+
+
+def _checked_bumps(base: Combo, bumps: Mapping[str, str], pre: bool, candidates: Callable[..., List[str]]) -> Pins:
+    """The bumps by canonical name; EnvError (one line) for one the base does not pin, or already pins."""
     base_pins: Pins = base.pins.model_dump()
     bumps = {canonicalize_name(k): v for k, v in bumps.items()}
     unknown = [k for k in bumps if k not in base_pins]
@@ -151,133 +174,170 @@ def run_upgrade(
     # the target's releases are checked before anything runs on the base (a typo would cost a whole base run)
     for pkg, version in bumps.items():
         candidates(pkg, version, version, pre)
-    target_pins = {**base_pins, **bumps}
-    result = UpgradeResult(
-        {"combo": base.id, "pins": base_pins},
-        {"pins": target_pins, "bumped": {k: [base_pins[k], v] for k, v in bumps.items()}},
-        cells=len(cells),
-    )
-    runs: Dict[Tuple[Tuple[str, str], ...], Observed] = {}
+    return bumps
 
-    def env_run(pins: Pins, what: str, wanted: Sequence[str]) -> Observed:
+
+class _Upgrade:
+    """One upgrade check under way: its inputs, the runs made so far (by pin set) and the result it fills."""
+
+    def __init__(
+        self, base: Combo, bumps: Pins, cells: Sequence[str], installer: PinnedInstaller, runner: CellsRunner[Path]
+    ) -> None:
+        self.base, self.bumps, self.cells, self.installer, self.runner = base, bumps, list(cells), installer, runner
+        self.base_pins: Pins = base.pins.model_dump()
+        self.target_pins: Pins = {**self.base_pins, **bumps}
+        self.pre = False
+        self.candidates: Callable[..., List[str]] = release_candidates
+        self.beat: Optional[Heartbeat] = None
+        self.git: Dict[str, SourcePin] = {}
+        self.cache: Optional[Path] = None
+        self.say: Callable[[str], None] = print
+        self.runs: Dict[Tuple[Tuple[str, str], ...], Observed] = {}
+        self.result = UpgradeResult(
+            {"combo": base.id, "pins": self.base_pins},
+            {"pins": self.target_pins, "bumped": {k: [self.base_pins[k], v] for k, v in bumps.items()}},
+            cells=len(self.cells),
+        )
+        self.by_cell: Dict[str, Changed] = {}
+        self.before: Dict[str, str] = {}
+        self.after: Dict[str, str] = {}
+
+    def env_run(self, pins: Pins, what: str, wanted: Sequence[str]) -> Observed:
+        """The cells of ``wanted`` run in the env of ``pins`` (each pin set installed and each cell run once)."""
         key = tuple(sorted(pins.items()))
-        have = runs.get(key, {})
+        have = self.runs.get(key, {})
         need = [c for c in wanted if c not in have]
         if need:
-            if beat:
-                beat.update(f"{what}: preparing the env", say=True)
-            prepared = installer.install(pins, list(base.extra))
+            if self.beat:
+                self.beat.update(f"{what}: preparing the env", say=True)
+            prepared = self.installer.install(pins, list(self.base.extra))
             if not prepared.ok:
                 raise EnvError(f"{what}: the env cannot be prepared: {prepared.reason}")
             try:
-                have = {**have, **runner.run_cells(prepared.env, what, need)}
+                have = {**have, **self.runner.run_cells(prepared.env, what, need)}
             except Untestable as exc:
                 raise EnvError(f"{what}: no cell could run: {exc}") from None
-            runs[key] = have
+            self.runs[key] = have
         return have
 
-    say(f"base {base.id}: " + ", ".join(f"{k} {v}" for k, v in base_pins.items()))
-    say("target: " + ", ".join(f"{k} {base_pins[k]} -> {v}" for k, v in bumps.items()) + f"; {len(cells)} cells")
-    on_base = env_run(base_pins, "base", cells)
-    on_target = env_run(target_pins, "target", cells)
-    before, after = _verdicts(on_base), _verdicts(on_target)
+    def ran(self, pins: Pins) -> Observed:
+        return self.runs[tuple(sorted(pins.items()))]
+
+
+def _run_ends(up: _Upgrade) -> List[str]:
+    """Every cell on the base and on the target; the cells whose verdict changed."""
+    bumps, base_pins, cells = up.bumps, up.base_pins, up.cells
+    up.say(f"base {up.base.id}: " + ", ".join(f"{k} {v}" for k, v in base_pins.items()))
+    up.say("target: " + ", ".join(f"{k} {base_pins[k]} -> {v}" for k, v in bumps.items()) + f"; {len(cells)} cells")
+    on_base = up.env_run(base_pins, "base", cells)
+    on_target = up.env_run(up.target_pins, "target", cells)
+    up.before, up.after = before, after = _verdicts(on_base), _verdicts(on_target)
     for cell in cells:
         if cell not in before or cell not in after:
             why = on_base.get(cell) if cell not in before else on_target.get(cell)
-            result.untestable[cell] = f"{'base' if cell not in before else 'target'}: {why or 'no record'}"
+            up.result.untestable[cell] = f"{'base' if cell not in before else 'target'}: {why or 'no record'}"
     changed = [c for c in cells if c in before and c in after and before[c] != after[c]]
-    result.changed = [Changed(c, before[c], after[c]) for c in changed]
-    say(f"{len(changed)} of {len(cells)} cells changed verdict")
-    by_cell = {c.cell: c for c in result.changed}
+    up.result.changed = [Changed(c, before[c], after[c]) for c in changed]
+    up.say(f"{len(changed)} of {len(cells)} cells changed verdict")
+    up.by_cell = {c.cell: c for c in up.result.changed}
+    return changed
 
-    # which bumped package changes each cell: alone on the base, else reverted alone from the target
+
+def _attribute(up: _Upgrade, changed: List[str]) -> Dict[Tuple[str, str], List[str]]:
+    """Which bumped package changes each cell: alone on the base, else reverted alone from the target.
+    (package, context) -> the cells it explains there."""
     groups: Dict[Tuple[str, str], List[str]] = {}
-    if len(bumps) == 1 and changed:
-        groups[(next(iter(bumps)), "base")] = changed
-    elif changed:
-        unexplained = list(changed)
-        unbuilt: List[str] = []
-        for context in ("base", "target"):
-            for pkg in bumps:
-                # on the base, one package that changes a cell alone explains it: stop once every cell has one. A
-                # cell left for the target needs several bumps together, and reverting each of them tells
-                if not unexplained or (
-                    context == "base" and all(any(c in g for g in groups.values()) for c in unexplained)
-                ):
-                    break
-                if context == "base":
-                    pins, ref = {**base_pins, pkg: bumps[pkg]}, before
-                else:
-                    pins, ref = {**target_pins, pkg: base_pins[pkg]}, after
-                what = f"{context} with {pkg} {pins[pkg]} only"
-                try:
-                    seen = _verdicts(env_run(pins, what, unexplained))
-                except EnvError as exc:
-                    # e.g. a new peft that needs a new transformers: this context cannot tell, the next one may
-                    say(f"{exc}: not attributable in that context")
-                    unbuilt.append(what)
-                    continue
-                moved = [c for c in unexplained if c in seen and seen[c] != ref[c]]
-                if moved:
-                    groups[(pkg, context)] = moved
-            unexplained = [c for c in unexplained if not any(c in g for g in groups.values())]
-        for cell in unexplained:
-            why = f" ({', '.join(unbuilt)}: the env cannot be built)" if unbuilt else ""
-            by_cell[cell].answer = f"no single bumped package changes it alone: the bumps act together{why}"
+    if not changed:
+        return groups
+    if len(up.bumps) == 1:
+        groups[(next(iter(up.bumps)), "base")] = changed
+        return groups
+    unexplained = list(changed)
+    unbuilt: List[str] = []
+    for context in ("base", "target"):
+        for pkg in up.bumps:
+            # on the base, one package that changes a cell alone explains it: stop once every cell has one. A
+            # cell left for the target needs several bumps together, and reverting each of them tells
+            if not unexplained or (
+                context == "base" and all(any(c in g for g in groups.values()) for c in unexplained)
+            ):
+                break
+            moved = _moved_alone(up, pkg, context, unexplained, unbuilt)
+            if moved:
+                groups[(pkg, context)] = moved
+        unexplained = [c for c in unexplained if not any(c in g for g in groups.values())]
+    for cell in unexplained:
+        why = f" ({', '.join(unbuilt)}: the env cannot be built)" if unbuilt else ""
+        up.by_cell[cell].answer = f"no single bumped package changes it alone: the bumps act together{why}"
+    return groups
 
-    bound = 2 + (0 if len(bumps) == 1 else len({tuple(sorted(p.items())) for p in _attribution_pins(bumps, base_pins)}))
-    for (pkg, context), group in groups.items():
-        held = base_pins if context == "base" else {**target_pins, pkg: base_pins[pkg]}
-        low = runs[tuple(sorted(held.items()))]
-        high = runs[tuple(sorted({**held, pkg: bumps[pkg]}.items()))]
-        try:
-            cands = _ordered(pkg, base_pins[pkg], bumps[pkg], pre, candidates)
-        except EnvError as exc:
-            for cell in group:
-                by_cell[cell].answer = "; ".join(filter(None, [by_cell[cell].answer, f"cannot bisect {pkg}: {exc}"]))
-            continue
-        bound += math.ceil(math.log2(len(cands))) if len(cands) > 1 else 0
-        others = "" if len(bumps) == 1 else f" (others held at the {context})"
-        say(f"bisecting {pkg} over {len(cands)} releases {cands[0]} .. {cands[-1]}{others} for {len(group)} cells")
 
-        def started(candidate: str, todo: Sequence[str], pkg: str = pkg) -> None:
-            if beat:
-                beat.update(f"bisect {pkg} {candidate}: {len(todo)} cells", say=True)
+def _moved_alone(up: _Upgrade, pkg: str, context: str, cells: List[str], unbuilt: List[str]) -> List[str]:
+    """The cells of ``cells`` whose verdict moves with ``pkg`` alone: bumped on the base, or reverted from the
+    target. An env that cannot be built is noted in ``unbuilt`` and explains nothing."""
+    if context == "base":
+        pins, ref = {**up.base_pins, pkg: up.bumps[pkg]}, up.before
+    else:
+        pins, ref = {**up.target_pins, pkg: up.base_pins[pkg]}, up.after
+    what = f"{context} with {pkg} {pins[pkg]} only"
+    try:
+        seen = _verdicts(up.env_run(pins, what, cells))
+    except EnvError as exc:
+        # e.g. a new peft that needs a new transformers: this context cannot tell, the next one may
+        up.say(f"{exc}: not attributable in that context")
+        unbuilt.append(what)
+        return []
+    return [c for c in cells if c in seen and seen[c] != ref[c]]
 
-        def ended(step: Step, pkg: str = pkg) -> None:
-            what = f"{len(step.outcomes)} cells ran" if step.installed else f"skipped: {step.reason[:120]}"
-            say(f"step {pkg} {step.candidate}: {what} ({fmt_seconds(step.seconds)})")
 
-        found = bisect_cells(
-            _Bumped(installer, held, pkg),
-            runner,
-            cands,
-            group,
-            pkg,
-            known={0: {c: low[c] for c in group if c in low}, len(cands) - 1: {c: high[c] for c in group if c in high}},
-            same=_same_verdict,
-            on_start=started,
-            on_step=ended,
-        )
+def _bisect_group(up: _Upgrade, pkg: str, context: str, group: List[str]) -> int:
+    """Bisect ``pkg``'s releases for the cells it explains in ``context`` (the others held there), then its
+    commits with --git; the installs this adds to the bound."""
+    held = up.base_pins if context == "base" else {**up.target_pins, pkg: up.base_pins[pkg]}
+    low, high = up.ran(held), up.ran({**held, pkg: up.bumps[pkg]})
+    try:
+        cands = _ordered(pkg, up.base_pins[pkg], up.bumps[pkg], up.pre, up.candidates)
+    except EnvError as exc:
         for cell in group:
-            ans = found.cells[cell]
-            entry = by_cell[cell]
-            if ans.first_changed:
-                entry.first_changed[pkg] = ans.first_changed
-                entry.last_unchanged[pkg] = ans.last_unchanged
-            entry.answer = "; ".join(filter(None, [entry.answer, ans.answer + others]))
-        if pkg in git:
-            seen = seen_at(cands, low, high, found.steps)
-            for line in commit_lines(pkg, git[pkg], held, group, by_cell, seen, installer, runner, cache, say):
-                result.commit_lines.append(line)
-                bound += line.install_bound
-    distinct = {tuple(sorted(log.pins.items())): log for log in installer.log}
-    result.installs = len(distinct)
-    result.installed = sum(1 for log in distinct.values() if not log.reused)
-    result.install_bound = bound
-    result.launches = getattr(runner, "launches", 0)
-    result.wall_s = time.monotonic() - start
-    return result
+            up.by_cell[cell].answer = "; ".join(filter(None, [up.by_cell[cell].answer, f"cannot bisect {pkg}: {exc}"]))
+        return 0
+    bound = math.ceil(math.log2(len(cands))) if len(cands) > 1 else 0
+    others = "" if len(up.bumps) == 1 else f" (others held at the {context})"
+    up.say(f"bisecting {pkg} over {len(cands)} releases {cands[0]} .. {cands[-1]}{others} for {len(group)} cells")
+    found = bisect_cells(
+        _Bumped(up.installer, held, pkg),
+        up.runner,
+        cands,
+        group,
+        pkg,
+        known={0: {c: low[c] for c in group if c in low}, len(cands) - 1: {c: high[c] for c in group if c in high}},
+        same=_same_verdict,
+        **_hooks(up, pkg),
+    )
+    for cell in group:
+        ans, entry = found.cells[cell], up.by_cell[cell]
+        if ans.first_changed:
+            entry.first_changed[pkg] = ans.first_changed
+            entry.last_unchanged[pkg] = ans.last_unchanged or ""
+        entry.answer = "; ".join(filter(None, [entry.answer, ans.answer + others]))
+    if pkg in up.git:
+        seen = seen_at(cands, low, high, found.steps)
+        lines = commit_lines(pkg, up.git[pkg], held, group, up.by_cell, seen, up.installer, up.runner, up.cache, up.say)
+        up.result.commit_lines += lines
+        bound += sum(line.install_bound for line in lines)
+    return bound
+
+
+def _hooks(up: _Upgrade, pkg: str) -> Dict[str, Any]:
+    def started(candidate: str, todo: Sequence[str]) -> None:
+        if up.beat:
+            up.beat.update(f"bisect {pkg} {candidate}: {len(todo)} cells", say=True)
+
+    def ended(step: Step) -> None:
+        what = f"{len(step.outcomes)} cells ran" if step.installed else f"skipped: {step.reason[:120]}"
+        up.say(f"step {pkg} {step.candidate}: {what} ({fmt_seconds(step.seconds)})")
+
+    return dict(on_start=started, on_step=ended)
 
 
 def _attribution_pins(bumps: Mapping[str, str], base_pins: Pins) -> List[Pins]:
@@ -315,17 +375,11 @@ def render(result: UpgradeResult) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    from fsdp_matrix.bisect.cli import DEFAULT_CACHE
-
     p = OneLineParser(prog="fsdp-matrix upgrade", description=__doc__.split("\n\n")[0])
     p.add_argument("bumps", nargs="+", metavar="NAME==VERSION", help="the versions to upgrade to")
-    p.add_argument("--combo", help="base combo (default: the newest cpu combo)")
+    options.add_arguments(p.add_argument, ("combo",), model=options.MatrixOptions)  # declared once
     p.add_argument("--cases", action="append", default=[], help="case ids, comma-separated (default: all)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write base, target and changed cells as JSON")
-    # launch options, declared once (runner/options.py)
-    options.add_arguments(
-        p.add_argument, ("matrix", "device", "world_size"), choices=CONCRETE_DEVICE, defaults={"world_size": 2}
-    )
     p.add_argument("--pre", action="store_true", help="let pre-releases be bisection candidates")
     p.add_argument(
         "--git",
@@ -334,14 +388,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME=REPO",
         help="then bisect NAME's commits between the last unchanged and the first changed release (a clone or URL)",
     )
-    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where envs and their records live (reused)")
-    p.add_argument("--timeout", type=positive_seconds, default=3600, help="seconds one launch may take")
+    # the step options, declared once (bisect/wiring.py)
+    add_step_arguments(p, timeout=3600, world_size=2, cache_help="where envs and their records live (reused)")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from fsdp_matrix.bisect.runner import LaunchRunner
-
     args = parser().parse_intermixed_args(argv)
     try:
         bumps = parse_pins(args.bumps, "upgrade")
@@ -354,19 +406,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cells = [c.key for c in expand(matrix, args.device, args.world_size, cases=cases)]
         if args.json:
             writable_file(args.json)
-        usable_dir(args.cache)
-        installer = PinnedInstaller(base, "peft", args.cache, device=args.device)
         with Heartbeat("upgrade", "starting") as beat:
-            runner = LaunchRunner(
-                args.cache,
-                matrix=args.matrix,
-                device=args.device,
-                world_size=args.world_size,
-                timeout=args.timeout,
-                say=beat.say,
-                status=beat.update,
-            )
-            result = run_upgrade(base, bumps, cells, installer, runner, pre=args.pre, beat=beat, git=repos)
+            wired = bisection_from(StepOptions.from_args(args), base, say=beat.say, status=beat.update)
+            result = run_upgrade(base, bumps, cells, wired.installer, wired.runner, pre=args.pre, beat=beat, git=repos)
     except MatrixError as exc:
         print(f"fsdp-matrix upgrade: {flat(exc)}", file=sys.stderr)
         return 2

@@ -23,9 +23,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix.bisect.commits import CommitInstaller, describe, first_parent_line, same_observation
+from fsdp_matrix.bisect.commits import Commit, CommitInstaller, describe, first_parent_line, same_observation
 from fsdp_matrix.bisect.installers import PinnedInstaller
-from fsdp_matrix.bisect.search import CellsRunner, Outcome, Step, bisect_cells, install_bound
+from fsdp_matrix.bisect.outcome import Outcome
+from fsdp_matrix.bisect.search import CellAnswer, CellsRunner, Step, bisect_cells, install_bound
 from fsdp_matrix.envs.sources import SourcePin, git, parse_source, repository
 from fsdp_matrix.errors import EnvError
 
@@ -139,63 +140,93 @@ def commit_search(
             answers[cell].answer = f"no commit bisect of {pin.package}: {exc}"
         return line, answers
     line.commits, line.install_bound = len(shas), install_bound(len(shas))
-    commits = {c.sha: c for c in describe(repo, shas)}
-    commit_installer = CommitInstaller(installer, pin, cache / "sources", context=context)
     name = pin.package
     say(
         f"bisecting {name} commits {line.good_tag} .. {line.bad_tag}: {len(shas)} first-parent commits from the merge "
         f"base {line.merge_base[:10]}, {len(cells)} cells; at most {line.install_bound} installs plus skips"
     )
-    steps: List[Step] = []
-
-    def ended(step: Step) -> None:
-        steps.append(step)
-        seen = sorted({o.describe() for o in step.outcomes.values()})
-        what = " | ".join(seen) if seen else f"skipped: {step.reason.strip().splitlines()[-1][:120]}"
-        say(f"step {name} {step.candidate[:10]}: {what} ({step.seconds:.0f}s)")
-
-    hooks = dict(same=same_observation, on_step=ended)
+    search = _LineSearch(CommitInstaller(installer, pin, cache / "sources", context=context), runner, name, say)
     for cell in cells:
         if cell not in at_last or cell not in at_first:
             where = last if cell not in at_last else first
             answers[cell].answer = f"no commit bisect of {name}: the release bisect has no outcome at {where}"
     cells = [c for c in cells if c in at_last and c in at_first]
-    good_on_line = git(repo, "rev-parse", f"{line.good_tag}^{{commit}}") == line.merge_base
     base_seen: Dict[str, Outcome] = dict(at_last)
-    if not good_on_line:
-        # the last unchanged release is a patch off the line: its merge base must behave like it
-        found = bisect_cells(commit_installer, runner, [line.merge_base], cells, name, **hooks)
-        base_seen = {c: found.cells[c].reference for c in cells if found.cells[c].reference}
-        for cell in list(cells):
-            here = base_seen.get(cell)
-            if here is None or not same_observation(here, at_last[cell]):
-                what = here.describe() if here else "could not be tested"
-                answers[cell].answer = (
-                    f"{name} merge base {line.merge_base[:10]} does not behave like {last} ({at_last[cell].describe()}"
-                    f" at {last}, {what} at the merge base): the change is on {line.good_tag}'s branch, not on the "
-                    f"line to {line.bad_tag}"
-                )
-                cells.remove(cell)
+    if git(repo, "rev-parse", f"{line.good_tag}^{{commit}}") != line.merge_base:
+        base_seen, cells = _check_merge_base(search, line, at_last, cells, answers)
     if cells:
         known = {0: {c: base_seen[c] for c in cells}, len(shas) - 1: {c: at_first[c] for c in cells}}
-        found = bisect_cells(commit_installer, runner, shas, cells, name, known=known, **hooks)
+        found = search.run(shas, cells, known)
+        commits = {c.sha: c for c in describe(repo, shas)}
         for cell in cells:
-            got = found.cells[cell]
-            first_commit = commits.get(got.first_changed or "")
-            answer = answers[cell]
-            answer.answer = got.answer
-            for sha in filter(None, [got.first_changed, got.last_unchanged, *got.untestable]):
-                answer.answer = answer.answer.replace(sha, sha[:10])
-            if first_commit:
-                answer.first_changed_commit = asdict(first_commit)
-                answer.last_unchanged_commit = got.last_unchanged
-                pr = f" (PR #{first_commit.pr})" if first_commit.pr else ""
-                answer.answer = f"first changed commit: {name} {first_commit.sha[:10]} {first_commit.subject!r}{pr}"
-                answer.answer += f", {first_commit.date} (last unchanged: {got.last_unchanged[:10]})"
-                if got.untestable:
-                    answer.answer += f", or one of the untestable {', '.join(s[:10] for s in got.untestable)}"
-    line.steps = len(steps)
+            _commit_answer(answers[cell], found.cells[cell], commits, name)
+    line.steps = len(search.steps)
     return line, answers
+
+
+class _LineSearch:
+    """The commit steps of one line: the installer and runner, and a line said per step."""
+
+    def __init__(self, installer: CommitInstaller, runner: CellsRunner[Path], name: str, say: Callable[[str], None]):
+        self.installer, self.runner, self.name, self.say = installer, runner, name, say
+        self.steps: List[Step] = []
+
+    def ended(self, step: Step) -> None:
+        self.steps.append(step)
+        seen = sorted({o.describe() for o in step.outcomes.values()})
+        what = " | ".join(seen) if seen else f"skipped: {step.reason.strip().splitlines()[-1][:120]}"
+        self.say(f"step {self.name} {step.candidate[:10]}: {what} ({step.seconds:.0f}s)")
+
+    def run(
+        self, shas: Sequence[str], cells: Sequence[str], known: Optional[Mapping[int, Mapping[str, Outcome]]] = None
+    ):
+        return bisect_cells(
+            self.installer, self.runner, shas, cells, self.name, known=known, same=same_observation, on_step=self.ended
+        )
+
+
+def _check_merge_base(
+    search: _LineSearch,
+    line: CommitLine,
+    at_last: Mapping[str, Outcome],
+    cells: List[str],
+    answers: Mapping[str, CommitAnswer],
+) -> Tuple[Dict[str, Outcome], List[str]]:
+    """The last unchanged release is a patch off the line: its merge base must behave like it. The merge base's
+    outcomes, and the cells for which it does."""
+    found = search.run([line.merge_base], cells)
+    base_seen = {c: found.cells[c].reference for c in cells if found.cells[c].reference}
+    kept: List[str] = []
+    for cell in cells:
+        here = base_seen.get(cell)
+        if here is not None and same_observation(here, at_last[cell]):
+            kept.append(cell)
+            continue
+        what = here.describe() if here else "could not be tested"
+        last = line.last_release
+        answers[cell].answer = (
+            f"{search.name} merge base {line.merge_base[:10]} does not behave like {last} ({at_last[cell].describe()}"
+            f" at {last}, {what} at the merge base): the change is on {line.good_tag}'s branch, not on the "
+            f"line to {line.bad_tag}"
+        )
+    return {c: o for c, o in base_seen.items() if o is not None}, kept
+
+
+def _commit_answer(answer: CommitAnswer, got: CellAnswer, commits: Mapping[str, Commit], name: str) -> None:
+    """The search's answer for a cell, with short SHAs, or the first changed commit named by its subject and PR."""
+    answer.answer = got.answer
+    for sha in filter(None, [got.first_changed, got.last_unchanged, *got.untestable]):
+        answer.answer = answer.answer.replace(sha, sha[:10])  # whole SHAs in the search's answer; people read ten
+    first_commit = commits.get(got.first_changed or "")
+    if not first_commit:
+        return
+    answer.first_changed_commit = asdict(first_commit)
+    answer.last_unchanged_commit = got.last_unchanged
+    pr = f" (PR #{first_commit.pr})" if first_commit.pr else ""
+    answer.answer = f"first changed commit: {name} {first_commit.sha[:10]} {first_commit.subject!r}{pr}"
+    answer.answer += f", {first_commit.date} (last unchanged: {(got.last_unchanged or '')[:10]})"
+    if got.untestable:
+        answer.answer += f", or one of the untestable {', '.join(s[:10] for s in got.untestable)}"
 
 
 def seen_at(

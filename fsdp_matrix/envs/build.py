@@ -209,15 +209,9 @@ def _problems(state: Mapping[str, Dict], pins: Mapping[str, str]) -> List[str]:
 def local_versions() -> Dict[str, Optional[str]]:
     """Versions of the packages under test in this interpreter (what a record reports: the optional ones too, None
     when absent), plus python."""
-    from importlib import metadata
-
+    from fsdp_matrix.installed import installed_versions
     from fsdp_matrix.matrix import RULE_PACKAGES
 
-    out: Dict[str, Optional[str]] = {}
-    for name in RULE_PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
+    out = installed_versions(RULE_PACKAGES)
     out["python"] = ".".join(map(str, sys.version_info[:3]))
     return out

@@ -13,6 +13,7 @@ from fsdp_matrix.export.snippet import render_markdown
 from fsdp_matrix.export.trace import can_trace, trace_script
 from fsdp_matrix.export.verify import judge_outcome
 from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
+from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser
 from fsdp_matrix.verdicts import Verdict
 
@@ -52,11 +53,10 @@ def write(exp: Export, out: Path, script: Optional[Path] = None, trace: Optional
 def main(argv: Iterable[str]) -> int:
     p = OneLineParser(prog="fsdp_matrix export", description=__doc__.split("\n\n")[0])
     p.add_argument("cell", help="CASE/CELL, or a cell id that only one case has")
-    p.add_argument("--combo", help="combo id from matrix.yaml (default: the newest CPU combo)")
     p.add_argument("--out", type=Path, default=Path("."), help="directory to write into (default: .)")
     p.add_argument("--script", type=Path, help="script path (default: OUT/repro_<case>_<cell>.py)")
-    p.add_argument("--results", type=Path, default=Path("results"), help="where to look for a record of the cell")
-    p.add_argument("--matrix", type=Path, default=None)
+    # declared once (runner/options.py); the combo defaults to the newest CPU one, the results are searched for a record
+    options.add_arguments(p.add_argument, ("combo", "results", "matrix"), model=options.MatrixOptions)
     p.add_argument(
         "--trace",
         choices=("auto", "always", "never"),

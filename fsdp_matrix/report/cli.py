@@ -15,6 +15,7 @@ from fsdp_matrix.report.json import to_json
 from fsdp_matrix.report.junit import junit_name, junit_xml
 from fsdp_matrix.report.markdown import append_step_summary, render_markdown
 from fsdp_matrix.report.text import one_line, render_text
+from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser, flat
 
 FORMATS = ("text", "md", "html", "json", "junit")
@@ -62,7 +63,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("results", type=Path, help="results dir (every cells.jsonl under it) or one cells.jsonl")
     parser.add_argument("--out", type=Path, help="where to write the reports (default: RESULTS, or its folder)")
-    parser.add_argument("--matrix", type=Path, help="matrix.yaml giving the row/column order (default: the repo's)")
+    options.add_arguments(
+        parser.add_argument, ("matrix",), model=options.MatrixOptions
+    )  # declared once (runner/options.py)
     parser.add_argument(
         "--format",
         action="append",

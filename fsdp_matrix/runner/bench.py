@@ -91,24 +91,12 @@ def per_cell(
     root = matrix_path.resolve().parent
     start = time.monotonic()
     ok = 0
+    # what the standalone entry of a repro reads: the same options, one launch per cell
+    where = options.LaunchOptions(results=work, matrix=matrix_path, device="cpu")
     for cell in cells:
         repro = root / matrix.case(cell.case).repro
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={cell.world_size}",
-            str(repro),
-            "--cell",
-            cell.id,
-            "--results",
-            str(work),
-            "--matrix",
-            str(matrix_path),
-            "--device",
-            "cpu",
-        ]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cell.world_size}"]
+        cmd += [str(repro), "--cell", cell.id, *options.to_argv(where, ("results", "matrix", "device"))]
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // cell.world_size))}
         _progress(beat, f"(a) one launch per cell: launching {cell.key}")
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)

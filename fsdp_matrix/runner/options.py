@@ -1,4 +1,5 @@
-"""The options of every command that launches cells, declared once.
+"""The options of every command, declared once: ``LaunchOptions`` for the commands that launch cells,
+``MatrixOptions`` for those that read the matrix and its records (explain, triage, export, report, standalone).
 
 ``run``, ``bench``, the pytest plugin, ``nox -s matrix -- ...`` and the launch options of ``bisect``, ``upgrade`` and
 ``nightly`` all take their options from ``LaunchOptions``: the same flag, help, default and bounds everywhere. Each
@@ -29,8 +30,10 @@ from typing import (
     get_origin,
 )
 
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fsdp_matrix.rules import RULE_PACKAGES
 from fsdp_matrix.usage import OneLineParser
 
 CELL_TIMEOUT_S = 180.0
@@ -110,6 +113,57 @@ class LaunchOptions(BaseModel):
 FIELDS = tuple(LaunchOptions.model_fields)
 
 
+def parse_versions(text: str) -> Dict[str, str]:
+    """``torch=2.6.0,peft=0.14.0`` -> {package: version}: the one reading of ``--versions``. ValueError (one line)
+    naming a bad item, or for a text that names no version at all (an unset variable in a script)."""
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        raise ValueError("names no version: give NAME=VERSION,... or leave it out")
+    out: Dict[str, str] = {}
+    for item in items:
+        named = "" if len(items) == 1 else f"{item!r}: "
+        name, sep, version = item.partition("=")
+        name, version = name.strip().lower(), version.strip().lstrip("=")
+        if not sep or not version or name not in RULE_PACKAGES:
+            raise ValueError(f"{named}expected NAME=VERSION with NAME one of {', '.join(RULE_PACKAGES)}")
+        try:
+            Version(version)
+        except InvalidVersion:
+            raise ValueError(f"{named}{version!r} is not a version") from None
+        out[name] = version
+    return out
+
+
+class MatrixOptions(BaseModel):
+    """What a command that reads the matrix and its records needs: which matrix, which records, which combo, on what
+    device, with which versions. The fields it shares with LaunchOptions mean the same there."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", frozen=True)
+
+    matrix: Optional[Path] = None
+    """matrix.yaml to use (default: the repo's)."""
+    results: Optional[Path] = Path("results")
+    """A results dir (or one cells.jsonl) whose records are read."""
+    combo: Optional[str] = None
+    """matrix.yaml combo id whose pins are used (bisect, upgrade, export: default the newest CPU combo)."""
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    """cpu or cuda (auto picks cuda when a GPU is visible)."""
+    versions: Optional[Dict[str, str]] = None
+    """Package versions, NAME=VERSION,... (e.g. torch=2.6.0,peft=0.14.0)."""
+
+    @field_validator("versions", mode="before")
+    @classmethod
+    def _parse_versions(cls, value: Any) -> Any:
+        return parse_versions(value) if isinstance(value, str) else value
+
+
+def _model(name: str, model: Optional[type] = None) -> type:
+    """The model that declares ``name``: the one given, else LaunchOptions, else MatrixOptions."""
+    if model is not None:
+        return model
+    return LaunchOptions if name in LaunchOptions.model_fields else MatrixOptions
+
+
 def rendezvous_nodes(words: Sequence[str]) -> int:
     """The node count that torchrun args (split into words) ask for: their ``--nnodes=N`` (or ``--nnodes N``),
     else 1. An elastic range (``1:4``) is refused (ValueError): a cell must run at the world size its id names."""
@@ -134,11 +188,11 @@ def _message(exc: ValidationError) -> str:
     return msg[:1].lower() + msg[1:]
 
 
-def check(name: str, raw: Any) -> Any:
+def check(name: str, raw: Any, model: Optional[type] = None) -> Any:
     """The value of option ``name`` from its command-line text (or value), by the field's bounds; OptionError names
-    the option. The one place every launch option is validated."""
+    the option. The one place every option is validated."""
     try:
-        model = LaunchOptions.model_validate({name: raw})
+        model = _model(name, model).model_validate({name: raw})
     except ValidationError as exc:
         raise OptionError(f"{flag(name)}: {_shown(raw)}: {_message(exc)}") from None
     return getattr(model, name)
@@ -149,10 +203,10 @@ def _shown(raw: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "...'"
 
 
-def _arg_type(name: str) -> Callable[[str], Any]:
+def _arg_type(name: str, model: Optional[type] = None) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         try:
-            return check(name, text)
+            return check(name, text, model)
         except OptionError as exc:
             # argparse prefixes "argument --flag:" itself
             raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
@@ -168,17 +222,19 @@ def add_arguments(
     defaults: Optional[Dict[str, Any]] = None,
     choices: Optional[Dict[str, Sequence[Any]]] = None,
     typed: bool = True,
+    model: Optional[type] = None,
 ) -> None:
     """Declare fields ``names`` through ``add`` (``parser.add_argument``, a group's, or pytest's ``addoption``).
 
     ``defaults`` overrides a field's default for this command only (pytest's device is ``auto``). With ``typed``,
     argparse validates each value as it parses; pytest instead validates in ``from_namespace`` (``typed=False``),
     so its error is one ``ERROR:`` line rather than a usage text. ``choices`` narrows a field's values for a command
-    that cannot take them all (bisect's installers need a concrete device, not ``auto``).
+    that cannot take them all (bisect's installers need a concrete device, not ``auto``). ``model``: the options
+    model declaring ``names`` (default: LaunchOptions for its fields, else MatrixOptions).
     """
     defaults, choices = defaults or {}, choices or {}
     for name in names:
-        info = LaunchOptions.model_fields[name]
+        info = _model(name, model).model_fields[name]
         default = defaults.get(name, info.default)
         help_ = (info.description or "").rstrip(".")
         if info.annotation is bool:
@@ -192,7 +248,7 @@ def add_arguments(
         if name == "cases":
             kwargs["action"] = "append"
         elif typed:
-            kwargs["type"] = _arg_type(name)
+            kwargs["type"] = _arg_type(name, model)
         if default is not None and name != "cases":
             kwargs["help"] += f" (default: {default})"
         add(flag(name), **kwargs)
@@ -209,13 +265,13 @@ def from_namespace(ns: Any, names: Iterable[str] = FIELDS) -> LaunchOptions:
     return LaunchOptions(**values)
 
 
-def to_argv(opts: LaunchOptions, names: Optional[Sequence[str]] = None) -> List[str]:
+def to_argv(opts: BaseModel, names: Optional[Sequence[str]] = None) -> List[str]:
     """The argv that gives ``opts`` back when parsed (fields that differ from their defaults; all of ``names``
     when given)."""
     out: List[str] = []
-    for name in names or FIELDS:
+    for name in names or tuple(type(opts).model_fields):
         value = getattr(opts, name)
-        info = LaunchOptions.model_fields[name]
+        info = type(opts).model_fields[name]
         if names is None and value == info.default:
             continue
         if value is None:
@@ -224,6 +280,8 @@ def to_argv(opts: LaunchOptions, names: Optional[Sequence[str]] = None) -> List[
             out += [flag(name)] if value else []
         elif isinstance(value, list):
             out += [flag(name), ",".join(value)]
+        elif isinstance(value, dict):
+            out += [flag(name), ",".join(f"{k}={v}" for k, v in value.items())]
         elif isinstance(value, float):
             out += [flag(name), repr(value) if math.isfinite(value) else str(value)]
         else:

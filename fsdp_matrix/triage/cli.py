@@ -10,7 +10,6 @@ as a JSON object (``fsdp_matrix.triage.answer.Answer``).
 
 from __future__ import annotations
 
-import importlib.metadata
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -19,8 +18,10 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.installed import installed_versions
 from fsdp_matrix.matrix import PACKAGES, Matrix, load_matrix, same_value
 from fsdp_matrix.records import Record, Skipped, iter_records, latest
+from fsdp_matrix.runner import options
 from fsdp_matrix.triage.answer import Answer, Claim, PlatformFit, RuleFit, Similar, Workaround
 from fsdp_matrix.triage.match import (
     CaseMatch,
@@ -46,37 +47,6 @@ DETAILED = 3
 
 class TriageError(MatrixError):
     """The paste or an option cannot be read."""
-
-
-def parse_versions(text: str) -> Dict[str, Optional[str]]:
-    """``torch=2.4.1,peft=0.13.2`` -> {package: version}; an unknown package or a missing ``=`` is an error."""
-    out: Dict[str, Optional[str]] = {}
-    if not text.replace(",", "").strip():  # an unset variable in a script, not "no versions at all"
-        raise TriageError(f"--versions: {text!r} names no version: give PACKAGE=VERSION,... or leave it out")
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, version = item.partition("=")
-        name = name.strip().lower()
-        if not sep or not version.strip().lstrip("="):
-            raise TriageError(f"--versions: {item!r} is not PACKAGE=VERSION")
-        if name not in PACKAGES:
-            raise TriageError(f"--versions: unknown package {name!r} (expected one of {', '.join(PACKAGES)})")
-        try:
-            Version(version.strip().lstrip("="))
-        except InvalidVersion:
-            raise TriageError(f"--versions: {item!r}: {version.strip()!r} is not a version") from None
-        out[name] = version.strip().lstrip("=")
-    return out
-
-
-def installed_versions() -> Dict[str, Optional[str]]:
-    """The five packages' installed versions (None for one that is not installed)."""
-    out: Dict[str, Optional[str]] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def _head_and_tail(stream, limit: int = MAX_BYTES):
@@ -414,15 +384,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         prog="fsdp_matrix triage", description="Match a pasted traceback or log against the matrix's known failures."
     )
     p.add_argument("file", nargs="?", help="the traceback or log; '-' or nothing reads stdin")
-    p.add_argument("--results", type=Path, help="results dir (or cells.jsonl) whose records add observed verdicts")
-    p.add_argument("--versions", help="the user's versions, e.g. torch=2.4.1,peft=0.13.2 (default: installed)")
-    p.add_argument("--matrix", type=Path, help="matrix.yaml (default: the repo's)")
+    # declared once (runner/options.py); the versions are the user's (default: the installed ones)
+    options.add_arguments(
+        p.add_argument, ("results", "matrix"), defaults={"results": None}, model=options.MatrixOptions
+    )
+    # checked after parsing, so that main returns its one-line error
+    options.add_arguments(p.add_argument, ("versions",), model=options.MatrixOptions, typed=False)
     p.add_argument("--json", action="store_true", help="print the answer as one JSON object (see the docs' schema)")
     args = p.parse_args(argv)
     if args.versions is not None:
-        versions, versions_from = parse_versions(args.versions), "given with --versions"
+        versions, versions_from = dict(options.check("versions", args.versions)), "given with --versions"
     else:
-        versions, versions_from = installed_versions(), "installed here"
+        versions, versions_from = installed_versions(PACKAGES), "installed here"
     matrix = load_matrix(args.matrix, check_repros=False)
     records, skipped = load_records(args.results)
     paste = parse(_read(args.file))

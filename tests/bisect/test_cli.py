@@ -10,8 +10,9 @@ import pytest
 
 from fsdp_matrix.bisect import cli as bisect_cli
 from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller
-from fsdp_matrix.bisect.runner import OneCell
-from fsdp_matrix.bisect.search import Outcome, Prepared
+from fsdp_matrix.bisect.outcome import Outcome
+from fsdp_matrix.bisect.runner import LaunchRunner
+from fsdp_matrix.bisect.search import Prepared
 from fsdp_matrix.matrix import load_matrix
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bisect_matrix.yaml"
@@ -29,12 +30,12 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List]:
         seen["pins"].append(dict(pins))
         return Prepared(Path(f"/envs/{pins['peft']}"))
 
-    def run(self: OneCell, env: Path, candidate: str) -> Outcome:
-        seen["runs"].append((self.cell, self.runner.world_size, candidate))
-        return BUG if env.name < "0.14.0" else Outcome("ok")
+    def run_cells(self: LaunchRunner, env: Path, candidate: str, cells: List[str]) -> Dict[str, Outcome]:
+        seen["runs"].append((cells[0], self.world_size, candidate))
+        return {cells[0]: BUG if env.name < "0.14.0" else Outcome("ok")}
 
     monkeypatch.setattr(PinnedInstaller, "install", install)
-    monkeypatch.setattr(OneCell, "run", run)
+    monkeypatch.setattr(LaunchRunner, "run_cells", run_cells)
     monkeypatch.setattr(bisect_cli, "release_candidates", lambda name, old, new, pre: PEFT)
     return seen
 
@@ -87,7 +88,7 @@ def test_bisect_prints_table_answer_and_writes_json(fake, tmp_path: Path, capsys
 
 
 def test_no_change_exits_zero_and_says_so(fake, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.setattr(OneCell, "run", lambda self, env, c: BUG)
+    monkeypatch.setattr(LaunchRunner, "run_cells", lambda self, env, c, cells: {cells[0]: BUG})
     assert (
         bisect_cli.main([CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--matrix", str(FIXTURE)])
         == 0

@@ -18,7 +18,7 @@ from fsdp_matrix.bisect import cli as bisect_cli
 from fsdp_matrix.bisect import nightly, upgrade
 from fsdp_matrix.bisect.installers import PinnedInstaller
 from fsdp_matrix.bisect.releases import Release, candidates_between
-from fsdp_matrix.bisect.runner import LaunchRunner, OneCell
+from fsdp_matrix.bisect.runner import LaunchRunner
 from fsdp_matrix.report.json import REPORT_SCHEMA
 from tests.argfuzz import FUZZ, assert_one_line_error, tokens, tried, words
 
@@ -71,7 +71,6 @@ def faked(monkeypatch: pytest.MonkeyPatch) -> List[str]:
     monkeypatch.setattr(bisect_cli, "release_candidates", candidates)
     monkeypatch.setattr(upgrade, "release_candidates", candidates)
     monkeypatch.setattr(PinnedInstaller, "install", install)
-    monkeypatch.setattr(OneCell, "run", lambda *a: pytest.fail("a malformed argument list reached a run"))
     monkeypatch.setattr(LaunchRunner, "run_cells", lambda *a: pytest.fail("a malformed argument list reached a run"))
     monkeypatch.setattr(nightly, "check_upgrade", lambda *a: pytest.fail("reached the upgrade check"))
     return reached

@@ -10,16 +10,12 @@ from packaging.tags import Tag
 from packaging.version import Version
 
 from fsdp_matrix.bisect.releases import (
-    PYPI,
-    DistFile,
-    Locations,
     candidates_between,
-    configured_locations,
-    list_files,
-    parse_simple,
     release_candidates,
     releases,
 )
+from fsdp_matrix.envs.config import PYPI, Locations, configured_locations
+from fsdp_matrix.envs.simple import DistFile, list_files, parse_simple
 from fsdp_matrix.errors import EnvError
 
 TAGS = [Tag("py3", "none", "any"), Tag("cp311", "cp311", "manylinux_2_28_x86_64")]

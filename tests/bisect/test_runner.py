@@ -1,7 +1,7 @@
 """The bisect Runner's contract with ``python -m fsdp_matrix run``: it reads the records back, or says why it cannot.
 
-One cell (``OneCell``, what ``bisect`` searches with) and several cells on one launch (``LaunchRunner``, what
-``upgrade`` uses), both against fake envs whose ``python`` answers like the real command."""
+One cell with ``bare`` outcomes (what ``bisect`` searches with) and several cells on one launch (what ``upgrade``
+uses), both against fake envs whose ``python`` answers like the real command."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_matrix.bisect.runner import LaunchRunner, OneCell
-from fsdp_matrix.bisect.search import Outcome, Untestable
+from fsdp_matrix.bisect.outcome import Outcome
+from fsdp_matrix.bisect.runner import LaunchRunner
+from fsdp_matrix.bisect.search import Untestable
 from fsdp_matrix.records import Observed, Record
 
 CELL = "no-split-modules/shape_plain-ws2"
@@ -28,8 +29,21 @@ def _fake_venv(tmp: Path, body: str) -> Path:
     return venv
 
 
-def _one(tmp: Path, timeout: float = 900) -> OneCell:
-    return OneCell(LaunchRunner(tmp / "cache", timeout=timeout, resume=False, say=lambda s: None), CELL)
+class _One:
+    """One cell on a bare LaunchRunner, as the release bisect runs it: its Outcome, or Untestable raised."""
+
+    def __init__(self, runner: LaunchRunner) -> None:
+        self.runner = runner
+
+    def run(self, env: Path, candidate: str) -> Outcome:
+        got = self.runner.run_cells(env, candidate, [CELL])[CELL]
+        if isinstance(got, Untestable):
+            raise got
+        return got
+
+
+def _one(tmp: Path, timeout: float = 900) -> _One:
+    return _One(LaunchRunner(tmp / "cache", timeout=timeout, resume=False, say=lambda s: None, bare=True))
 
 
 def _record_writer(observed: Observed) -> str:

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Callable, List, Set
+from typing import Callable, Dict, List, Sequence, Set
 
 import pytest
 
+from fsdp_matrix.bisect.outcome import Outcome, normalise_message
 from fsdp_matrix.bisect.search import (
-    BisectResult,
-    Outcome,
     Prepared,
+    SearchResult,
     Untestable,
-    bisect,
     bisect_cells,
     install_bound,
-    normalise_message,
 )
 
 OK = Outcome("ok")
@@ -45,6 +43,28 @@ class FakeRunner:
         self.runs.append(candidate)
         return self.outcome(self.index[candidate])
 
+    def run_cells(self, env: str, candidate: str, cells: Sequence[str]) -> Dict[str, Outcome]:
+        return {cell: self.run(env, candidate) for cell in cells}
+
+
+class One:
+    """The answer of a one-cell search, as ``bisect`` reads it."""
+
+    def __init__(self, result: SearchResult) -> None:
+        self.result, self.cell = result, result.cells["cell"]
+
+    def __getattr__(self, name: str):
+        return getattr(self.cell, name)
+
+    @property
+    def steps(self):
+        return self.result.steps
+
+
+def bisect(installer, runner, candidates, package, **kw) -> One:
+    """One cell, worded as the release bisect words it."""
+    return One(bisect_cells(installer, runner, candidates, ["cell"], package, tested="installed", **kw))
+
 
 def versions(n: int) -> List[str]:
     return [f"0.{i}.0" for i in range(n)]
@@ -54,7 +74,7 @@ def flip_at(k: int, before: Outcome = BUG, after: Outcome = OK) -> Callable[[int
     return lambda i: before if i < k else after
 
 
-def run(n: int, outcome: Callable[[int], Outcome], skip: Set[str] = frozenset()) -> BisectResult:
+def run(n: int, outcome: Callable[[int], Outcome], skip: Set[str] = frozenset()) -> One:
     cands = versions(n)
     return bisect(FakeInstaller(skip), FakeRunner(outcome, cands), cands, "peft")
 
@@ -177,7 +197,7 @@ def test_steps_record_outcomes_and_seconds() -> None:
     seen = []
     bisect(FakeInstaller(), FakeRunner(flip_at(1), cands), cands, "peft", on_step=seen.append)
     assert [s.candidate for s in seen] == ["0.0.0", "0.2.0", "0.1.0"]
-    assert result.to_json()["installs"] == 3
+    assert result.result.installs == 3
 
 
 def test_by_date_answer_has_no_package_name() -> None:

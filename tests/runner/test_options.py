@@ -99,3 +99,49 @@ def test_the_node_count_of_a_rendezvous():
     assert rendezvous_nodes(["--nnodes=2", "--node-rank=1"]) == 2
     assert rendezvous_nodes(["--nnodes", "3"]) == 3
     assert rendezvous_nodes(["--nnodes=1"]) == 1
+
+
+# ----------------------------------------------------------------------------------- the matrix-reading commands
+
+
+def test_versions_is_one_type_with_one_line_errors():
+    from fsdp_matrix.runner import options
+
+    assert options.check("versions", "torch=2.6.0, peft==0.14.0") == {"torch": "2.6.0", "peft": "0.14.0"}
+    for bad, said in [
+        ("torch", "'torch': expected NAME=VERSION"),
+        ("torch=two", "'torch=two': 'two' is not a version"),
+        ("numpy=2.0", "'numpy=2.0': expected NAME=VERSION"),
+        ("torch=2.6,peft=x", "'peft=x': 'x' is not a version"),
+        (" , ", "names no version"),
+    ]:
+        with pytest.raises(options.OptionError) as err:
+            options.check("versions", bad)
+        assert str(err.value).startswith("--versions: ") and said in str(err.value), str(err.value)
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("command", ["explain", "triage"])
+def test_explain_and_triage_refuse_bad_versions_alike(command, capsys):
+    from fsdp_matrix.cli import main
+
+    assert main([command, "x/y", "--versions", "torch=two"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--versions: 'torch=two': 'two' is not a version" in lines[0], lines
+
+
+def test_to_argv_gives_the_options_back_through_the_parser():
+    from fsdp_matrix.runner import options
+
+    launch = options.LaunchOptions(results=Path("r"), combo="old", world_size=4, resume=True, cases=["a", "b"])
+    p = options.Parser(prog="t")
+    options.add_arguments(p.add_argument)
+    assert options.from_namespace(p.parse_args(options.to_argv(launch))) == launch
+    names = ("results", "device", "world_size", "resume")
+    assert options.to_argv(launch, names) == ["--results", "r", "--device", "cpu", "--world-size", "4", "--resume"]
+
+    where = options.MatrixOptions(matrix=Path("m.yaml"), versions={"torch": "2.6.0", "peft": "0.14.0"})
+    q = options.Parser(prog="t")
+    options.add_arguments(q.add_argument, ("matrix", "versions"), model=options.MatrixOptions)
+    parsed = q.parse_args(options.to_argv(where, ("matrix", "versions")))
+    assert (parsed.matrix, parsed.versions) == (where.matrix, where.versions)
