@@ -63,7 +63,7 @@ def faked(monkeypatch: pytest.MonkeyPatch) -> None:
     from fsdp_matrix.runner.launcher import Launcher
 
     monkeypatch.setattr(Launcher, "_start", lambda self: pytest.fail("a malformed argument list reached a launch"))
-    monkeypatch.setattr(export_cli, "trace_script", lambda *a: pytest.fail("a malformed argument list reached a run"))
+    monkeypatch.setattr(export_cli, "write", lambda *a: pytest.fail("a malformed argument list reached an export"))
 
 
 def _bad_matrix(paths: Dict[str, str]) -> st.SearchStrategy[str]:
