@@ -59,11 +59,9 @@ def paths(tmp_path: Path) -> Dict[str, str]:
 @pytest.fixture
 def faked(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every path past the argument checks ends here: the property says none may be reached."""
-    from fsdp_matrix.export import cli as export_cli
     from fsdp_matrix.runner.launcher import Launcher
 
     monkeypatch.setattr(Launcher, "_start", lambda self: pytest.fail("a malformed argument list reached a launch"))
-    monkeypatch.setattr(export_cli, "trace_script", lambda *a: pytest.fail("a malformed argument list reached a run"))
 
 
 def _bad_matrix(paths: Dict[str, str]) -> st.SearchStrategy[str]:

@@ -21,7 +21,7 @@ from fsdp_matrix.errors import MatrixError
 
 PACKAGE = "fsdp_matrix"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-INLINABLE = ("fsdp_matrix.workload", "fsdp_matrix.export.launch", "fsdp_matrix.export.rank")
+INLINABLE = ("fsdp_matrix.workload", "fsdp_matrix.export.launch", "fsdp_matrix.export.rank", "fsdp_matrix.export.train")
 """Modules inlined whole (with every submodule)."""
 PICK_ONLY = ("fsdp_matrix.errors",)
 """Modules from which only the imported top-level definitions are inlined (the rest is harness, not repro)."""
@@ -119,6 +119,33 @@ FACADE = PACKAGE + ".case"
 """The case API's facade: a repro may import from it; the script takes each name from its home module."""
 
 
+def _facade_module(tree: ast.Module) -> Tuple[List[ast.stmt], Dict[int, str]]:
+    """``from fsdp_matrix import case`` as ``from fsdp_matrix.case import`` the names the module reads as ``case.x``,
+    and the line that binds ``case`` to a namespace of them (keyed by the import's line number)."""
+    out: List[ast.stmt] = []
+    spaces: Dict[int, str] = {}
+    for node in tree.body:
+        names = [(a.name, a.asname) for a in getattr(node, "names", [])]
+        if not (isinstance(node, ast.ImportFrom) and node.module == PACKAGE and names == [("case", names[0][1])]):
+            out.append(node)
+            continue
+        bound = names[0][1] or "case"
+        read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == bound}
+        facade = _facade_homes()
+        used = sorted(n for n in read if facade.get(n) != PACKAGE + ".standalone")  # the main guard is dropped
+        for new in (ast.Import(names=[ast.alias("types")]), ast.ImportFrom(FACADE, [ast.alias(n) for n in used], 0)):
+            out.append(ast.copy_location(new, node))
+            out[-1].end_lineno = node.end_lineno
+        spaces[node.lineno] = f"{bound} = types.SimpleNamespace({', '.join(f'{n}={n}' for n in used)})"
+    return out, spaces
+
+
+def _facade_homes() -> Dict[str, str]:
+    """Each name the facade exports, with the module it imports it from."""
+    facade = ast.parse(module_file(FACADE).read_text(encoding="utf-8"))
+    return {a.asname or a.name: n.module for n in facade.body if isinstance(n, ast.ImportFrom) for a in n.names}
+
+
 def _through_facade(body: Sequence[ast.stmt]) -> List[ast.stmt]:
     """``from fsdp_matrix.case import a, b`` as the imports of ``a`` and ``b`` from their home modules (read from the
     facade's own imports), so that a repro written against the facade inlines like one that imports the modules."""
@@ -128,13 +155,11 @@ def _through_facade(body: Sequence[ast.stmt]) -> List[ast.stmt]:
         if not (isinstance(node, ast.ImportFrom) and node.module == FACADE):
             out.append(node)
             continue
-        if not home:
-            facade = ast.parse(module_file(FACADE).read_text(encoding="utf-8"))
-            home = {a.asname or a.name: n.module for n in facade.body if isinstance(n, ast.ImportFrom) for a in n.names}
+        home = home or _facade_homes()
         groups: Dict[str, List[ast.alias]] = {}
         for alias in node.names:
             if alias.name not in home:
-                raise InlineError(f"{FACADE} does not export {alias.name}")
+                raise InlineError(f"{FACADE} does not import {alias.name} from a module the export can inline")
             if home[alias.name] == PACKAGE + ".standalone":
                 continue  # the script's own runtime runs it; the standalone entry point is not inlined
             groups.setdefault(home[alias.name], []).append(alias)
@@ -187,7 +212,8 @@ class _Collector:
         keep = [True] * len(lines)
         extra: Dict[int, str] = {}
         section = Section(module, path)
-        for node in _through_facade(tree.body):
+        body, spaces = _facade_module(tree)
+        for node in _through_facade(body):
             where = f"{path.name}:{node.lineno}"
             first, last = _start(node) - 1, node.end_lineno
             if isinstance(node, ast.ImportFrom) and (node.module == "__future__" or node.level):
@@ -205,7 +231,7 @@ class _Collector:
                 keep[first:last] = [False] * (last - first)
                 aliases = [f"{a.asname} = {a.name}" for a in node.names if a.asname and a.asname != a.name]
                 if aliases:
-                    extra[first] = "\n".join(aliases)
+                    extra[first] = "\n".join([extra.get(first, "")] + aliases).lstrip("\n")
                     section.binds |= {a.asname for a in node.names if a.asname}
             elif isinstance(node, ast.Import) and any(_owned(a.name) for a in node.names):
                 raise InlineError(f"{where}: `import {PACKAGE}...`; write `from {PACKAGE}.x import a` instead")
@@ -218,6 +244,9 @@ class _Collector:
                 keep[first:last] = [False] * (last - first)
             else:
                 section.binds |= _bound(node)
+        for line, text in spaces.items():
+            extra[line - 1] = "\n".join([extra.get(line - 1, ""), text]).lstrip("\n")
+            section.binds.add(text.split(" ")[0])
         out = [extra.get(i, line) for i, line in enumerate(lines) if keep[i] or i in extra]
         section.text = _tidy("\n".join(out))
         self.sections[module] = section

@@ -1,30 +1,32 @@
 """The exported repro script: one self-contained file that reproduces a cell.
 
-The script carries a PEP 723 block with the combo's exact pins (``uv run repro_….py`` needs nothing else), inlines
-the repro and the workload modules it uses (see inline.py), and starts itself on the cell's ranks with torchrun.
-It names no package index: uv and pip pick packages from the user's own index configuration.
+The script carries a PEP 723 block with the combo's exact pins (``uv run repro_….py`` needs nothing else) and starts
+itself on the cell's ranks with torchrun. Its body is the case's hand-written upstream script
+(``repros/upstream/<repro>.py``: plain torch and PEFT calls) when one is written for the cell, else the repro with
+the fsdp_matrix modules it imports, flattened (see inline.py) and run with the cell's params as constants. It names
+no package index: uv and pip pick packages from the user's own index configuration.
 """
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import datetime
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Set, Tuple
+from typing import List, Optional
 
 from fsdp_matrix.cells import Cell, find_cell
 from fsdp_matrix.expectations import Expected, expected_for
-from fsdp_matrix.export.inline import Flat, flatten
-from fsdp_matrix.export.layout import LINE_LENGTH, join_statements, plain_defs
-from fsdp_matrix.export.prune import Trace, prune_body, prune_imports
+from fsdp_matrix.export.inline import Section, flatten
 from fsdp_matrix.matrix import Case, Combo, Matrix
 from fsdp_matrix.records import Record, read_all
 
 ENTRY = ("fsdp_matrix.export.launch", "fsdp_matrix.export.rank")
 """Inlined whole: the launcher (before torch is imported) and the rank side."""
+UPSTREAM = "upstream"
+"""The folder beside the repros that holds their hand-written upstream scripts."""
+LINE_LENGTH = 120
 
 
 @dataclass
@@ -43,10 +45,17 @@ class Export:
     """The case's repro script."""
     record: Optional[Record] = None
     """Newest record of this cell for this combo under --results, if any."""
+    upstream: Optional[Path] = None
+    """The hand-written upstream script whose ``CELLS`` name this cell; None: the repro is flattened."""
 
     @property
     def stem(self) -> str:
         return f"repro_{self.cell.case}_{self.cell.id}"
+
+    @property
+    def source(self) -> Path:
+        """The file the script's body comes from."""
+        return self.upstream or self.repro
 
 
 def find_record(results: Path, cell: Cell, combo: Combo) -> Optional[Record]:
@@ -67,6 +76,19 @@ def find_record(results: Path, cell: Cell, combo: Combo) -> Optional[Record]:
     return max(hits, key=lambda r: r.finished_at) if hits else None
 
 
+def upstream_cells(path: Path) -> List[str]:
+    """The cell ids an upstream script's top-level ``CELLS`` tuple names (it is checked against each of them)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["CELLS"]:
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def upstream_for(repro: Path, cell: Cell) -> Optional[Path]:
+    path = repro.parent / UPSTREAM / repro.name
+    return path if path.exists() and cell.id in upstream_cells(path) else None
+
+
 # ---- the script -------------------------------------------------------------------------------------------------
 
 
@@ -83,48 +105,32 @@ def _pep723(combo: Combo) -> str:
     return f'# /// script\n# requires-python = "{python}"\n# dependencies = [\n{deps}# ]\n# ///\n'
 
 
-API_MODULES = ("peft", "torch.distributed.fsdp", "torch.distributed._composable", "accelerate")
-"""Calls into these make a report's trigger: the PEFT config and model, the FSDP wrapping."""
-
-
-def api_names(imports: List[str]) -> Set[str]:
-    """Names the import lines bind from API_MODULES."""
-    out: Set[str] = set()
-    for line in imports:
-        node = ast.parse(line).body[0]
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(API_MODULES):
-            out |= {a.asname or a.name for a in node.names}
-    return out
-
-
-TRIGGER_HEAD = "The trigger, in the functions below:\n"
-
-
-def _outside_run(trigger: List[str]) -> bool:
-    return any(not t.startswith("run(): ") for t in trigger)
-
-
-def _docstring(exp: Export, trace: Optional[Trace], trigger: List[str]) -> str:
-    about = ast.get_docstring(ast.parse(exp.repro.read_text(encoding="utf-8"))) or ""
-    how = "the lines a run of the cell reached" if trace else "what the cell's params reach"
+def _docstring(exp: Export, about: str) -> str:
+    how = "hand-written upstream script" if exp.upstream else "repro and the fsdp_matrix/workload code it uses"
+    head = exp.case.title if exp.upstream else f"{exp.case.title}: {exp.case.report}"  # its own text links it
     text = (
-        f"{exp.case.title}: {exp.case.report}\n\n{about}\n\n"
-        # run() opens the script: a trigger all in it needs no summary
-        + (TRIGGER_HEAD + "".join(f"    {t}\n" for t in trigger) + "\n" if _outside_run(trigger) else "")
-        + f"fsdp-matrix cell {exp.cell.key} (combo {exp.combo.id}, {exp.cell.world_size} ranks on {exp.cell.device}); "
+        f"{head}\n\n{about}\n\n"
+        f"fsdp-matrix cell {exp.cell.key} (combo {exp.combo.id}, {exp.cell.world_size} ranks on {exp.cell.device}); "
         f"expected with the pinned versions: {expected_text(exp.expected)}. "
         f"Run `uv run {exp.stem}.py` or `python {exp.stem}.py`: it starts itself under torchrun (--device cpu|cuda, "
         f"--nproc-per-node N, --timeout S). Generated by `python -m fsdp_matrix export` on "
-        f"{datetime.date.today().isoformat()} from {exp.repro.name} and fsdp_matrix/workload, keeping {how}."
+        f"{datetime.date.today().isoformat()} from the {how} ({exp.source.name})."
     )
     return '"""' + text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"') + '\n"""\n'
 
 
-def _no_docstring(text: str) -> str:
+def _drop_top(text: str, drop_docstring: bool = True, names: tuple = ("CELLS",)) -> str:
+    """``text`` without its docstring and its ``names`` assignments (each with the docstring that follows it)."""
     tree = ast.parse(text)
-    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
-        return "\n".join(text.splitlines()[tree.body[0].end_lineno :])
-    return text
+    lines = text.splitlines()
+    gone = set()
+    for i, node in enumerate(tree.body):
+        doc = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        after = i and isinstance(tree.body[i - 1], ast.Assign) and ast.unparse(tree.body[i - 1].targets[0]) in names
+        assigns = isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) in names
+        if (doc and (i == 0 and drop_docstring or after)) or assigns:
+            gone |= set(range(node.lineno, node.end_lineno + 1))
+    return "\n".join(x for n, x in enumerate(lines, 1) if n not in gone)
 
 
 def _stdlib_lines(imports: List[str]) -> List[str]:
@@ -133,49 +139,10 @@ def _stdlib_lines(imports: List[str]) -> List[str]:
     return ([f"import {', '.join(plain)}"] if plain else []) + [x for x in imports if not x.startswith("import ")]
 
 
-@dataclass
-class Full:
-    """The whole inlined script, before pruning: what a trace runs, and what ``prune`` cuts."""
-
-    text: str
-    """The script."""
-    body: Tuple[int, int]
-    """First and last line of the inlined repro and workload (1-based, inclusive)."""
-    flat: Flat
-    """Its parts."""
-
-
 def _join(parts: List[str]) -> str:
-    return "\n\n\n".join(p.strip("\n") for p in parts if p.strip()) + "\n"
-
-
-CHECKS_ON = re.compile(r"(?m)^RUN_CHECKS = True$")
-CHECKS_OFF = "RUN_CHECKS = False  # the matrix's checks left out: without them the cell still fails as expected"
-
-
-def full_script(exp: Export, checks: bool = True) -> Full:
-    """Everything inlined (launcher, third-party imports, repro and workload, rank side); line numbers are stable,
-    so a trace of this text can prune it. ``checks`` False turns the workload's checks off (workload/checks.py's
-    ``RUN_CHECKS``) on one line, so the line numbers stay those of the script with them."""
-    flat = flatten(exp.repro, first=ENTRY)
-    if not checks:
-        off = [dataclasses.replace(x, text=CHECKS_ON.sub(CHECKS_OFF, x.text, count=1)) for x in flat.sections]
-        flat = dataclasses.replace(flat, sections=off)
-    launch, rank, body = flat.sections[0], flat.sections[1], flat.sections[2:]
-    head = _join(
-        [
-            _pep723(exp.combo) + "\nfrom __future__ import annotations",
-            "\n".join(flat.stdlib_imports),
-            _constants(exp),
-            launch.text,
-            GUARD,
-            "# imported on the ranks only: the launching process stops above\n" + "\n".join(flat.other_imports),
-        ]
-    )
-    inlined = _join([s.text for s in body])
-    first = head.count("\n") + 3
-    text = _join([head, inlined, rank.text, MAIN])
-    return Full(text, (first, first + inlined.count("\n") - 1), flat)
+    # one blank line between definitions, not PEP 8's two: the script is read in an issue, on a screen
+    text = "\n\n".join(p.strip("\n") for p in parts if p.strip()) + "\n"
+    return re.sub(r"\n{3,}", "\n\n", text)
 
 
 def _constants(exp: Export) -> str:
@@ -189,68 +156,39 @@ def _constants(exp: Export) -> str:
 GUARD = (
     'if __name__ == "__main__" and "RANK" not in os.environ:\n    sys.exit(relaunch(sys.argv[1:], DEVICE, WORLD_SIZE))'
 )
-MAIN = (
+
+
+def _main(context: str) -> str:
     # rank_main has printed (flushed) and written its outcome; gloo's threads can still abort the interpreter's
     # teardown ('terminate called without an active exception', SIGABRT: seen in a fresh-clone nox -s tests)
-    'if __name__ == "__main__":  # os._exit: no teardown left to abort a rank after its outcome\n'
-    "    os._exit(rank_main(run, RankContext, PARAMS, PINS, sys.argv[1:], DEVICE, WORLD_SIZE))"
-)
+    return (
+        'if __name__ == "__main__":  # os._exit: no teardown left to abort a rank after its outcome\n'
+        f"    os._exit(rank_main(run, {context}, PARAMS, PINS, sys.argv[1:], DEVICE, WORLD_SIZE))"
+    )
 
 
-def _single_blank(text: str) -> str:
-    return re.sub(r"\n{3,}", "\n\n", text)
-
-
-def render_script(exp: Export, trace: Optional[Trace] = None) -> str:
-    """The script a maintainer reads: PEP 723 block, docstring, imports, the launcher (run before torch is
-    imported), third-party imports, ``run`` and what it reaches (params folded, see prune.py), the rank side."""
-    full = full_script(exp, checks=trace.checks if trace else True)
-    flat = full.flat
-    launch, rank = flat.sections[0], flat.sections[1]
-    api = api_names(flat.other_imports)
-    pruned = prune_body(full.text, full.body, ["run", "RankContext", "RUN_CHECKS"], exp.cell.params_dict, trace, api)
-    body = _context(plain_defs(pruned.text), launch.text + "\n" + rank.text)
-    stdlib = flat.stdlib_imports + (["import collections"] if "collections.namedtuple(" in body else [])
-    rest = "\n".join([plain_defs(launch.text), plain_defs(rank.text), GUARD, MAIN, _constants(exp), body])
-    used = {n.id for n in ast.walk(ast.parse(rest)) if isinstance(n, ast.Name)}
+def render_script(exp: Export) -> str:
+    """The script: PEP 723 block, docstring, imports, the launcher (run before torch is imported), third-party
+    imports, the body (the upstream script, or the flattened repro), the rank side."""
+    flat = flatten(exp.source, first=ENTRY)
+    launch, rank, body = flat.sections[0], flat.sections[1], flat.sections[2:]
+    own: Section = body[-1]
+    about = ast.get_docstring(ast.parse(own.path.read_text(encoding="utf-8"))) or ""
+    # the docstrings of the harness's own modules (export/train.py) say nothing about the report
+    texts = [_drop_top(s.text) if s.module.startswith("fsdp_matrix.export") else s.text for s in body[:-1]]
+    texts.append(_drop_top(own.text))
+    context = "RankContext" if any("RankContext" in s.binds for s in body) else "Context"
     parts = [
-        # no `from __future__ import annotations`: def lines carry no annotations, and dataclass fields resolve
-        _pep723(exp.combo) + _docstring(exp, trace, pruned.trigger),
-        "\n".join(_stdlib_lines(prune_imports(stdlib, used))) + "\n\n" + _constants(exp),
-        plain_defs(join_statements(_no_docstring(launch.text))),
+        _pep723(exp.combo) + _docstring(exp, about) + "\nfrom __future__ import annotations",
+        "\n".join(_stdlib_lines(flat.stdlib_imports)) + "\n\n" + _constants(exp),
+        _drop_top(launch.text),
         GUARD,
-        "# imported on the ranks only: the launching process stops above\n"
-        + "\n".join(prune_imports(flat.other_imports, used)),
-        body,
-        plain_defs(join_statements(_no_docstring(rank.text))),
-        MAIN,
+        "# imported on the ranks only: the launching process stops above\n" + "\n".join(flat.other_imports),
+        *texts,
+        _drop_top(rank.text),
+        _main(context),
     ]
-    return _single_blank(_join(parts))
-
-
-def _context(body: str, elsewhere: str, cls: str = "RankContext") -> str:
-    """``body`` with dataclass ``cls`` cut to the fields something reads (a field with a default that no ``.field``
-    reads goes: the rank side passes the others, in order), written as one ``collections.namedtuple`` line when it
-    is only fields with constant defaults (a reader needs its field names, not nine lines of them)."""
-    tree = ast.parse(body)
-    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
-    if node is None:
-        return body
-    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    read |= {n.attr for n in ast.walk(ast.parse(elsewhere)) if isinstance(n, ast.Attribute)}
-    fields = [f for f in node.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)]
-    kept = [f for f in fields if f.value is None or f.target.id in read or f.lineno != f.end_lineno]
-    lines = body.splitlines()
-    plain = len(fields) == len(node.body) and [ast.unparse(d) for d in node.decorator_list] == ["dataclass"]
-    if plain and all(f.value is None or isinstance(f.value, ast.Constant) for f in kept):
-        names = " ".join(f.target.id for f in kept)
-        defaults = [repr(f.value.value) for f in kept if f.value is not None]
-        extra = f", defaults=({', '.join(defaults)},)" if defaults else ""
-        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-        lines[first - 1 : node.end_lineno] = [f'{cls} = collections.namedtuple("{cls}", "{names}"{extra})']
-        return "\n".join(lines)
-    gone = {f.lineno for f in fields if f not in kept}
-    return "\n".join(x for i, x in enumerate(lines, 1) if i not in gone)
+    return _join(parts)
 
 
 def expected_text(expected: Expected) -> str:
@@ -270,6 +208,6 @@ def prepare(matrix: Matrix, ref: str, combo_id: Optional[str], results: Path, ro
     cell = find_cell(matrix, ref, device)
     case = matrix.case(cell.case)
     pins = combo.pins.model_dump()
-    return Export(
-        cell, case, combo, expected_for(case, cell, pins), root / case.repro, find_record(results, cell, combo)
-    )
+    repro = root / case.repro
+    record = find_record(results, cell, combo)
+    return Export(cell, case, combo, expected_for(case, cell, pins), repro, record, upstream_for(repro, cell))

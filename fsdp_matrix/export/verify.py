@@ -65,8 +65,8 @@ def judge_outcome(outcome: str, expected: Expected, tail: str = "") -> Judgement
     return judge(expected, "error", m["type"], m["message"], _harness_location(m["where"], expected))
 
 
-SCRIPT_MODULES = ("__main__.", "__fsdp_matrix_trace__.")
-"""What the script's own functions are called in a run of it (plainly, or under trace.py's runpy)."""
+SCRIPT_MODULES = ("__main__.",)
+"""What the script's own functions are called in a run of it."""
 
 
 def _harness_location(where: str, expected: Expected) -> str:

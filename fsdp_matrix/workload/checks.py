@@ -27,9 +27,6 @@ _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_o
 _FLAT = "_flat_param"
 FSDP_KINDS = ("fsdp1", "fsdp2")
 """The wrapper kinds a cell may train under: anything else is not the FSDP under test."""
-RUN_CHECKS = True
-"""Always True in the matrix. An exported repro of a failure sets it False (export/cli.py) when its traced run still
-raises the expected error without the checks: a maintainer then reads the steps that fail, not the checks."""
 
 
 class Failures(list):

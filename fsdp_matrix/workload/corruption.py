@@ -27,7 +27,7 @@ try:
 except ImportError:  # torch < 2.6
     from torch.distributed._composable.fsdp import FSDPModule
 
-from fsdp_matrix.workload.checks import RUN_CHECKS, DTensor, clean_name, trainable_names, wrapper_kind
+from fsdp_matrix.workload.checks import DTensor, clean_name, trainable_names, wrapper_kind
 from fsdp_matrix.workload.shards import (
     Shape,
     check_pieces_trained,
@@ -139,8 +139,6 @@ def take_reference(model: nn.Module, batch: torch.Tensor) -> Optional[Reference]
     An unwrapped forward that raises leaves the forward check without a reference (recorded, never raised here):
     the cell's own training then shows the error where it belongs.
     """
-    if not RUN_CHECKS:
-        return None
     params = {clean_name(n): (tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
     try:
         logits, outputs = forward_logits(model, batch)

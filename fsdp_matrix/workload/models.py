@@ -82,7 +82,7 @@ def build_4bit_model(name: str, compute_dtype: str, storage: str, ctx: RankConte
     dtype = torch_dtype(compute_dtype)
     path = save_once(
         ctx,
-        "-".join([name, compute_dtype, f"seed{ctx.seed}"]),  # no folded constant inside an f-string (export)
+        f"{name}-{compute_dtype}-seed{ctx.seed}",
         lambda out: save_model_files(build_model(name, compute_dtype, replace(ctx, device=torch.device("cpu"))), out),
     )
     storage_dtype = torch.uint8 if storage == "uint8" else torch_dtype(storage)

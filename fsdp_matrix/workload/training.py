@@ -11,7 +11,6 @@ from torch import nn
 
 # clean_name, full_parameters, trainable_names and wrapper_kind are re-exported: the case API names them here
 from fsdp_matrix.workload.checks import (  # noqa: F401
-    RUN_CHECKS,
     DTensor,
     TrainingChecks,
     clean_name,
@@ -103,10 +102,6 @@ def train_and_check(
     """
     require_fsdp(model)
     batch = synthetic_batch(ctx)
-    if not RUN_CHECKS:
-        params = [p for p in model.parameters() if p.requires_grad]
-        train_steps(model, batch, steps, optimizer or torch.optim.AdamW(params, lr=LR), backward)
-        return {"run_checks": False}
     judge = TrainingChecks(trainable, ctx.device, ctx.world_size)
     judge.snapshot(model)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -1,55 +1,30 @@
-"""Tests for fsdp_matrix.export.cli: which traced run an export keeps."""
+"""Tests for fsdp_matrix.export.cli: what an export writes, and how a run's outcome line is judged."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import pytest
-
 from fsdp_matrix.export import cli
-from fsdp_matrix.export.prune import Trace
 from fsdp_matrix.export.script import prepare
+from fsdp_matrix.export.verify import judge_outcome
 from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
+from fsdp_matrix.verdicts import Verdict
 
 MATRIX = load_matrix()
 CELL = "lora-requires-grad/lora-fp32-orig0-decoder_layer-llama-ws2"
-RAISED = (
-    "===== outcome: rank 0: ValueError: Must flatten tensors with uniform `requires_grad` when "
-    "`use_orig_params=False` (raised in torch.distributed.fsdp._flat_param._validate_tensors_to_flatten)"
-)
-TRAINED = "===== outcome: every rank trained (checks off: RUN_CHECKS)"
 
 
-@pytest.mark.parametrize("without_checks, runs, checks", [(RAISED, [False], False), (TRAINED, [False, True], True)])
-def test_a_failure_is_kept_without_the_checks_only_when_that_run_reproduces(monkeypatch, without_checks, runs, checks):
-    exp = prepare(MATRIX, CELL, "old", Path("/nonexistent"), DEFAULT_MATRIX.parent)
-    assert exp.expected.kind == "error"
-    seen = []
-
-    def traced(text, world_size, device, python):
-        on = "RUN_CHECKS = False" not in text
-        seen.append(on)
-        return Trace({1}, outcome=RAISED if on else without_checks)
-
-    monkeypatch.setattr(cli, "trace_script", traced)
-    trace = cli.trace_for(exp, "always", sys.executable)
-    assert seen == runs and trace.checks is checks
-
-
-def test_a_cell_expected_to_train_keeps_its_checks(monkeypatch):
-    exp = prepare(MATRIX, "lora-requires-grad/lora-fp32-orig1-decoder_layer-llama-ws2", "old", Path("/x"), Path("."))
-    assert exp.expected.kind == "ok"
-    seen = []
-    monkeypatch.setattr(cli, "trace_script", lambda text, *a: seen.append(text) or Trace({1}, outcome=TRAINED))
-    assert cli.trace_for(exp, "always", sys.executable).checks
-    assert len(seen) == 1 and "RUN_CHECKS = True" in seen[0]
+def test_an_original_is_written_from_its_upstream_script_and_older_flags_still_parse(tmp_path, capsys):
+    argv = [CELL, "--combo", "old", "--out", str(tmp_path), "--results", str(tmp_path / "none")]
+    assert cli.main(argv + ["--trace", "never", "--python", "python3"]) == 0
+    script, snippet = (Path(p) for p in capsys.readouterr().out.split())
+    assert script.suffix == ".py" and snippet.suffix == ".md"
+    text = script.read_text()
+    assert "from the hand-written upstream script (lora_requires_grad.py)" in text
+    assert 'use_orig_params=bool(params["orig"])' in text and "PARAMS = {" in text
 
 
 def test_a_harness_check_inlined_into_the_script_counts_as_the_harness_module():
-    from fsdp_matrix.export.verify import judge_outcome
-    from fsdp_matrix.verdicts import Verdict
-
     exp = prepare(
         MATRIX,
         "checkpoint-roundtrip/lora-fp32-orig1-decoder_layer-llama-save_fsdp1_full-ws2",
@@ -60,6 +35,5 @@ def test_a_harness_check_inlined_into_the_script_counts_as_the_harness_module():
     assert exp.expected.module == "fsdp_matrix.workload.checkpoint"
     saved = "rank 0: CheckFailed: adapter_model.safetensors holds 0/8 adapter tensors (raised in {}.check_saved)"
     assert judge_outcome(saved.format("__main__"), exp.expected).verdict == Verdict.REPRODUCED
-    assert judge_outcome(saved.format("__fsdp_matrix_trace__"), exp.expected).verdict == Verdict.REPRODUCED
     # an error of a library stays what it is
     assert judge_outcome(saved.format("torch.distributed"), exp.expected).verdict == Verdict.DIFFERENT_ERROR

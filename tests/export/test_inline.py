@@ -83,3 +83,48 @@ def test_refuses_what_one_flat_script_cannot_hold(tmp_path, line, message):
 def test_is_stdlib():
     assert is_stdlib("os.path") and is_stdlib("importlib.metadata")
     assert not is_stdlib("torch.distributed") and not is_stdlib("peft")
+
+
+def test_a_repro_through_the_facade_inlines_like_one_through_the_home_modules(tmp_path):
+    repro = _repro(
+        tmp_path,
+        """
+        from fsdp_matrix.case import RankContext, main, wrap_and_train as train
+
+
+        def run(params, ctx: RankContext):
+            return train(None, params, ctx)
+
+
+        if __name__ == "__main__":
+            main(run, "x")
+        """,
+    )
+    flat = flatten(repro)
+    order = [s.module for s in flat.sections]
+    assert "fsdp_matrix.workload.recipe" in order and "fsdp_matrix.workload.context" in order
+    assert "fsdp_matrix.standalone" not in order and "fsdp_matrix.case" not in order
+    assert "train = wrap_and_train" in flat.sections[-1].text
+
+
+def test_the_facade_module_becomes_a_namespace_of_the_names_read_from_it(tmp_path):
+    module = _repro(
+        tmp_path,
+        """
+        from fsdp_matrix import case as api
+
+
+        def run(params, ctx):
+            return api.wrap_and_train(api.peft_model(params, ctx), params, ctx)
+
+
+        if __name__ == "__main__":
+            api.main(run, "x")
+        """,
+    )
+    flat = flatten(module)
+    text = flat.sections[-1].text
+    assert "api = types.SimpleNamespace(peft_model=peft_model, wrap_and_train=wrap_and_train)" in text
+    assert "import types" in flat.stdlib_imports
+    assert "fsdp_matrix.workload.recipe" in [s.module for s in flat.sections]
+    assert "main" not in text.split("def run")[0]  # the standalone entry point is the script's own runtime

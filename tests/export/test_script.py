@@ -17,7 +17,7 @@ from fsdp_matrix.cells import expand_case
 from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.export.cli import main
 from fsdp_matrix.export.inline import is_stdlib
-from fsdp_matrix.export.script import prepare, render_script
+from fsdp_matrix.export.script import prepare, render_script, upstream_cells
 from fsdp_matrix.export.snippet import code_block, code_span, render_markdown
 from fsdp_matrix.export.verify import POISON, installed_versions, matching_combo_id, run_alone
 from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
@@ -97,7 +97,8 @@ def test_script_is_self_contained(ref):
     assert not _unbound_names(tree)
     # the user's index configuration decides where packages come from (links to upstream reports are fine)
     assert not re.search(r"https?://(?!github\.com/)|file://|index-url|find-links|\[tool\.uv", script)
-    assert "def run(params" in script and "def rank_main(" in script and "class RankContext" in script
+    assert "def run(params" in script and "def rank_main(" in script
+    assert "class RankContext" in script or "rank_main(run, Context," in script
     # what a maintainer pastes upstream names no machine
     assert str(ROOT) not in script and not re.search(r"(?<![\w.:/])/(root|work|home|tmp|usr)/", script)
 
@@ -221,7 +222,7 @@ def test_code_span_and_block():
 
 
 def test_cli_writes_script_and_snippet(tmp_path, capsys):
-    argv = [DORA.split("/")[1], "--out", str(tmp_path), "--results", str(tmp_path / "r"), "--trace", "never"]
+    argv = [DORA.split("/")[1], "--out", str(tmp_path), "--results", str(tmp_path / "r")]
     assert main(argv) == 0
     written = capsys.readouterr().out.split()
     stem = "repro_dora-sharded-weight_dora-fp32-orig1-peft_policy-llama-ws2"
@@ -241,28 +242,46 @@ ORIGINALS = {
 }
 """The four reports the matrix started from (peft#1702, #1984, #2129, #2166), each by the cell that shows it."""
 LIMIT = 150
-"""Target length of an original report's export (issue 15): what a maintainer reads in an issue."""
+"""Target length of an original report's export: what a maintainer reads in an issue."""
 
 
-def _installed() -> dict:
-    return installed_versions(MATRIX)
+@pytest.mark.parametrize("case_id", ORIGINALS)
+def test_an_original_exports_its_hand_written_upstream_script(case_id):
+    exp = prepare(MATRIX, f"{case_id}/{ORIGINALS[case_id]}", "old", Path("/nonexistent"), ROOT)
+    assert exp.upstream == ROOT / "repros" / "upstream" / exp.repro.name
+    script = render_script(exp)
+    lines = len(script.splitlines())
+    assert lines <= LIMIT, f"{lines} lines: an original report's export must fit in {LIMIT}"
+    assert "CELLS" not in script and "hand-written upstream script" in script
+
+
+def test_a_cell_no_upstream_script_names_is_flattened():
+    exp = prepare(MATRIX, "lora-requires-grad/lora-fp32-orig1-decoder_layer-llama-ws2", "old", Path("/x"), ROOT)
+    assert exp.upstream is None and exp.source == exp.repro
+    assert "class RankContext" in render_script(exp)
+
+
+def test_every_upstream_script_names_cells_of_its_case():
+    for path in sorted((ROOT / "repros" / "upstream").glob("*.py")):
+        case = next(c for c in MATRIX.cases if c.repro == f"repros/{path.name}")
+        ids = {c.id for c in expand_case(case)}
+        assert upstream_cells(path) and set(upstream_cells(path)) <= ids, path.name
 
 
 @pytest.mark.skipif(not _has_workload_packages(), reason="needs torch, peft, transformers, bitsandbytes installed")
 @pytest.mark.parametrize("case_id", ORIGINALS)
 def test_exported_script_reproduces_alone(tmp_path, case_id):
-    """Export an original report's cell with a traced run, then run the script alone (empty folder, the repo
-    unreachable, see verify.py): it must give the verdict the matrix gives that cell with these versions."""
+    """Export an original report's cell, then run the script alone (empty folder, the repo unreachable, see
+    verify.py): it must give the verdict the matrix gives that cell with these versions."""
     versions = _installed()
     case = MATRIX.case(case_id)
     cell = next(c for c in expand_case(case) if c.id == ORIGINALS[case_id])
     expected = expected_for(case, cell, versions)
     combo = matching_combo_id(MATRIX, versions)
     work = tmp_path / "empty"
-    argv = [f"{case_id}/{cell.id}", "--out", str(work), "--results", str(tmp_path / "none"), "--trace", "always"]
+    argv = [f"{case_id}/{cell.id}", "--out", str(work), "--results", str(tmp_path / "none")]
     assert main(argv + (["--combo", combo] if combo else [])) == 0
     script = next(work.glob("*.py"))
-    start = time.monotonic()
     alone = run_alone(script, timeout=300)
     out = alone.output
     want = Verdict.REPRODUCED if expected.kind == "error" else Verdict.FIX_HOLDS
@@ -271,17 +290,11 @@ def test_exported_script_reproduces_alone(tmp_path, case_id):
     assert "===== rank 0: error" in out and "===== rank 1: error" in out or expected.kind == "ok", out
     assert POISON.strip() not in out and "ChildFailedError" not in out, out
     assert not [n for n in alone.leftovers if n.startswith("fsdp-repro-")], "the ranks' scratch folder was left behind"
-    # a fix holds only when the checks ran; a failure is shown without them when it still reproduces so
-    exported = prepare(MATRIX, f"{case_id}/{cell.id}", combo, tmp_path, ROOT).expected
-    assert ("RUN_CHECKS = False" in script.read_text()) == (exported.kind == "error")
-    lines = len(script.read_text().splitlines())
-    static = len(render_script(prepare(MATRIX, f"{case_id}/{cell.id}", combo, tmp_path, ROOT)).splitlines())
-    assert lines < static, "the traced run kept no fewer lines than the params alone"
-    assert lines <= LIMIT, f"{lines} lines: an original report's export must fit in {LIMIT} (issue 15)"
-    print(
-        f"{case_id}/{cell.id}: {lines} lines (params only: {static}; limit {LIMIT}), ran alone in "
-        f"{time.monotonic() - start:.1f} s"
-    )
+    assert len(script.read_text().splitlines()) <= LIMIT
+
+
+def _installed() -> dict:
+    return installed_versions(MATRIX)
 
 
 def test_markdown_holds_no_absolute_path_and_no_host(tmp_path):
