@@ -119,3 +119,14 @@ def test_defect9_a_passing_cell_that_now_needs_attention_is_an_alert(tmp_path, c
     assert diff.main([str(tmp_path / "old"), str(tmp_path / "new")]) == 1
     out = capsys.readouterr().out
     assert "Passing cells that now need attention (5):" in out and "dora/a-ws2: F fix-holds -> !C crash" in out
+
+
+def test_a_line_of_new_that_is_not_a_record_is_an_alert(tmp_path, capsys):
+    """A record nobody can read hides its verdict: the diff names the line and exits 1, whatever else changed."""
+    old = _results(tmp_path, "old", BASE)
+    new = _results(tmp_path, "new", BASE)
+    with open(new / "cur" / "cells.jsonl", "a") as fh:
+        fh.write('{"case": "dora", "cell": "a-ws2", "observed": "\\udcff"}\n')
+    assert diff.main([str(old), str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "Lines that are not records (1):" in out and "cells.jsonl:4" in out
