@@ -3,7 +3,8 @@
 An entry is (combo column, case/cell). The alerts, which make the exit code 1: a cell that is REGRESSION in NEW and
 was not in OLD (another verdict, or no record at all: a new combo or cell), and a cell that passed in OLD (reproduced
 or fix-holds) and now needs attention (crash, hang, env-error, DIFFERENT-ERROR): a fix that used to hold and now
-segfaults is as much a broken night as a REGRESSION. An UNEXPECTED-FIX is listed on its own, without an alert: it
+segfaults is as much a broken night as a REGRESSION. A line of NEW that is not a record is an alert too: its verdict
+is unknown. An UNEXPECTED-FIX is listed on its own, without an alert: it
 means upstream fixed something, and matrix.yaml wants updating.
 """
 
@@ -66,6 +67,9 @@ class ReportDiff:
     """Entries only OLD has."""
     versions: List[str] = field(default_factory=list)
     """Columns whose recorded versions changed, e.g. a nightly combo whose pins moved."""
+    unreadable: List[str] = field(default_factory=list)
+    """``file:line: reason`` of each line of NEW's cells.jsonl that is not a record (quarantined): its verdict, a
+    REGRESSION maybe, is unknown."""
 
     @property
     def empty(self) -> bool:
@@ -74,9 +78,10 @@ class ReportDiff:
         )
 
     @property
-    def alerts(self) -> List[Change]:
-        """What fails a nightly: new regressions, and passing cells that now need attention."""
-        return self.regressions + self.broken
+    def alerts(self) -> List[str]:
+        """What fails a nightly, one line each: new regressions, passing cells that now need attention, and lines of
+        NEW that are not records."""
+        return [_fmt(c) for c in self.regressions + self.broken] + self.unreadable
 
 
 def load_report(path: Path) -> Dict[str, Any]:
@@ -157,6 +162,7 @@ def compare(old: Dict[str, Any], new: Dict[str, Any]) -> ReportDiff:
         ]
         if moved:
             diff.versions.append(f"{col}: " + ", ".join(moved))
+    diff.unreadable = [f"{s['file']}:{s['line']}: {s['reason']}" for s in new.get("skipped_lines") or []]
     return diff
 
 
@@ -182,6 +188,9 @@ def render(diff: ReportDiff, old_name: str = "OLD", new_name: str = "NEW") -> st
     for title, changes in groups:
         if changes:
             out += ["", f"{title} ({len(changes)}):"] + [_fmt(c) for c in changes]
+    if diff.unreadable:
+        out += ["", f"Lines that are not records ({len(diff.unreadable)}):"]
+        out += [f"  {one_line(u)}" for u in diff.unreadable]
     if diff.empty:
         out.append("No verdict changed.")
     return "\n".join(out) + "\n"
