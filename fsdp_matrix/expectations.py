@@ -14,13 +14,13 @@ why); ``expected_for`` is its verdict and ``explain`` prints its trials, so the 
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from fsdp_matrix import patterns
 from fsdp_matrix.cells import Cell, matches, unmet_requirement, which_mismatch
 from fsdp_matrix.matrix import Case, Rule
 from fsdp_matrix.rules import ErrorSignature, PlatformRule
@@ -266,7 +266,7 @@ def error_fits(
         return False
     if error_type != want["type"] and error_type.rsplit(".", 1)[-1] != want["type"]:
         return False
-    if not re.search(want.get("match") or "", message or ""):
+    if not patterns.search(want.get("match") or "", message or ""):
         return False
     if want.get("module"):
         mod = location or ""
@@ -302,7 +302,7 @@ def warning_raised(sig: Mapping[str, str], warnings: Sequence[Mapping[str, Any]]
     """The first recorded warning (``{category, message, ...}``, see RankResult.warnings) that fits ``{type,
     match}``: the category by class name, with or without its module; the regex searched in the message."""
     for w in warnings:
-        if _type_fits(sig["type"], w.get("category")) and re.search(sig["match"], w.get("message") or ""):
+        if _type_fits(sig["type"], w.get("category")) and patterns.search(sig["match"], w.get("message") or ""):
             return w
     return None
 
@@ -311,4 +311,4 @@ def stack_fits(expected: Expected, stacks: Sequence[Optional[str]]) -> bool:
     """Does a hang fit a ``hang`` rule: without a stack regex any hang does; with one, some rank's stack holds it."""
     if expected.match is None:
         return True
-    return any(re.search(expected.match, s) for s in stacks if s)
+    return any(patterns.search(expected.match, s) for s in stacks if s)

@@ -12,11 +12,12 @@ written once. Two kinds, with a fixed precedence (see ``expectations.trace``):
 
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fsdp_matrix import patterns
 
 PACKAGES = ("torch", "peft", "transformers", "accelerate", "bitsandbytes")
 """The packages every combo pins and every record reports."""
@@ -30,11 +31,11 @@ Scalar = Union[bool, int, float, str]
 
 
 def _valid_regex(value: str) -> str:
-    """``value`` if it compiles as a regex; the one-line error a rule's ``match`` or ``stack`` gives otherwise."""
-    try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"invalid regex: {exc}") from None
+    """``value`` if it is a regex a bounded search can use; the one-line error a rule's ``match`` or ``stack`` gives
+    otherwise (invalid, or backtracking catastrophically: see patterns.check)."""
+    reason = patterns.check(value)
+    if reason:
+        raise ValueError(reason)
     return value
 
 

@@ -1,5 +1,6 @@
 import json
 import multiprocessing
+import os
 
 import pytest
 
@@ -177,3 +178,29 @@ def test_a_schema_3_record_without_nodes_ran_on_one_node(tmp_path):
     (tmp_path / "cells.jsonl").write_text(json.dumps(data) + "\n")
     [back] = list(records.iter_records(tmp_path))
     assert (back.world_size, back.nodes, back.schema) == (2, 1, 3)
+
+
+def test_a_message_holding_a_surrogate_escaped_byte_reads_back(tmp_path):
+    """A path with a non-UTF-8 byte, as os.fsdecode returns it, is kept as ``\\xff`` text: the record reads back."""
+    message = "cannot load adapter from " + os.fsdecode(b"/data/dir-\xff/adapter")
+    rec = _record("sur")
+    rec.observed = Observed(status="error", error_type="RuntimeError", error_message=message, ranks=[])
+    rec.params = {os.fsdecode(b"k\xfe"): os.fsdecode(b"v\xfd")}
+    records.append(tmp_path, rec)
+    records.append(tmp_path, _record("after"))
+    skipped = []
+    back = list(records.iter_records(tmp_path, skipped))
+    assert skipped == [] and [r.cell for r in back] == ["sur", "after"]
+    assert back[0].observed.error_message == "cannot load adapter from /data/dir-\\xff/adapter"
+    assert back[0].params == {"k\\xfe": "v\\xfd"}
+
+
+def test_a_line_written_by_an_older_harness_with_a_lone_surrogate_reads_back(tmp_path):
+    """json.dumps escapes a lone surrogate as ``\\udcff``, which pydantic's JSON parser refuses: the record is
+    recovered rather than lost."""
+    data = _record("old").to_json()
+    data["observed"]["error_message"] = "dir-\udcff"
+    (tmp_path / "cells.jsonl").write_text(json.dumps(data) + "\n")
+    skipped = []
+    [back] = list(records.iter_records(tmp_path, skipped))
+    assert skipped == [] and back.observed.error_message == "dir-\\xff"

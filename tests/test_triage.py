@@ -289,3 +289,18 @@ def test_a_huge_log_is_read_by_its_head_and_tail(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO(log))
     assert triage_cli.main(["-", "--versions", "peft=0.13.2"]) == 0
     assert "1. dora-sharded-weight" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("how", ["utf-16", "nul"])
+def test_a_utf16_or_nul_paste_is_matched_and_nothing_of_it_reaches_the_terminal_raw(tmp_path, capsys, how):
+    """PowerShell's ``>`` writes UTF-16 with a BOM; a NUL inside a message is whitespace; an escape sequence of the
+    paste is never printed."""
+    text = paste_of("peft1702_title.txt")
+    path = tmp_path / "paste.txt"
+    if how == "utf-16":
+        path.write_bytes(("\x1b]0;PWNED\x07" + text).encode("utf-16"))
+    else:
+        path.write_bytes(text.replace("requires_grad", "requires_grad\x00", 1).encode() + b"\x1b]0;PWNED\x07\n")
+    assert triage_cli.main([str(path), "--versions", "peft=0.13.2,torch=2.13.0"]) == 0
+    out = capsys.readouterr().out
+    assert "1. lora-requires-grad" in out and "\x1b" not in out and "\x07" not in out and "PWNED" not in out

@@ -3,14 +3,18 @@
 An entry is (combo column, case/cell). The alerts, which make the exit code 1: a cell that is REGRESSION in NEW and
 was not in OLD (another verdict, or no record at all: a new combo or cell), and a cell that passed in OLD (reproduced
 or fix-holds) and now needs attention (crash, hang, env-error, DIFFERENT-ERROR): a fix that used to hold and now
-segfaults is as much a broken night as a REGRESSION. An UNEXPECTED-FIX is listed on its own, without an alert: it
-means upstream fixed something, and matrix.yaml wants updating.
+segfaults is as much a broken night as a REGRESSION. A line of NEW that is not a record is an alert too (its verdict
+is unknown), and so are vanished records: a combo of OLD with no record in NEW (a combo missing, an empty results file,
+a report with no entries), or one that lost more than MAX_DROP of its records. An UNEXPECTED-FIX is listed on its
+own, without an alert: it means upstream fixed something, and matrix.yaml wants updating.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -26,6 +30,9 @@ from fsdp_matrix.verdicts import Verdict
 
 Key = Tuple[str, str]
 """(column id, case/cell)."""
+MAX_DROP = 0.25
+"""The share of a combo's records that may vanish between OLD and NEW without an alert: a cell or two taken out of
+matrix.yaml is a listed removal; a combo that lost more than this (or all, or a run that died) is a lost night."""
 
 
 class ReportInputError(Exception):
@@ -66,6 +73,12 @@ class ReportDiff:
     """Entries only OLD has."""
     versions: List[str] = field(default_factory=list)
     """Columns whose recorded versions changed, e.g. a nightly combo whose pins moved."""
+    lost: List[str] = field(default_factory=list)
+    """Columns of OLD whose records vanished in NEW: all of them (a combo missing, an empty results file, a report
+    with no entries) or more than ``MAX_DROP`` of them."""
+    unreadable: List[str] = field(default_factory=list)
+    """``file:line: reason`` of each line of NEW's cells.jsonl that is not a record (quarantined): its verdict, a
+    REGRESSION maybe, is unknown."""
 
     @property
     def empty(self) -> bool:
@@ -74,9 +87,10 @@ class ReportDiff:
         )
 
     @property
-    def alerts(self) -> List[Change]:
-        """What fails a nightly: new regressions, and passing cells that now need attention."""
-        return self.regressions + self.broken
+    def alerts(self) -> List[str]:
+        """What fails a nightly, one line each: new regressions, passing cells that now need attention, and lines of
+        NEW that are not records, and records lost beyond ``MAX_DROP``."""
+        return [_fmt(c) for c in self.regressions + self.broken] + self.lost + self.unreadable
 
 
 def load_report(path: Path) -> Dict[str, Any]:
@@ -127,7 +141,21 @@ def _passed(verdict: Optional[str]) -> Optional[bool]:
         return None
 
 
-def compare(old: Dict[str, Any], new: Dict[str, Any]) -> ReportDiff:
+def _lost(before: Dict[Key, Any], after: Dict[Key, Any], max_drop: float) -> List[str]:
+    """``column: ...`` for each column of ``before`` that lost every record in ``after``, or more than
+    ``max_drop`` of them."""
+    out = []
+    olds, news = Counter(c for c, _ in before), Counter(c for c, _ in after)
+    for col, was in sorted(olds.items()):
+        now = news[col]
+        if now == 0:
+            out.append(f"{col}: {was} records in OLD, none in NEW")
+        elif was - now > max_drop * was:
+            out.append(f"{col}: records dropped from {was} to {now} (more than {max_drop:.0%})")
+    return out
+
+
+def compare(old: Dict[str, Any], new: Dict[str, Any], max_drop: float = MAX_DROP) -> ReportDiff:
     before, after = _entries(old), _entries(new)
     diff = ReportDiff()
     for key in sorted(set(before) | set(after)):
@@ -157,6 +185,8 @@ def compare(old: Dict[str, Any], new: Dict[str, Any]) -> ReportDiff:
         ]
         if moved:
             diff.versions.append(f"{col}: " + ", ".join(moved))
+    diff.lost = _lost(before, after, max_drop)
+    diff.unreadable = [f"{s['file']}:{s['line']}: {s['reason']}" for s in new.get("skipped_lines") or []]
     return diff
 
 
@@ -182,9 +212,24 @@ def render(diff: ReportDiff, old_name: str = "OLD", new_name: str = "NEW") -> st
     for title, changes in groups:
         if changes:
             out += ["", f"{title} ({len(changes)}):"] + [_fmt(c) for c in changes]
+    if diff.lost:
+        out += ["", f"Records lost ({len(diff.lost)}):"] + [f"  {one_line(c)}" for c in diff.lost]
+    if diff.unreadable:
+        out += ["", f"Lines that are not records ({len(diff.unreadable)}):"]
+        out += [f"  {one_line(u)}" for u in diff.unreadable]
     if diff.empty:
         out.append("No verdict changed.")
     return "\n".join(out) + "\n"
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:  # nan fails both
+        raise argparse.ArgumentTypeError(f"not a share from 0 to 1: {text!r}")
+    return value
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -195,12 +240,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("old", type=Path, help="report.json, results dir or cells.jsonl of the earlier run")
     parser.add_argument("new", type=Path, help="the same for the later run")
+    parser.add_argument(
+        "--max-drop",
+        type=_share,
+        default=MAX_DROP,
+        help=f"share of a combo's records that may vanish without an alert (default {MAX_DROP})",
+    )
     args = parser.parse_args(argv)
     try:
         old, new = load_report(args.old), load_report(args.new)
     except ReportInputError as exc:
         print(f"diff: {flat(exc)}", file=sys.stderr)
         return 2
-    diff = compare(old, new)
+    diff = compare(old, new, args.max_drop)
     sys.stdout.write(render(diff, str(args.old), str(args.new)))
     return 1 if diff.alerts else 0

@@ -41,7 +41,7 @@ def one_line(text: Optional[str], limit: int = 400) -> str:
 def summary_line(grid: Grid) -> str:
     return (
         f"fsdp-matrix report: {len(grid.rows)} cells x {len(grid.columns)} combos, "
-        f"{len(grid.attention())} need attention"
+        f"{len(grid.attention()) + len(grid.skipped)} need attention"
         + (f", {grid.skipped_text()}" if grid.skipped else "")
         + (f" ({shown(grid.source)})" if grid.source else "")
     )
@@ -69,8 +69,13 @@ def render_text(grid: Grid, width: int = 3) -> str:
         out.append(f"Combos in matrix.yaml with no record: {shown(', '.join(grid.unrun))}")
     if grid.skipped:
         out.append(f"Not read: {grid.skipped_text()} (each is named on stderr by `python -m fsdp_matrix report`)")
-    items = grid.attention()
-    out += ["", f"Needs attention ({len(items)}):" if items else "Needs attention: nothing."]
+    items = len(grid.attention()) + len(grid.skipped)
+    out += ["", f"Needs attention ({items}):" if items else "Needs attention: nothing."]
+    # a line no reader can parse may hold any verdict, a REGRESSION included: it is an alert, not a footnote
+    out += [
+        f"  ?? {one_line(f'{skip.file}:{skip.line}')}: quarantined, not a record: {one_line(skip.reason, 200)}"
+        for skip in grid.skipped
+    ]
     for failure in grid.env_failures():
         col = failure.column
         out.append(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import gc
+import operator
 import os
 import sys
 import types
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from fsdp_matrix.clip import clip
 
@@ -34,6 +35,7 @@ class Hygiene:
         self.budget = leak_budget_bytes
         self.leaked_bytes = 0
         self.state = self._global_state()
+        self.callables = Callables()
 
     @staticmethod
     def _global_state() -> Dict[str, Any]:
@@ -106,6 +108,7 @@ class Hygiene:
         changed += _env_changes(self.state["environ"], now["environ"])
         changed += _warning_changes(self.state["warnings"], now["warnings"])
         changed += _attribute_changes(self.state["attributes"], now["attributes"])
+        changed += [c for c in self.callables.changes() if c not in changed]
         # libraries export some settings on first use (torch's inductor cache dir), and import modules and add
         # lazy attributes: the first time is accepted, and becomes part of what later cells are compared against
         env_before, env_after = self.state["environ"], now["environ"]
@@ -290,3 +293,132 @@ def _cmdline(proc: Any) -> list:
         return proc.cmdline()
     except Exception:  # noqa: BLE001 - the process may be gone already
         return []
+
+
+_WATCHED = _METHODS + (type,)
+
+
+class _Owner:
+    """A module or a class of the libraries, and its callables when last looked at (the objects themselves: an id
+    could be reused by a replacement once the original is freed)."""
+
+    def __init__(self, obj: Any, label: str) -> None:
+        self.obj = obj
+        """The module or class."""
+        self.label = label
+        """``module`` or ``module.Class``: what a change is reported as, with the name appended."""
+        self.snap()
+
+    def snap(self) -> None:
+        self.view = d = vars(self.obj)
+        """The module's dict or the class's mappingproxy: a live view, taken once."""
+        module_level = isinstance(self.obj, types.ModuleType)
+        names = tuple(
+            k
+            for k, v in list(d.items())
+            if isinstance(v, _WATCHED if module_level else _METHODS)
+            and not (k.startswith("__") and k.endswith("__"))
+            or k in ("__init__", "__call__")
+        )
+        self.values = tuple(d[k] for k in names)
+        """The callables, in ``names`` order."""
+        self.names = names
+        """Their names."""
+        self.size = len(d)
+        getter = operator.itemgetter(*names) if names else None
+        self.get: Optional[Callable[[Any], Any]] = getter if len(names) != 1 else (lambda m: (getter(m),))
+
+    def same(self) -> bool:
+        """Nothing was replaced, removed or added: a few C-level calls, no Python loop."""
+        d = self.view
+        if len(d) != self.size:
+            return False
+        try:
+            # tuple equality tests identity first (PyObject_RichCompareBool), and functions compare by identity
+            return self.get is None or self.get(d) == self.values
+        except KeyError:
+            return False
+
+    def changes(self) -> List[str]:
+        """The names replaced or removed, and methods added to a class from outside the libraries; torch's own lazy
+        wrappers and step hooks are no change. Takes the new state as the one to compare against next."""
+        d = vars(self.obj)
+        out = []
+        for name, old in zip(self.names, self.values):
+            new = d.get(name, _MISSING)
+            if (
+                new is old
+                or _wraps(new, old)
+                or (isinstance(self.obj, type) and _torch_hooked_inherited(self.obj, name, new))
+            ):
+                continue
+            if new is _MISSING and isinstance(self.obj, types.ModuleType) and _resolves_to((self.label, name), old):
+                continue
+            out.append(f"{self.label}.{name}")
+        if isinstance(self.obj, type):
+            out += [
+                f"{self.label}.{k}"
+                for k, v in list(d.items())
+                if k not in self.names
+                and isinstance(v, _METHODS)
+                and not k.startswith("__")
+                and not _defined_in(v, *_LIBRARIES)
+            ]
+        self.snap()
+        return out
+
+
+class Callables:
+    """The functions and classes of every imported module of the libraries (torch, transformers, peft, accelerate,
+    trl, bitsandbytes), and the methods of every class those modules define: taken once per launch (~0.2 s), then
+    compared after each cell by identity, owner by owner (C-level: an itemgetter and a tuple comparison each),
+    and looked at name by name only where one differs. A module imported since is first use: taken, not compared.
+    """
+
+    def __init__(self) -> None:
+        self.owners: Dict[Tuple[str, int], _Owner] = {}
+        """(label, id of the module or class) -> what it held when last looked at."""
+        self.modules: Dict[str, Any] = {}
+        """The library modules taken so far, by name."""
+        self.seen = 0
+        """``len(sys.modules)`` when modules were last taken."""
+        self._take_new()
+
+    def _take_new(self) -> None:
+        self.seen = len(sys.modules)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # probing deprecated objects warns
+            for name, module in list(sys.modules.items()):
+                if self.modules.get(name) is module or name.partition(".")[0] not in _LIBRARIES:
+                    continue
+                if not isinstance(module, types.ModuleType):
+                    continue
+                self.modules[name] = module
+                self._own(module, name)
+                for value in list(vars(module).values()):
+                    if isinstance(value, type) and value.__module__ == name:
+                        self._own(value, f"{name}.{value.__qualname__}")
+
+    def _own(self, obj: Any, label: str) -> None:
+        key = (label, id(obj))
+        if key not in self.owners:
+            owner = _Owner(obj, label)
+            if owner.names:  # a module or class without callables has nothing a cell could patch but add to
+                self.owners[key] = owner
+
+    def changes(self) -> List[str]:
+        """``module.name`` / ``module.Class.method`` of each callable a cell replaced, removed or added (at most
+        20); then modules imported since are taken."""
+        out: List[str] = []
+        try:
+            # one comprehension over live views: the per-owner method call costs more than the comparison itself
+            stale = [o for o in self.owners.values() if len(o.view) != o.size or (o.get and o.get(o.view) != o.values)]
+        except KeyError:  # a name removed: look at each owner on its own
+            stale = [o for o in self.owners.values() if not o.same()]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for owner in stale:
+                out += owner.changes()
+        if len(sys.modules) != self.seen:
+            self._take_new()
+        return sorted(set(out))[:20]

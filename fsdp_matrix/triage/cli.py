@@ -34,7 +34,7 @@ from fsdp_matrix.triage.match import (
     reproducing_cells,
     rule_versions,
 )
-from fsdp_matrix.triage.parse import MAX_BYTES, Paste, parse
+from fsdp_matrix.triage.parse import MAX_BYTES, Paste, decode, parse
 from fsdp_matrix.triage.versions import fixed_in, observed_range, older_than_observed, workarounds
 from fsdp_matrix.usage import OneLineParser
 from fsdp_matrix.verdicts import Verdict
@@ -65,10 +65,11 @@ def _head_and_tail(stream, limit: int = MAX_BYTES):
 def _read(source: Optional[str]) -> str:
     """The paste, at most ``MAX_BYTES`` of it: its head and its tail."""
     if source in (None, "-"):
-        return _head_and_tail(sys.stdin)
+        stdin = getattr(sys.stdin, "buffer", None)  # bytes, so that a UTF-16 paste is decoded by its BOM
+        return decode(_head_and_tail(stdin)) if stdin else _head_and_tail(sys.stdin)
     try:
         with open(source, "rb") as fh:
-            return _head_and_tail(fh).decode("utf-8", "replace")
+            return decode(_head_and_tail(fh))
     except OSError as exc:
         raise TriageError(f"{source}: cannot read: {exc.strerror or exc}") from None
 

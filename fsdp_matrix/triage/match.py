@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
+from fsdp_matrix import patterns
 from fsdp_matrix.cells import Cell, expand_case
 from fsdp_matrix.expectations import expected_for, version_matches
 from fsdp_matrix.matrix import Case, Combo, Matrix
@@ -236,10 +237,10 @@ def _generic(regex: str) -> bool:
     return max((len(w - _STOPWORDS) for w in _wanted(regex)), default=0) <= GENERIC_WORDS
 
 
-def _message_fit(regex: re.Pattern[str], raw: str, paste: Paste) -> Tuple[Optional[str], List[PastedError]]:
+def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optional[str], List[PastedError]]:
     """How the rule's message is in the paste: exact, case-insensitive (on an exception line), in the text (a title,
     a sentence), loose; and the exception lines it was found on."""
-    folded = re.compile(regex.pattern, re.IGNORECASE)
+    folded = patterns.Bounded(regex.pattern, re.IGNORECASE)
     for kind, pattern in (("exact", regex), ("case-insensitive", folded)):
         found = [e for e in paste.errors if pattern.search(_plain(e.message))]
         if found:
@@ -345,8 +346,8 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
     """How well a signature fits the paste, or None when its message is not in it."""
     err = sig.error
     try:
-        regex = re.compile(_pattern(err.match))
-    except re.error:
+        regex = patterns.Bounded(_pattern(err.match))
+    except patterns.error:
         return None
     kind, errors = _message_fit(regex, err.match, paste)
     if kind is None:

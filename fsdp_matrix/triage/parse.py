@@ -26,7 +26,21 @@ PACKAGE_ROOTS = (
 """Top-level packages a frame's module is read from when its path has no site-packages/dist-packages part (a
 source checkout such as ``~/src/peft/src/peft/tuners/lora/dora.py``)."""
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# CSI (colours, cursor moves), OSC (title, hyperlink target, clipboard: its payload goes too), and the other ESC
+# sequences; then every C0/C1 control but tab and newline: nothing of a paste may act on the terminal it is shown in
+_ANSI = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]"
+    r"|(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[PX^_][^\x1b\x9c]*(?:\x1b\\|\x9c)?|\x1b[@-Z\\-_]|\x1b"
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_BOMS = (
+    (b"\xff\xfe\x00\x00", "utf-32-le"),
+    (b"\x00\x00\xfe\xff", "utf-32-be"),
+    (b"\xef\xbb\xbf", "utf-8"),
+    (b"\xff\xfe", "utf-16-le"),
+    (b"\xfe\xff", "utf-16-be"),
+)
 # per-rank prefixes of torchrun/accelerate output, also with the opening bracket cut off by a trimmed paste
 _RANK_PREFIX = re.compile(r"^\s*\[?(?:rank|default)\d+\]?:\s?")
 # Markdown quotes ("> "), Python prompts (">>> "), and pytest's failure lines ("E   ")
@@ -125,10 +139,27 @@ def bounded(text: str, limit: int = MAX_BYTES) -> str:
     return (data[:half] + b"\n" + data[-half:]).decode("utf-8", "replace")
 
 
+def decode(data: bytes) -> str:
+    """A paste's bytes as text: by its BOM (PowerShell's ``>`` writes UTF-16 with one), else UTF-8, an undecodable
+    byte as U+FFFD."""
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            return data[len(bom) :].decode(encoding, "replace")
+    return data.decode("utf-8", "replace")
+
+
+def plain(text: str) -> str:
+    """``text`` without escape sequences and control characters but tab and newline (a NUL or a stray CR is a
+    space, a backspace nothing)."""
+    text = _ANSI.sub("", text.replace("\r\n", "\n").replace("\r", "\n").replace("\ufeff", ""))
+    return _CONTROL.sub(lambda m: " " if m.group() in "\x00\t\x0b\x0c" else "", text)
+
+
 def clean_lines(text: str) -> List[str]:
-    """The paste's lines without colours, rank prefixes, Markdown quote marks, fences and stray backticks."""
+    """The paste's lines without control sequences, rank prefixes, Markdown quote marks, fences and stray
+    backticks."""
     out = []
-    for raw in _ANSI.sub("", text.replace("\r\n", "\n").replace("\r", "\n")).split("\n"):
+    for raw in plain(text).split("\n"):
         line = _QUOTE_PREFIX.sub("", raw)
         line = _RANK_PREFIX.sub("", line)
         if _FENCE.match(line):

@@ -119,3 +119,54 @@ def test_defect9_a_passing_cell_that_now_needs_attention_is_an_alert(tmp_path, c
     assert diff.main([str(tmp_path / "old"), str(tmp_path / "new")]) == 1
     out = capsys.readouterr().out
     assert "Passing cells that now need attention (5):" in out and "dora/a-ws2: F fix-holds -> !C crash" in out
+
+
+def test_a_line_of_new_that_is_not_a_record_is_an_alert(tmp_path, capsys):
+    """A record nobody can read hides its verdict: the diff names the line and exits 1, whatever else changed."""
+    old = _results(tmp_path, "old", BASE)
+    new = _results(tmp_path, "new", BASE)
+    with open(new / "cur" / "cells.jsonl", "a") as fh:
+        fh.write('{"case": "dora", "cell": "a-ws2", "observed": "\\udcff"}\n')
+    assert diff.main([str(old), str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "Lines that are not records (1):" in out and "cells.jsonl:4" in out
+
+
+def _two_combos(tmp_path: Path) -> Path:
+    return _results(tmp_path, "old", BASE + [make_record(c.cell, c.verdict, combo="nightly") for c in BASE])
+
+
+def test_a_combo_missing_tonight_is_an_alert(tmp_path, capsys):
+    old = _two_combos(tmp_path)
+    assert diff.main([str(old), str(_results(tmp_path, "new", BASE))]) == 1
+    out = capsys.readouterr().out
+    assert "Records lost (1):" in out and "nightly: 3 records in OLD, none in NEW" in out
+
+
+def test_an_empty_results_file_is_an_alert(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "cells.jsonl").write_text("")  # a run that died after creating it
+    assert diff.main([str(_two_combos(tmp_path)), str(tmp_path / "empty")]) == 1
+    out = capsys.readouterr().out
+    assert "Records lost (2):" in out and "cur: 3 records in OLD, none in NEW" in out
+
+
+def test_a_report_json_with_no_entries_is_an_alert(tmp_path, capsys):
+    good = _report_json(tmp_path, "old", BASE)
+    data = json.loads(good.read_text())
+    data["entries"], data["columns"] = {}, []
+    hollow = tmp_path / "hollow.json"
+    hollow.write_text(json.dumps(data))
+    assert diff.main([str(good), str(hollow)]) == 1
+    assert "cur: 3 records in OLD, none in NEW" in capsys.readouterr().out
+
+
+def test_records_that_drop_beyond_the_threshold_are_an_alert(tmp_path, capsys):
+    old = [make_record(f"{n}-ws2", "fix-holds") for n in "abcdefgh"]
+    old_dir = _results(tmp_path, "old", old)
+    # one cell dropped of eight (12.5 %): a cell taken out of matrix.yaml, listed but no alert
+    assert diff.main([str(old_dir), str(_results(tmp_path, "new7", old[1:]))]) == 0
+    # three of eight (37.5 %): more than the default quarter
+    assert diff.main([str(old_dir), str(_results(tmp_path, "new5", old[3:]))]) == 1
+    assert "cur: records dropped from 8 to 5" in capsys.readouterr().out
+    assert diff.main([str(old_dir), str(_results(tmp_path, "new5b", old[3:])), "--max-drop", "0.5"]) == 0

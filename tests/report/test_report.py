@@ -266,3 +266,16 @@ def test_defect20_an_env_that_cannot_be_installed_is_reported_once_per_combo():
         assert "3 cells" in out, name
         assert out.count("zeta/dora-ws2") == 1, name  # the REGRESSION's own line; the env-error cells are counted
     assert fix in text and md.count(markdown.md_escape(fix)) == 1 and html.escape(fix) in attention
+
+
+def test_a_line_that_is_not_a_record_needs_attention_with_its_position(tmp_path, capsys):
+    """A line no reader can parse is quarantined with its file and line, and counted among what needs attention:
+    never only a quiet "could not be read"."""
+    results = tmp_path / "results"
+    append(results, make_record("a-ws2", "fix-holds", "new", case="zeta"))
+    with open(results / "cells.jsonl", "a") as fh:
+        fh.write("{garbage\n")
+    assert report_cli.main([str(results)]) == 0
+    text = (results / "report.txt").read_text()
+    assert "1 need attention" in text.splitlines()[0]
+    assert "Needs attention (1):" in text and "cells.jsonl:2: quarantined" in text

@@ -143,3 +143,60 @@ def test_a_lazy_module_swapped_for_a_fresh_one_is_no_change_unless_a_name_resolv
     monkeypatch.setitem(sys.modules, "torch.optim", Lazy("torch.optim", elsewhere))
     changed = hygiene._attribute_changes(before, hygiene.public_attributes())
     assert "torch.optim.SGD" in changed and all(c.startswith("torch.optim.SGD") for c in changed), changed
+
+
+def _state_changes(h: hygiene.Hygiene) -> list:
+    """What ``check`` calls global state changed (this test process has no process group: that problem is not
+    this test's)."""
+    problems = h.check(barrier_timeout_s=1)["problems"]
+    said = [p for p in problems if p.startswith("global state changed by the cell: ")]
+    return said[0].removeprefix("global state changed by the cell: ").split(", ") if said else []
+
+
+@pytest.mark.parametrize(
+    "module,owner,name",
+    [
+        ("peft.tuners.lora.layer", "Linear", "forward"),  # what workaround repros patch
+        ("transformers.models.llama.modeling_llama", "LlamaMLP", "forward"),
+        ("torch.distributed.fsdp._flat_param", "FlatParamHandle", "_validate_tensors_to_flatten"),
+        ("torch.nn.modules.linear", None, "F"),  # not a callable of its own: a module alias, not watched
+    ],
+)
+def test_a_patched_method_of_any_imported_library_class_is_a_change(rank_hygiene, module, owner, name):
+    """A repro that patched ``peft.tuners.lora.layer.Linear.forward`` turned the next healthy cells into
+    REGRESSION with no hygiene note: only the top-level names of nine modules were watched."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    target = getattr(mod, owner) if owner else mod
+    rank_hygiene.check(barrier_timeout_s=1)  # the imports above are first use, not a change
+    saved = vars(target)[name]
+    try:
+        setattr(target, name, lambda *a, **k: None)
+        expected = [f"{module}.{owner}.{name}"] if owner else []
+        assert _state_changes(rank_hygiene) == expected
+    finally:
+        setattr(target, name, saved)
+
+
+def test_training_a_lora_model_with_adamw_changes_no_callable(rank_hygiene):
+    """torch hooks an optimizer's step, wraps functions lazily and peft/transformers cache on first use: none of
+    that is a cell's patch (taken for one, every cell would restart its ranks)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def train():
+        config = LlamaConfig(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=50
+        )
+        model = get_peft_model(LlamaForCausalLM(config), LoraConfig(target_modules=["q_proj", "v_proj"]))
+        optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+        ids = torch.randint(0, 50, (2, 8))
+        model(input_ids=ids, labels=ids).loss.backward()
+        optim.step()
+
+    train()  # first use: imports and lazy set-ups
+    rank_hygiene.check(barrier_timeout_s=1)
+    train()
+    assert _state_changes(rank_hygiene) == []

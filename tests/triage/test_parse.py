@@ -1,6 +1,7 @@
 """``triage.parse``: a paste is read within a bounded size, its repeated lines once, and each exception line keeps
 the frame printed above it."""
 
+from fsdp_matrix.triage import parse as parse_module
 from fsdp_matrix.triage.parse import MAX_BYTES, bounded, parse
 
 FRAME = '  File "/x/site-packages/torch/distributed/fsdp/_flat_param.py", line 770, in _validate_tensors_to_flatten\n'
@@ -30,3 +31,34 @@ def test_the_frame_above_an_exception_is_its_raise_site_not_a_frame_far_away():
     far = parse(FRAME + "\n".join(f"log line {i}" for i in range(10)) + "\n" + ERROR)
     assert near.errors[0].raised_in is not None
     assert far.errors[0].raised_in is None
+
+
+def test_no_terminal_control_sequence_of_the_paste_survives():
+    """A paste's OSC title and hyperlink sequences, bells and backspaces would act on the reader's terminal when the
+    pasted error is printed: every control character but tab and newline goes, an OSC's payload with it."""
+    hostile = (
+        "RuntimeError: boom\x1b]0;PWNED-TITLE\x07 \x1b]8;;http://evil.invalid\x1b\\here\x1b]8;;\x1b\\ x\x08y"
+        "\x1b]52;c;Y2xpcGJvYXJk\x07 \x1b[31mred\x1b[0m \x9b2J end\x7f\n"
+    )
+    paste = parse(hostile)
+    [err] = paste.errors
+    shown = err.message + paste.text + "".join(paste.lines)
+    assert not any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in shown), repr(shown)
+    assert "PWNED" not in shown and "evil.invalid" not in shown and "Y2xpcGJvYXJk" not in shown
+    assert err.message == "boom here xy red end"  # \x9b2J is a C1 CSI (erase the screen), 2J its arguments
+
+
+def test_a_nul_inside_a_message_reads_as_whitespace():
+    [err] = parse("ValueError: Attempting to unscale\x00FP16 gradients.\n").errors
+    assert err.message == "Attempting to unscale FP16 gradients."
+
+
+def test_a_paste_saved_as_utf16_or_with_a_bom_is_decoded_by_its_bom():
+    text = "Traceback (most recent call last):\r\n" + FRAME + ERROR
+    for encoding in ("utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"):
+        bom = {"utf-16-le": "\ufeff", "utf-16-be": "\ufeff"}.get(encoding, "")
+        data = (bom + text).encode(encoding)
+        assert [e.message for e in parse(parse_module.decode(data)).errors] == [
+            "Cannot flatten integer dtype tensors"
+        ], encoding
+    assert parse_module.decode("plain ascii \xff".encode("latin-1")) == "plain ascii \ufffd"
