@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import time
-from typing import Callable, Iterable, List, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
@@ -57,17 +56,6 @@ def train_steps(
         optimizer.step()
         if judge is not None:
             judge.record_loss(float(loss.detach()))
-
-
-def grad_norm(params: List[nn.Parameter], device: torch.device) -> float:
-    """L2 norm of the given parameters' gradients over all ranks (each rank holds its shard of them)."""
-    local = 0.0
-    for p in params:
-        if p.grad is None:
-            continue
-        g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-        local += float(g.detach().float().pow(2).sum())
-    return math.sqrt(sum_over_ranks([local], device)[0])
 
 
 def train_and_check(
