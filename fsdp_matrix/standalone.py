@@ -46,8 +46,8 @@ def main(run: Callable[[Dict[str, Any], Any], Any], case: str, argv: List[str] =
     import torch.distributed as dist
 
     from fsdp_matrix import records
-    from fsdp_matrix.runner.live import CellRun
     from fsdp_matrix.runner.session import observe
+    from fsdp_matrix.runner.watching import CellRun
     from fsdp_matrix.runner.worker import init_process_group, make_context, run_cell
 
     args, params = parse(sys.argv[1:] if argv is None else argv)

@@ -25,7 +25,6 @@ import psutil
 from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import LaunchError, ResultsError
 from fsdp_matrix.runner import launchdir, procs
-from fsdp_matrix.runner.live import CellRun
 from fsdp_matrix.runner.options import CELL_TIMEOUT_S, rendezvous_nodes
 from fsdp_matrix.runner.protocol import (
     ENV_DEVICE,
@@ -39,6 +38,7 @@ from fsdp_matrix.runner.protocol import (
 )
 from fsdp_matrix.runner.watching import (
     NO_STACK,
+    CellRun,
     Decision,
     Finished,
     LaunchState,

@@ -19,8 +19,8 @@ from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.records import Observed, Record
 from fsdp_matrix.runner.launcher import Launcher
-from fsdp_matrix.runner.live import CellRun
 from fsdp_matrix.runner.protocol import Task
+from fsdp_matrix.runner.watching import CellRun
 from fsdp_matrix.verdicts import ABOUT_THE_BUG, Verdict, make_record
 
 KEPT_ON_RESUME = ABOUT_THE_BUG | {Verdict.SKIPPED.value}

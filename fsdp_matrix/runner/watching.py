@@ -25,11 +25,34 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Un
 
 from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner import procs
-from fsdp_matrix.runner.live import CellRun
 from fsdp_matrix.runner.protocol import Bye, Clean, End, Event, Hello, Ready, Start
 
 NO_STACK = "(no stack dumped)"
 """A stuck rank's stack when none could be dumped."""
+
+
+@dataclass(kw_only=True)
+class CellRun:
+    """What the launcher observed for one cell, before it is judged."""
+
+    key: str
+    """``case/cell``."""
+    status: str
+    """ok / error / hang / crash / env-error."""
+    ranks: List[RankResult]
+    """Per-rank results, with stacks (hang) and exit codes (crash)."""
+    duration_s: float
+    """From the first rank's start to the last rank's end (or to detection)."""
+    launch: int = 0
+    """Which launch ran it (0, 1, ... as launches are replaced)."""
+    detect_s: Optional[float] = None
+    """For hang/crash/one-rank errors: seconds from the first sign of trouble to the verdict."""
+    note: str = ""
+    """Why the launch was replaced after this cell, if it was."""
+    hygiene: List[str] = field(default_factory=list)
+    """Problems a rank found after the cell (leaked modules, child processes, broken group): the launch was replaced."""
+    env_removed: List[str] = field(default_factory=list)
+    """The caller's variables the launch's ranks were started without (protocol.STRIPPED_ENV_PREFIXES)."""
 
 
 # ---- events in ----------------------------------------------------------------------------------------------------
