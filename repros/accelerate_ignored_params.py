@@ -17,10 +17,11 @@ from typing import Iterator, List
 
 import torch.distributed.fsdp as fsdp_module
 
+from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.entry import accelerate_setup
 from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import train_and_check, trainable_names
+from fsdp_matrix.workload.training import train_and_check
 
 CASE = "accelerate-ignored-params"
 

@@ -37,10 +37,11 @@ from fsdp_matrix.workload.checkpoint import (
     on_every_rank,
     read_adapter_dir,
 )
+from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import train_and_check, trainable_names
+from fsdp_matrix.workload.training import train_and_check
 from fsdp_matrix.workload.wrapping import WRAPS, fsdp1, wrap
 
 CASE = "adapter-save-sharded"

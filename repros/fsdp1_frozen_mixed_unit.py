@@ -25,11 +25,12 @@ import re
 from torch import nn
 from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 
+from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import decoder_layer_class
 from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import train_and_check, trainable_names
+from fsdp_matrix.workload.training import train_and_check
 from fsdp_matrix.workload.wrapping import fsdp1
 
 CASE = "fsdp1-frozen-mixed-unit"

@@ -23,11 +23,12 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.checks import DTensor, trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import fsdp2, fully_shard
 
 CASE = "fsdp2-4bit-forward"

@@ -26,11 +26,12 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from fsdp_matrix.workload.adapters import TARGET_MODULES, lora_config
+from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.models import build_model
 from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.training import synthetic_batch, train_and_check, trainable_names
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import fsdp2, fully_shard
 
 CASE = "fsdp2-lora-embedding"

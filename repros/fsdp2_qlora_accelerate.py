@@ -21,11 +21,12 @@ import warnings
 import torch
 
 from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.checks import DTensor, trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.entry import accelerate_setup
 from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 
 CASE = "fsdp2-qlora-accelerate"
 

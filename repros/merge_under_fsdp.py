@@ -20,11 +20,11 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from fsdp_matrix.workload.checks import Failures
+from fsdp_matrix.workload.checks import DTensor, Failures, trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.recipe import peft_model
-from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "merge-under-fsdp"

@@ -35,8 +35,8 @@ def through_trainer(model, value, params: dict, ctx: RankContext) -> dict:
     as the variable), or not at all."""
     from unittest import mock
 
+    from fsdp_matrix.workload.checks import trainable_names
     from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
-    from fsdp_matrix.workload.training import trainable_names
 
     params = {**params, "wrap": "decoder_layer"}  # FSDP1, the Trainer's policy: the class is the cell's, or none
     extra = {"transformer_layer_cls_to_wrap": [value]} if value else {}

@@ -30,11 +30,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import lora_config
-from fsdp_matrix.workload.checks import clean_name, trainable_names
+from fsdp_matrix.workload.checks import DTensor, clean_name, trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import TINY_SHAPE, build_model
 from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.training import DTensor, train_and_check
+from fsdp_matrix.workload.training import train_and_check
 from fsdp_matrix.workload.wrapping import fsdp2
 
 CASE = "peft-meta-base-load"

@@ -34,10 +34,11 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import is_adapter, lora_config
 from fsdp_matrix.workload.checkpoint import adapter_key, cell_dir, check_saved, full_shapes, read_adapter_dir
+from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import build_model
 from fsdp_matrix.workload.params import axis
-from fsdp_matrix.workload.training import train_and_check, trainable_names
+from fsdp_matrix.workload.training import train_and_check
 from fsdp_matrix.workload.wrapping import decoder_layer_policy, fsdp1
 
 CASE = "save-rank0-state-dict"

@@ -15,18 +15,12 @@ from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel
 
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import lora_config
+from fsdp_matrix.workload.checks import clean_name, full_parameters, trainable_names, wrapper_kind
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.models import DTYPES, build_model
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.recipe import MODELS
-from fsdp_matrix.workload.training import (
-    clean_name,
-    full_parameters,
-    synthetic_batch,
-    train_and_check,
-    trainable_names,
-    wrapper_kind,
-)
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import WRAPS, wrap
 
 CASE = "trainable-tokens"

@@ -8,18 +8,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
-# clean_name, full_parameters, trainable_names and wrapper_kind are re-exported: the case API names them here
-from fsdp_matrix.workload.checks import (  # noqa: F401
-    RUN_CHECKS,
-    DTensor,
-    TrainingChecks,
-    clean_name,
-    full_parameters,
-    require_fsdp,
-    sum_over_ranks,
-    trainable_names,
-    wrapper_kind,
-)
+from fsdp_matrix.workload.checks import RUN_CHECKS, TrainingChecks, require_fsdp
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import CorruptionChecks, ReferenceLike, as_reference
 from fsdp_matrix.workload.models import VOCAB
