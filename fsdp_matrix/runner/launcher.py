@@ -369,6 +369,8 @@ class Launcher:
         return events
 
     def _carry_out(self, live: Launch, decision: Decision) -> None:
+        """Act on one decision: note the rendezvous time, record a cell (its stuck ranks' stacks dumped first, while
+        they are alive), or retire the launch."""
         if isinstance(decision, Rendezvoused):
             self.launch_seconds.append(decision.seconds)
         elif isinstance(decision, Finished):
