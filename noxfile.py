@@ -59,9 +59,9 @@ def _stamp_extra():
 
 
 def _options(posargs):
-    """The launch options nox itself reads (declared once, in fsdp_matrix/runner/options.py); the rest go to
+    """The launch options nox itself reads (declared once, in fsdp_matrix/options.py); the rest go to
     pytest. A bad value stops the session with one line before any env is built."""
-    from fsdp_matrix.runner import options
+    from fsdp_matrix import options
 
     p = options.Parser(prog="nox -s matrix --", add_help=False)
     # None: not given here, so nox picks (results root, GPU detection) and pytest gets nothing to override
@@ -153,7 +153,7 @@ def _run_combo(
             texts = [f"{k}={v}" for k, v in combo.sources.items()] + list(opts.pin)
             first = sources.failure_line(sources.resolve_pins(texts), report.message)
         session.error(f"env-error for {combo.id}: {first}")
-    from fsdp_matrix.runner import options
+    from fsdp_matrix import options
 
     launch = options.LaunchOptions(
         results=results, combo=combo.id, device=device, world_size=opts.world_size, resume=opts.resume

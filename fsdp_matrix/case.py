@@ -35,7 +35,15 @@ from fsdp_matrix.workload.checkpoint import (
 )
 from fsdp_matrix.workload.checkpoint_hf import HF_SAVES, hf_roundtrip
 from fsdp_matrix.workload.checkpoint_torch import RAW_PATHS, raw_roundtrip
-from fsdp_matrix.workload.checks import Failures, TrainingChecks, clean_name, full_parameters
+from fsdp_matrix.workload.checks import (
+    DTensor,
+    Failures,
+    TrainingChecks,
+    clean_name,
+    full_parameters,
+    trainable_names,
+    wrapper_kind,
+)
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.entry import accelerate_setup, prepare_and_train
@@ -57,7 +65,7 @@ from fsdp_matrix.workload.models import (
 from fsdp_matrix.workload.params import UnknownAxisValue, axis, flag
 from fsdp_matrix.workload.recipe import MODELS, base_dtype_name, base_model, peft_model, wrap_and_train, wrap_cell
 from fsdp_matrix.workload.tinynets import build_tinynet
-from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names, wrapper_kind
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.trl_trainer import trl_entry
 from fsdp_matrix.workload.wrapping import WRAPS, decoder_layer_policy, fsdp1, fsdp2, fully_shard, wrap
 

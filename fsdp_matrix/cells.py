@@ -6,13 +6,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from fsdp_matrix.axes import (  # noqa: F401 (cell_id, ID_ORDER: re-exported)
-    ID_ORDER,
-    LAYOUT_AXES,
-    cell_id,
-    parse_layout,
-    same_value,
-)
+from fsdp_matrix.axes import LAYOUT_AXES, cell_id, parse_layout, same_value
 from fsdp_matrix.errors import UnknownCellError
 from fsdp_matrix.matrix import Case, Matrix, Requirement
 

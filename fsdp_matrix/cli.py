@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from fsdp_matrix.errors import MatrixError
-from fsdp_matrix.runner.options import OptionError
+from fsdp_matrix.options import OptionError
 from fsdp_matrix.usage import OneLineParser, flat
 
 # command -> module whose main(argv) implements it; imported lazily so `report` never imports torch

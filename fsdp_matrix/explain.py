@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from fsdp_matrix import options
 from fsdp_matrix.cells import Cell, find_cell
 from fsdp_matrix.clip import first_line
 from fsdp_matrix.errors import MatrixError
@@ -20,7 +21,6 @@ from fsdp_matrix.expectations import Trace, trace
 from fsdp_matrix.installed import installed_versions
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
 from fsdp_matrix.rules import RULE_PACKAGES
-from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser
 
 STAGES = (
@@ -99,7 +99,7 @@ def newest_record(results: Path, cell: Cell, combo: Optional[str]) -> Optional[s
 def main(argv: List[str]) -> int:
     p = OneLineParser(prog="fsdp_matrix explain", description=__doc__.split("\n\n")[0])
     p.add_argument("cell", help="CASE/CELL or a cell id unique across cases")
-    # declared once (runner/options.py); the device defaults to the combo's, else cpu; versions go on top of the
+    # declared once (fsdp_matrix/options.py); the device defaults to the combo's, else cpu; versions go on top of the
     # combo's pins or the installed ones
     options.add_arguments(
         p.add_argument, ("combo", "device", "results", "matrix"), choices=options.CONCRETE_DEVICE,

@@ -141,7 +141,7 @@ class Combo(Strict):
 
     @model_validator(mode="after")
     def _sources_fit(self) -> Combo:
-        from fsdp_matrix.envs.sources import REFUSED  # resolved (git, paths) only when an env is built
+        from fsdp_matrix.rules import REFUSED
 
         for name in self.sources:
             if canonicalize_name(name) in REFUSED:

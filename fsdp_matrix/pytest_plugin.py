@@ -13,14 +13,14 @@ from typing import List, Optional
 
 import pytest
 
+from fsdp_matrix import options
 from fsdp_matrix.cells import Cell, expand
 from fsdp_matrix.errors import MatrixError, ResultsError
 from fsdp_matrix.matrix import Matrix, load_matrix
+from fsdp_matrix.options import LaunchOptions
 from fsdp_matrix.records import Record
 from fsdp_matrix.report.failure import failure_text
-from fsdp_matrix.runner import options
 from fsdp_matrix.runner.factory import open_session, resolve_device, run_layout
-from fsdp_matrix.runner.options import LaunchOptions
 from fsdp_matrix.runner.session import Session
 from fsdp_matrix.verdicts import Verdict
 

@@ -26,6 +26,8 @@ OPTIONAL_PACKAGES = ("trl",)
 the env lacks one."""
 RULE_PACKAGES = PACKAGES + OPTIONAL_PACKAGES
 """The packages a rule's ``versions`` may name."""
+REFUSED = {"torch": "hours of C++/CUDA build", "bitsandbytes": "a native CUDA/CPU build"}
+"""Packages never built from source, and why: a combo's ``sources`` and a ``--pin`` refuse them."""
 
 Scalar = Union[bool, int, float, str]
 

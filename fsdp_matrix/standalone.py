@@ -14,12 +14,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from fsdp_matrix import options
 from fsdp_matrix.cells import Cell, find_cell
 from fsdp_matrix.expectations import Expected, expected_for
-from fsdp_matrix.matrix import load_matrix
-from fsdp_matrix.runner import options
+from fsdp_matrix.matrix import Matrix, load_matrix
+from fsdp_matrix.records import Observed, Record
 
 
 def _value(text: str) -> Any:
@@ -29,7 +30,7 @@ def _value(text: str) -> Any:
 def parse(argv: List[str]) -> Tuple[argparse.Namespace, Dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cell", help="cell id, e.g. dora-bf16-orig1-peft_policy-llama-ws2")
-    # declared once (runner/options.py): the records' dir, the matrix, the device (auto: cuda when a GPU is visible)
+    # declared once (fsdp_matrix/options.py): records dir, matrix, device (auto: cuda when a GPU is visible)
     options.add_arguments(p.add_argument, ("results", "matrix", "device"), defaults={"device": "auto"})
     p.add_argument("--timeout", type=float, default=180.0, help="process-group timeout: bounds a one-rank failure")
     p.add_argument("--no-record", action="store_true", help="print the outcome only")
@@ -45,9 +46,8 @@ def main(run: Callable[[Dict[str, Any], Any], Any], case: str, argv: List[str] =
     import torch.distributed as dist
 
     from fsdp_matrix import records
-    from fsdp_matrix.envs import local_versions
-    from fsdp_matrix.runner.launcher import CellRun
-    from fsdp_matrix.runner.session import make_record, observe
+    from fsdp_matrix.runner.session import observe
+    from fsdp_matrix.runner.watching import CellRun
     from fsdp_matrix.runner.worker import init_process_group, make_context, run_cell
 
     args, params = parse(sys.argv[1:] if argv is None else argv)
@@ -89,8 +89,7 @@ def main(run: Callable[[Dict[str, Any], Any], Any], case: str, argv: List[str] =
         return 0
     status = "error" if any(r.status == "error" for r in gathered) else "ok"
     observed = observe(CellRun(key=cell.key, status=status, ranks=gathered, duration_s=duration))
-    expected = expected_for(matrix.case(case), cell, local_versions()) if matrix else Expected("none")
-    rec = make_record(cell, expected, observed, local_versions(), duration, None, f"standalone-{run_id or 'local'}")
+    rec = _record(matrix, cell, observed, duration, f"standalone-{run_id or 'local'}")
     if not args.no_record:
         records.append(args.results, rec)
     summary = f"{rec.verdict}: {cell.key}: {rec.line}" if matrix else f"{cell.key}: {rec.line.split(' / ', 1)[1]}"
@@ -99,3 +98,14 @@ def main(run: Callable[[Dict[str, Any], Any], Any], case: str, argv: List[str] =
         first = next(r for r in gathered if r.status == "error")
         print(first.traceback, file=sys.stderr)
     return 0
+
+
+def _record(matrix: Optional[Matrix], cell: Cell, observed: Observed, duration: float, run_id: str) -> Record:
+    """The cell's record, judged against matrix.yaml's rule for this env (none without a matrix)."""
+    from fsdp_matrix.envs import local_versions
+    from fsdp_matrix.envs.sources import env_sources
+    from fsdp_matrix.verdicts import make_record
+
+    versions = local_versions()
+    expected = expected_for(matrix.case(cell.case), cell, versions) if matrix else Expected("none")
+    return make_record(cell, expected, observed, versions, duration, None, run_id, env_sources(versions=versions))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
+from fsdp_matrix.cells import Cell
 from fsdp_matrix.clip import first_line
 from fsdp_matrix.expectations import Expected, platform_signature, signature_matches, stack_fits, warning_raised
+from fsdp_matrix.records import Observed, Record, clipped
 
 
 class Verdict(str, enum.Enum):
@@ -92,18 +94,10 @@ def judge(
     is skipped instead: the env cannot run the cell (e.g. FSDP2 on a torch without a CPU path). The line keeps the
     observed error and names the signature, and the record keeps the observed error as it was.
     """
-    observed = _describe(status, error_type, message, location)
-    if status == "ok" and (expected.warning or expected.no_warning):
-        sig = expected.warning or expected.no_warning
-        seen = warning_raised(sig, warnings)
-        observed += (
-            f", with {seen['category']}: {first_line(seen['message'], 200)}"
-            if seen
-            else (f", without {sig['type']}: /{sig['match']}/")
-        )
-    line = f"expected {expected.describe()} / observed {observed}"
     if status not in STATUSES:
         raise ValueError(f"unknown observed status {status!r}")
+    observed = _observed_line(expected, status, error_type, message, location, warnings)
+    line = f"expected {expected.describe()} / observed {observed}"
     if status == "hang" and expected.kind == "hang":
         if stack_fits(expected, stacks):
             return Judgement(Verdict.REPRODUCED, line)
@@ -115,15 +109,49 @@ def judge(
         # a skip rule means the cell should not have been run at all; running it anyway is a harness bug
         return Judgement(Verdict.DIFFERENT_ERROR, line + " (a skip rule matched, yet the cell ran)")
     if status == "ok":
-        if expected.kind == "ok":
-            raised = expected.no_warning and warning_raised(expected.no_warning, warnings)
-            return Judgement(Verdict.REGRESSION if raised else Verdict.FIX_HOLDS, line)
-        if expected.kind == "warning":
-            seen = warning_raised(expected.warning, warnings)
-            return Judgement(Verdict.REPRODUCED if seen else Verdict.UNEXPECTED_FIX, line)
-        if expected.kind in ("error", "hang"):
-            return Judgement(Verdict.UNEXPECTED_FIX, line)
-        return Judgement(Verdict.DIFFERENT_ERROR, line + " (no rule in matrix.yaml matches this cell)")
+        return _judge_ok(expected, line, warnings)
+    return _judge_error(expected, line, error_type, message, location)
+
+
+def _observed_line(
+    expected: Expected,
+    status: str,
+    error_type: Optional[str],
+    message: Optional[str],
+    location: Optional[str],
+    warnings: Sequence[Mapping[str, Any]],
+) -> str:
+    """The observed half of the line: the outcome, and for a rule about a warning whether some rank raised it."""
+    observed = _describe(status, error_type, message, location)
+    if status == "ok" and (expected.warning or expected.no_warning):
+        sig = expected.warning or expected.no_warning
+        seen = warning_raised(sig, warnings)
+        observed += (
+            f", with {seen['category']}: {first_line(seen['message'], 200)}"
+            if seen
+            else (f", without {sig['type']}: /{sig['match']}/")
+        )
+    return observed
+
+
+def _judge_ok(expected: Expected, line: str, warnings: Sequence[Mapping[str, Any]]) -> Judgement:
+    """The cell trained fine: met against an ok, warning, error or hang rule."""
+    if expected.kind == "ok":
+        raised = expected.no_warning and warning_raised(expected.no_warning, warnings)
+        return Judgement(Verdict.REGRESSION if raised else Verdict.FIX_HOLDS, line)
+    if expected.kind == "warning":
+        seen = warning_raised(expected.warning, warnings)
+        return Judgement(Verdict.REPRODUCED if seen else Verdict.UNEXPECTED_FIX, line)
+    if expected.kind in ("error", "hang"):
+        return Judgement(Verdict.UNEXPECTED_FIX, line)
+    return Judgement(Verdict.DIFFERENT_ERROR, line + " (no rule in matrix.yaml matches this cell)")
+
+
+def _judge_error(
+    expected: Expected, line: str, error_type: Optional[str], message: Optional[str], location: Optional[str]
+) -> Judgement:
+    """A rank raised: the expected signature, else a platform signature (skipped), else REGRESSION or
+    DIFFERENT-ERROR."""
     if signature_matches(expected, error_type, message, location):
         return Judgement(Verdict.REPRODUCED, line)
     platform = platform_signature(expected, error_type, message, location)
@@ -134,6 +162,61 @@ def judge(
     if expected.kind == "none":
         line += " (no rule in matrix.yaml matches this cell)"
     return Judgement(Verdict.DIFFERENT_ERROR, line)
+
+
+def changed_note(sources: Mapping[str, Mapping]) -> str:
+    """What a verdict that differs from the rules means for a source build: the change is not in a release yet."""
+    built = ", ".join(
+        f"{name} {src.get('commit', '')[:7]} judged as {src.get('release') or 'no release'}"
+        for name, src in sorted(sources.items())
+    )
+    return f"changed on main, not released yet ({built})"
+
+
+def make_record(
+    cell: Cell,
+    expected: Expected,
+    observed: Observed,
+    versions: Mapping[str, Optional[str]],
+    duration_s: float,
+    combo: Optional[str],
+    run_id: Optional[str],
+    sources: Mapping[str, Dict],
+) -> Record:
+    """The record of one cell: what was expected, what was observed, and the verdict ``judge`` gives the pair.
+
+    ``versions`` is what the env really holds (never the pins alone), so a record read later says what ran.
+    ``sources`` are the env's source builds (fsdp_matrix.envs.sources.env_sources), empty for releases only.
+    """
+    judgement = judge(
+        expected,
+        observed.status,
+        observed.error_type,
+        observed.error_message,
+        observed.location,
+        stacks=[r.stack for r in observed.ranks],
+        warnings=[w for r in observed.ranks for w in r.warnings],
+    )
+    line = judgement.line
+    if sources and not judgement.verdict.passed and observed.status in ("ok", "error"):
+        line += f" [{changed_note(sources)}]"  # rules are for releases; a source build is judged as its release base
+    return Record(
+        case=cell.case,
+        cell=cell.id,
+        params=cell.params_dict,
+        versions=dict(versions),
+        device=cell.device,
+        world_size=cell.world_size,
+        nodes=cell.nodes,
+        expected=expected.to_json(),
+        observed=clipped(observed),  # judged on the whole text above; stored as its head and tail
+        verdict=judgement.verdict.value,
+        duration_s=round(duration_s, 3),
+        line=line,
+        combo=combo,
+        run_id=run_id,
+        sources=dict(sources),
+    )
 
 
 def _describe(status: str, error_type: Optional[str], message: Optional[str], location: Optional[str]) -> str:

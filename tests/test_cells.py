@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_matrix.cells import Cell, cell_id, expand, find_cell, matches, unmet_requirement
+from fsdp_matrix.axes import cell_id
+from fsdp_matrix.cells import Cell, expand, find_cell, matches, unmet_requirement
 from fsdp_matrix.errors import UnknownCellError
 from fsdp_matrix.matrix import load_matrix, parse_matrix
 from tests.helpers import matrix_data

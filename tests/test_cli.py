@@ -103,7 +103,7 @@ def test_explain_shows_the_newest_record(tmp_path, capsys):
     from fsdp_matrix.cells import find_cell
     from fsdp_matrix.expectations import expected_for
     from fsdp_matrix.matrix import load_matrix
-    from fsdp_matrix.runner.session import make_record
+    from fsdp_matrix.verdicts import make_record
 
     matrix = load_matrix()
     cell = find_cell(matrix, CELL)
@@ -116,7 +116,7 @@ def test_explain_shows_the_newest_record(tmp_path, capsys):
         etype = "AttributeError" if "Stream" in message else "AssertionError"
         where = "torch.cuda.streams" if "Stream" in message else "torch.distributed.fsdp._fully_shard._fsdp_param_group"
         observed = records.Observed(status="error", error_type=etype, error_message=message, location=where)
-        rec = make_record(cell, expected, observed, versions, 1.0, "torch2.6", "r")
+        rec = make_record(cell, expected, observed, versions, 1.0, "torch2.6", "r", {})
         # torch 2.6's record_event error is the platform's signature: skipped, the observed error kept
         assert rec.verdict == ("skipped" if "Stream" in message else "reproduced")
         assert rec.observed.error_message == message

@@ -18,9 +18,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from fsdp_matrix import options
 from fsdp_matrix.bisect import commits
 from fsdp_matrix.bisect.installers import DatedInstaller, days_between, parse_pins
-from fsdp_matrix.bisect.paths import writable_file
 from fsdp_matrix.bisect.releases import release_candidates
 from fsdp_matrix.bisect.search import CellAnswer, Installer, SearchResult, Step, bisect_cells, install_bound
 from fsdp_matrix.bisect.wiring import Bisection, StepOptions, add_step_arguments, bisection_from
@@ -29,8 +29,8 @@ from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.matrix import Combo, Matrix, load_matrix
+from fsdp_matrix.paths import writable_file
 from fsdp_matrix.progress import Heartbeat
-from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser, flat
 
 _PROJECT = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.utils import canonicalize_name
 
+from fsdp_matrix import options
 from fsdp_matrix.bisect.installers import PinnedInstaller, parse_pins
 from fsdp_matrix.bisect.outcome import Outcome
 from fsdp_matrix.bisect.runner import LaunchRunner
@@ -45,7 +46,6 @@ from fsdp_matrix.envs.sources import (
 from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.progress import Heartbeat
-from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser, flat
 
 _SEP = "\x1f"

@@ -25,10 +25,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix.bisect.paths import writable_file
 from fsdp_matrix.bisect.wiring import add_step_arguments
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import PACKAGES, Combo, Matrix, Pins, load_matrix
+from fsdp_matrix.paths import writable_file
 from fsdp_matrix.report.diff import ReportInputError, compare, load_report, render
 from fsdp_matrix.usage import OneLineParser, flat
 from fsdp_matrix.verdicts import ABOUT_THE_BUG

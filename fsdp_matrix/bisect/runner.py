@@ -25,9 +25,9 @@ from fsdp_matrix.bisect.installers import bytecode_on_import, harness_root
 from fsdp_matrix.bisect.outcome import Outcome
 from fsdp_matrix.bisect.search import CellOutcome, Untestable
 from fsdp_matrix.clip import clip
+from fsdp_matrix.options import LaunchOptions, to_argv
 from fsdp_matrix.records import RECORDS_FILE, Record, iter_records, latest
 from fsdp_matrix.runner import procs
-from fsdp_matrix.runner.options import LaunchOptions, to_argv
 from fsdp_matrix.verdicts import Verdict
 
 _VERDICTS = tuple(v.value for v in Verdict)

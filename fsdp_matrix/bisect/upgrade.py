@@ -23,9 +23,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from fsdp_matrix import options
 from fsdp_matrix.bisect.installers import PinnedInstaller, parse_pins
 from fsdp_matrix.bisect.outcome import Outcome
-from fsdp_matrix.bisect.paths import writable_file
 from fsdp_matrix.bisect.releases import release_candidates
 from fsdp_matrix.bisect.search import CellsRunner, Prepared, Step, Untestable, bisect_cells
 from fsdp_matrix.bisect.upgrade_git import CommitLine, commit_lines, parse_git_args, seen_at
@@ -34,9 +34,9 @@ from fsdp_matrix.cells import expand
 from fsdp_matrix.envs.sources import SourcePin
 from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.matrix import Combo, load_matrix
+from fsdp_matrix.paths import writable_file
 from fsdp_matrix.progress import Heartbeat, fmt_seconds
 from fsdp_matrix.report.style import symbol
-from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser, flat
 from fsdp_matrix.verdicts import Verdict
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from fsdp_matrix import options
 from fsdp_matrix.bisect.installers import PinnedInstaller
-from fsdp_matrix.bisect.paths import DEFAULT_CACHE, usable_dir
 from fsdp_matrix.bisect.runner import LaunchRunner
 from fsdp_matrix.matrix import Combo
-from fsdp_matrix.runner import options
-from fsdp_matrix.runner.options import CONCRETE_DEVICE
+from fsdp_matrix.options import CONCRETE_DEVICE
+from fsdp_matrix.paths import DEFAULT_CACHE, usable_dir
 from fsdp_matrix.usage import positive_seconds
 
 

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from filelock import FileLock
 
@@ -138,47 +138,23 @@ def _prepare(
     # a source build replaces its pin; only its presence is verified (its version is whatever the commit says)
     sources = dict(sources or {})
     imports = imports_for([*pins, *sources], imports)
-    requirements = [sources[k].requirement if k in sources else f"{k}=={v}" for k, v in pins.items()]
-    requirements += [s.requirement for k, s in sources.items() if k not in pins]
-    pins = {k: v for k, v in pins.items() if k not in sources}
-    requirements += list(extra) + list(harness)
+    requirements, pins = _requirements(pins, sources, extra, harness)
     stamp_key = (
         requirements
         + ([f"exclude-newer={exclude_newer}"] if exclude_newer else [])
         + [f"device={device}"]
         + list(stamp_extra)
     )
-    start = time.monotonic()
-    if is_current(venv, stamp_key):
-        state = inspect_env(python, list(pins) + list(sources))
-        wrong = _problems(state, pins) + _missing(state, sources)
-        if not wrong:
-            return EnvReport(True, "", state["versions"], 0.0, time.monotonic() - start, reused=True)
-        # something changed the env behind the stamp's back (a hand install, an old interrupted run): reinstall
-        print(f"[env {label or venv.name}] stamp says current, but {'; '.join(wrong)}: reinstalling", flush=True)
-    interrupted = invalidate_stamp(venv, stamp_key)
-    install_s = 0.0
-    reinstall: List[str] = ["--reinstall"] if interrupted else []
-    for attempt in range(2):
-        result = install(
-            python,
-            requirements,
-            device=device,
-            exclude_newer=exclude_newer,
-            extra_args=reinstall,
-            allow_cuda_build=allow_cuda_build,
-            label=label or venv.name,
-        )
-        install_s += result.duration_s
-        if not result.ok:
-            return EnvReport(False, f"install failed: {result.output}", install_s=install_s)
-        verify_start = time.monotonic()
-        state = inspect_env(python, list(pins) + list(sources))
-        versions, broken = state["versions"], state["broken"]
-        if not broken or attempt:
-            break
-        # files missing under a distribution uv counts as installed: an install cut off half way; rewrite those
-        reinstall = [a for name in broken for a in ("--reinstall-package", name)]
+    reused = _reused(venv, python, stamp_key, pins, sources, label)
+    if reused is not None:
+        return reused
+    options = dict(device=device, exclude_newer=exclude_newer, allow_cuda_build=allow_cuda_build)
+    names = list(pins) + list(sources)
+    installed = _install(python, requirements, names, invalidate_stamp(venv, stamp_key), label or venv.name, options)
+    if isinstance(installed, EnvReport):
+        return installed
+    state, install_s, verify_start = installed
+    versions = state["versions"]
     wrong = _problems(state, pins) + _missing(state, sources)
     if wrong:
         return EnvReport(
@@ -195,6 +171,64 @@ def _prepare(
     write_env_sources(venv, sources, versions)
     write_stamp(venv, stamp_key, versions)
     return EnvReport(True, "", versions, install_s, time.monotonic() - verify_start)
+
+
+def _requirements(
+    pins: Mapping[str, str], sources: Mapping[str, Resolved], extra: Sequence[str], harness: Sequence[str]
+) -> Tuple[List[str], Dict[str, str]]:
+    """What to install (a source build in place of its pin), and the pins left to verify by version."""
+    requirements = [sources[k].requirement if k in sources else f"{k}=={v}" for k, v in pins.items()]
+    requirements += [s.requirement for k, s in sources.items() if k not in pins]
+    requirements += list(extra) + list(harness)
+    return requirements, {k: v for k, v in pins.items() if k not in sources}
+
+
+def _reused(
+    venv: Path,
+    python: Path,
+    stamp_key: List[str],
+    pins: Mapping[str, str],
+    sources: Mapping[str, Resolved],
+    label: str,
+) -> Optional[EnvReport]:
+    """The report of an env whose stamp is current and whose packages are what it says; None when it must be
+    (re)installed."""
+    start = time.monotonic()
+    if not is_current(venv, stamp_key):
+        return None
+    state = inspect_env(python, list(pins) + list(sources))
+    wrong = _problems(state, pins) + _missing(state, sources)
+    if not wrong:
+        return EnvReport(True, "", state["versions"], 0.0, time.monotonic() - start, reused=True)
+    # something changed the env behind the stamp's back (a hand install, an old interrupted run): reinstall
+    print(f"[env {label or venv.name}] stamp says current, but {'; '.join(wrong)}: reinstalling", flush=True)
+    return None
+
+
+def _install(
+    python: Path,
+    requirements: List[str],
+    names: List[str],
+    interrupted: bool,
+    label: str,
+    options: Mapping[str, Any],
+) -> Union[EnvReport, Tuple[Dict, float, float]]:
+    """Install ``requirements`` (again, once, for the packages an install cut off half way left broken): a failed
+    install's report, else (the state of ``names`` in the env, install seconds, when verifying began)."""
+    install_s = 0.0
+    reinstall: List[str] = ["--reinstall"] if interrupted else []
+    for attempt in range(2):
+        result = install(python, requirements, extra_args=reinstall, label=label, **options)
+        install_s += result.duration_s
+        if not result.ok:
+            return EnvReport(False, f"install failed: {result.output}", install_s=install_s)
+        verify_start = time.monotonic()
+        state = inspect_env(python, names)
+        if not state["broken"] or attempt:
+            break
+        # files missing under a distribution uv counts as installed: an install cut off half way; rewrite those
+        reinstall = [a for name in state["broken"] for a in ("--reinstall-package", name)]
+    return state, install_s, verify_start
 
 
 def _missing(state: Mapping[str, Dict], sources: Mapping[str, object]) -> List[str]:

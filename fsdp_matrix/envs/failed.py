@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fsdp_matrix.cells import Cell, expand
+from fsdp_matrix.envs.sources import env_sources
+from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.matrix import Matrix
 from fsdp_matrix.records import RECORDS_FILE, append, env_error, iter_records
+from fsdp_matrix.verdicts import make_record
 
 
 def selection(pytest_args: Sequence[str]) -> Tuple[Optional[List[str]], Optional[str]]:
@@ -73,11 +76,9 @@ def write_env_errors(
     versions: Mapping[str, Optional[str]],
 ) -> int:
     """One env-error record per cell, judged against the rule for ``versions``; returns how many were written."""
-    from fsdp_matrix.expectations import expected_for
-    from fsdp_matrix.runner.session import make_record
-
     observed = env_error(message)
+    sources = env_sources(versions=versions)
     for cell in cells:
         expected = expected_for(matrix.case(cell.case), cell, dict(versions))
-        append(results, make_record(cell, expected, observed, dict(versions), 0.0, combo, "env-error"))
+        append(results, make_record(cell, expected, observed, versions, 0.0, combo, "env-error", sources))
     return len(cells)

@@ -36,10 +36,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.errors import EnvError
+from fsdp_matrix.rules import REFUSED
 
 SOURCE_PACKAGES = ("peft", "transformers", "accelerate", "trl")
 """Pure-Python packages under test that build from source in seconds (any other pure-Python package works too)."""
-REFUSED = {"torch": "hours of C++/CUDA build", "bitsandbytes": "a native CUDA/CPU build"}
 SOURCES_FILE = "fsdp-matrix-sources.json"
 """Written into an env next to its stamp: which packages came from which source (read back by records)."""
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*@\s*(\S+)\s*$")
@@ -342,12 +342,3 @@ def failure_line(resolved: Mapping[str, Resolved], message: str) -> str:
     lines = [line.strip(" │╰─▶×") for line in message.splitlines() if line.strip(" │╰─▶×")]
     refs = ", ".join(f"{n} {s.url}{'@' + s.ref if s.ref else ''} ({s.short()})" for n, s in resolved.items())
     return f"{refs}: {lines[-1] if lines else 'install failed'}"
-
-
-def changed_note(sources: Mapping[str, Mapping]) -> str:
-    """What a verdict that differs from the rules means for a source build: the change is not in a release yet."""
-    built = ", ".join(
-        f"{name} {src.get('commit', '')[:7]} judged as {src.get('release') or 'no release'}"
-        for name, src in sorted(sources.items())
-    )
-    return f"changed on main, not released yet ({built})"

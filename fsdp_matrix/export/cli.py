@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 from typing import Iterable, List, Optional
 
+from fsdp_matrix import options
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.export.script import Export, prepare, render_script
 from fsdp_matrix.export.snippet import render_markdown
 from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
-from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser
 
 
@@ -31,7 +31,7 @@ def main(argv: Iterable[str]) -> int:
     p.add_argument("cell", help="CASE/CELL, or a cell id that only one case has")
     p.add_argument("--out", type=Path, default=Path("."), help="directory to write into (default: .)")
     p.add_argument("--script", type=Path, help="script path (default: OUT/repro_<case>_<cell>.py)")
-    # declared once (runner/options.py); the combo defaults to the newest CPU one, the results are searched for a record
+    # declared once (fsdp_matrix/options.py); combo: the newest CPU one by default; results: searched for a record
     options.add_arguments(p.add_argument, ("combo", "results", "matrix"), model=options.MatrixOptions)
     # no longer used (the export does not trace a run any more), still accepted so that older command lines work
     p.add_argument("--trace", choices=("auto", "always", "never"), default="auto", help=argparse.SUPPRESS)

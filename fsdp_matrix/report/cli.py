@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from fsdp_matrix import options
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
 from fsdp_matrix.report.grid import Grid, load_grid
@@ -15,7 +16,6 @@ from fsdp_matrix.report.json import to_json
 from fsdp_matrix.report.junit import junit_name, junit_xml
 from fsdp_matrix.report.markdown import append_step_summary, render_markdown
 from fsdp_matrix.report.text import one_line, render_text
-from fsdp_matrix.runner import options
 from fsdp_matrix.usage import OneLineParser, flat
 
 FORMATS = ("text", "md", "html", "json", "junit")
@@ -65,7 +65,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", type=Path, help="where to write the reports (default: RESULTS, or its folder)")
     options.add_arguments(
         parser.add_argument, ("matrix",), model=options.MatrixOptions
-    )  # declared once (runner/options.py)
+    )  # declared once (fsdp_matrix/options.py)
     parser.add_argument(
         "--format",
         action="append",

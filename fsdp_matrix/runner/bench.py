@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from fsdp_matrix.bisect.paths import writable_file
+from fsdp_matrix import options
 from fsdp_matrix.cells import Cell, expand, unmet_requirement
 from fsdp_matrix.envs import local_versions
 from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix, load_matrix
+from fsdp_matrix.options import LaunchOptions
+from fsdp_matrix.paths import writable_file
 from fsdp_matrix.progress import Heartbeat
-from fsdp_matrix.runner import options
 from fsdp_matrix.runner.factory import open_session
-from fsdp_matrix.runner.options import LaunchOptions
 
 
 @dataclass

@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 from typing import List
 
+from fsdp_matrix import options
 from fsdp_matrix.cells import expand, find_cell, parse_layout
 from fsdp_matrix.errors import UnknownCellError
 from fsdp_matrix.matrix import load_matrix
-from fsdp_matrix.runner import options
 from fsdp_matrix.verdicts import Verdict
 
 

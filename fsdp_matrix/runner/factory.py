@@ -9,8 +9,8 @@ from typing import Any, Dict, Optional, Tuple
 
 from fsdp_matrix.errors import LaunchError
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
+from fsdp_matrix.options import LaunchOptions, rendezvous_nodes
 from fsdp_matrix.runner.launcher import Launcher
-from fsdp_matrix.runner.options import LaunchOptions, rendezvous_nodes
 from fsdp_matrix.runner.session import Session
 
 

@@ -1,4 +1,4 @@
-"""A launch's directory, and what becomes of it.
+"""A launch's directory, and what becomes of it: orders written in, the ranks' events and torchrun's logs read out.
 
 While the launch runs, the launcher writes ``launch.json`` (settings, and who its coordinator is) and the numbered
 task files there; the ranks write their events, stack dumps and torchrun's logs. When it ends, a clean launch's
@@ -12,26 +12,35 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import psutil
 
+from fsdp_matrix.clip import clip
+from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner import procs
 from fsdp_matrix.runner.protocol import (
     LAUNCH_JSON,
+    LOGS,
     NODE_DIR,
     RETIRED,
     SCRATCH,
     SHARED,
     TASKS,
+    TORCHRUN_OUT,
+    End,
     LaunchConfig,
     Order,
+    decode_event,
     encode_config,
     encode_order,
+    events_file,
     task_file,
 )
+from fsdp_matrix.runner.watching import Exited, Said
 
 ORPHAN_AGE_S = 3600.0
 """A directory with no launch.json (a coordinator killed while creating it) is prunable after this long."""
@@ -126,3 +135,60 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def read_events(run_dir: Path, local: int, slot: int, offset: int) -> Tuple[List[Said], int]:
+    """The whole lines of rank ``local``'s events file from ``offset`` on, as events of ``slot``, and the offset to
+    read on from (a half-written line is read whole next time)."""
+    path = run_dir / events_file(local)
+    if not path.exists():
+        return [], offset
+    said: List[Said] = []
+    with open(path, encoding="utf-8") as fh:
+        fh.seek(offset)
+        while True:
+            pos = fh.tell()
+            line = fh.readline()
+            if not line.endswith("\n"):
+                fh.seek(pos)
+                break
+            said += _event(slot, line)
+        return said, fh.tell()
+
+
+def _event(slot: int, line: str) -> List[Said]:
+    """One line as an event. An End that fails validation is that rank's error for its cell (the cell gets an
+    outcome, the launch goes on); any other line that is not a valid event is left out: the cell it belongs to is
+    decided by what follows (its End, or the cell timeout)."""
+    try:
+        return [Said(slot, decode_event(line))]
+    except (ValueError, TypeError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+        try:
+            data = json.loads(line)
+        except ValueError:
+            return []
+        if not (isinstance(data, dict) and data.get("event") == "end" and isinstance(data.get("key"), str)):
+            return []
+        message = f"rank {slot}'s result for the cell could not be read: {clip(str(exc), 300, flat=True)}"
+        result = RankResult(rank=slot, status="error", error_type="fsdp_matrix.ProtocolError", error_message=message)
+        t = data.get("t")
+        return [Said(slot, End(key=data["key"], result=result, t=t if isinstance(t, float) else time.time()))]
+
+
+def read_exit(agents: Sequence[Tuple[Path, subprocess.Popen]], per_node: int, returncode: Optional[int]) -> Exited:
+    """What the torchrun agents that exited say (their summaries, by local rank, so that a node started with
+    ``--node-rank k`` reads its own ranks as its slots), and each rank's logs."""
+    codes: Dict[int, int] = {}
+    root: Set[int] = set()
+    running: Dict[int, int] = {}
+    logs: Dict[int, Tuple[str, Optional[str]]] = {}
+    for node, (run_dir, proc) in enumerate(agents):
+        first = node * per_node
+        logs.update({first + local: procs.rank_logs(run_dir / LOGS, local) for local in range(per_node)})
+        if proc.poll() is None:
+            running.update({first + local: node for local in range(per_node)})
+            continue
+        log = (run_dir / TORCHRUN_OUT).read_text(errors="replace")
+        codes.update({first + r: c for r, c in procs.torchrun_failures(log, local=True).items()})
+        root.update(first + r for r in procs.torchrun_root_cause(log, local=True))
+    return Exited(returncode, codes, frozenset(root), running, logs)

@@ -3,9 +3,10 @@
 The caller ``submit``s cells and ``wait``s for each one's ``CellRun``. Ranks stay up between cells (paying the
 ~4 s of imports and rendezvous once); when a cell hangs, crashes or leaves a rank unclean, that launch is killed
 (whole process tree, no orphans) and the cells not yet started continue in a fresh launch.
-Polling happens in the caller's thread while it waits: no background thread to leak or race. What the polling
-decides about each cell is in watching.py; the launch directory's life in launchdir.py; and a per-launch watchdog
-process (watchdog.py) kills the launch if this process dies without doing it.
+Polling happens in the caller's thread while it waits: no background thread to leak or race. Each poll reads the
+ranks' events (launchdir.py), asks ``watching.decide`` what they mean, and carries out its decisions: a cell's
+CellRun, stacks to dump, a launch to retire. A per-launch watchdog process (watchdog.py) kills the launch if this
+process dies without doing it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -23,8 +24,8 @@ import psutil
 
 from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import LaunchError, ResultsError
+from fsdp_matrix.options import CELL_TIMEOUT_S, rendezvous_nodes
 from fsdp_matrix.runner import launchdir, procs
-from fsdp_matrix.runner.options import CELL_TIMEOUT_S
 from fsdp_matrix.runner.protocol import (
     ENV_DEVICE,
     LOGS,
@@ -35,12 +36,67 @@ from fsdp_matrix.runner.protocol import (
     Task,
     launch_environ,
 )
-from fsdp_matrix.runner.watching import CellRun, Watching, _Live
-
-__all__ = ["CellRun", "Launcher", "_Live"]
+from fsdp_matrix.runner.watching import (
+    NO_STACK,
+    CellRun,
+    Decision,
+    Finished,
+    LaunchState,
+    Limits,
+    Rendezvoused,
+    Retire,
+    Submitted,
+    WatchEvent,
+    decide,
+    record,
+)
 
 KILL_WAIT_S = 10.0
 """How long torchrun may take to go after SIGKILL before that is an error (it cannot refuse SIGKILL)."""
+
+
+@dataclass
+class Launch:
+    """The processes and files of the launch that runs now; what its events said is ``state``."""
+
+    run_dir: Path
+    """Node 0's launch directory."""
+    proc: subprocess.Popen
+    """Node 0's torchrun agent."""
+    launch_id: str
+    """procs.MARKER on each of its processes."""
+    state: LaunchState
+    """What its events said so far (watching.py), replaced at each poll."""
+    seq: int = 0
+    """Number of the next order written."""
+    offsets: Dict[int, int] = field(default_factory=dict)
+    """rank -> how far its events file has been read."""
+    watchdog: Optional[subprocess.Popen] = None
+    """The launch's watchdog process (watchdog.py)."""
+    gone: bool = False
+    """Replaced or closed: nothing more is decided about it."""
+    more_agents: List[Tuple[Path, subprocess.Popen]] = field(default_factory=list)
+    """A multi-node launch on this machine: the run directory and torchrun agent of nodes 1, 2, ... (node 0's are
+    ``run_dir`` and ``proc``). Each node has its own directory, as each machine of a real multi-node run would."""
+
+    @property
+    def number(self) -> int:
+        return self.state.number
+
+    @property
+    def agents(self) -> List[Tuple[Path, subprocess.Popen]]:
+        """(run directory, torchrun) of every node this launcher started, node 0 first."""
+        return [(self.run_dir, self.proc), *self.more_agents]
+
+    def exited(self) -> bool:
+        """Some node's torchrun has exited (for a one-node launch: torchrun has)."""
+        return any(proc.poll() is not None for _, proc in self.agents)
+
+    def returncode(self) -> Optional[int]:
+        """The first non-zero exit code of the agents that exited, else 0 when all did, else None."""
+        codes = [proc.poll() for _, proc in self.agents]
+        bad = [c for c in codes if c not in (None, 0)]
+        return bad[0] if bad else (0 if all(c == 0 for c in codes) else None)
 
 
 @dataclass(kw_only=True)
@@ -90,7 +146,7 @@ class Launcher:
                 f"a {self.nodes}-node launch on this machine makes its own rendezvous; torchrun args "
                 f"{' '.join(self.torchrun_args)!r} cannot be added to it"
             )
-        self._live: Optional[_Live] = None
+        self._live: Optional[Launch] = None
         self._queue: List[Task] = []
         self._tasks: Dict[str, Task] = {}
         self._done: Dict[str, CellRun] = {}
@@ -98,10 +154,6 @@ class Launcher:
         self._failed_starts = 0
         self.launch_seconds: List[float] = []
         """Per launch: seconds from starting torchrun to every rank ready (imports + rendezvous)."""
-        self.launch_ids: List[str] = []
-        """Marker of every launch started, in order (procs.MARKER on each of its processes)."""
-        self.watching = Watching(self, self._done, self._replace, self.launch_seconds)
-        """Reads the live launch's events and decides each cell's outcome."""
 
     # ---- public API -------------------------------------------------------------------------------------------
     def submit(self, task: Task) -> None:
@@ -112,7 +164,7 @@ class Launcher:
             return
         self._tasks[task.key] = task
         self._queue.append(task)
-        if self._live is not None and self._live.retiring is None:
+        if self._live is not None and self._live.state.retiring is None:
             self._feed(self._live)
 
     def wait(self, key: str) -> CellRun:
@@ -123,7 +175,7 @@ class Launcher:
             if self._live is None:
                 self._start()
             self._still_there(self._live)
-            self.watching.poll(self._live)
+            self._poll(self._live)
             if key not in self._done:
                 time.sleep(0.01)
         return self._done[key]
@@ -139,10 +191,10 @@ class Launcher:
         self._write_task(live, Stop())
         # once every rank has said goodbye there is nothing left to lose: killing beats torchrun's slow shutdown
         deadline = time.monotonic() + 30
-        while len(live.byes) < self.ranks and not live.exited() and time.monotonic() < deadline:
-            self.watching.read_events(live)
+        while len(live.state.byes) < self.ranks and not live.exited() and time.monotonic() < deadline:
+            live.state = record(live.state, self._read_events(live))
             time.sleep(0.01)
-        clean = len(live.byes) == self.ranks or live.returncode() == 0
+        clean = len(live.state.byes) == self.ranks or live.returncode() == 0
         try:
             self._kill(live)
         finally:
@@ -152,8 +204,6 @@ class Launcher:
     def layout(self) -> Tuple[int, int]:
         """(global world size, nodes) of the cells this launcher runs: its own nodes, or the rendezvous' node count
         when it starts one node of several machines."""
-        from fsdp_matrix.runner.options import rendezvous_nodes
-
         nodes = self.nodes if self.nodes > 1 else rendezvous_nodes(self.torchrun_args)
         return self.world_size * nodes, nodes
 
@@ -179,7 +229,6 @@ class Launcher:
         number = self._launches
         self._launches += 1
         launch_id = uuid.uuid4().hex[:12]
-        self.launch_ids.append(launch_id)
         if not self.keep_dirs:
             launchdir.prune(self.run_root, self.keep_failed)  # earlier runs' launches, killed before they could
         settings = dict(
@@ -193,6 +242,16 @@ class Launcher:
         run_dir = launchdir.create(self.run_root, number, launch_id, shared=shared, **settings)
         # node k > 0 of a launch on this machine: a directory of its own (tasks, events, scratch), as on its own host
         node_dirs = [run_dir] + [launchdir.create_node(run_dir, k, **settings) for k in range(1, self.nodes)]
+        env, removed = self._environ(launch_id)
+        # the watchdog first: from the moment torchrun exists, something outside this process can take it down
+        watchdog = self._start_watchdog(run_dir, launch_id)
+        (_, proc), *more = self._start_agents(node_dirs, launch_id, env, watchdog)
+        state = LaunchState(number=number, born=time.time(), env_removed=tuple(removed))
+        self._live = Launch(run_dir, proc, launch_id, state, watchdog=watchdog, more_agents=more)
+        self._feed(self._live)
+
+    def _environ(self, launch_id: str) -> Tuple[Dict[str, str], List[str]]:
+        """The ranks' environment, and the caller's variables left out of it (protocol.launch_environ)."""
         inherited, removed = launch_environ(dict(os.environ))
         env = {
             **inherited,
@@ -209,8 +268,12 @@ class Launcher:
             if loopback and not any(k in env for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")):
                 # the nodes of a launch on one machine talk over loopback only, never a real interface
                 env.update(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback)
-        # the watchdog first: from the moment torchrun exists, something outside this process can take it down
-        watchdog = self._start_watchdog(run_dir, launch_id)
+        return env, removed
+
+    def _start_agents(
+        self, node_dirs: List[Path], launch_id: str, env: Dict[str, str], watchdog: subprocess.Popen
+    ) -> List[Tuple[Path, subprocess.Popen]]:
+        """One torchrun agent per node; LaunchError (and nothing left running) if one cannot start."""
         agents = []
         try:
             for node, node_dir in enumerate(node_dirs):
@@ -237,16 +300,12 @@ class Launcher:
             watchdog.kill()
             watchdog.wait()
             raise LaunchError(f"cannot start torchrun with {self.python}: {exc}") from None
-        (_, proc), more = agents[0], agents[1:]
-        self._live = _Live(number, run_dir, proc, launch_id, watchdog=watchdog, env_removed=removed, more_agents=more)
-        self._feed(self._live)
+        return agents
 
     @property
     def external_rendezvous(self) -> bool:
         """torchrun_args name a rendezvous of several machines (--nnodes above 1): this launcher starts one node of
         it, and no folder is shared by every rank."""
-        from fsdp_matrix.runner.options import rendezvous_nodes
-
         return rendezvous_nodes(self.torchrun_args) > 1
 
     def _rendezvous(self, node: int, launch_id: str) -> List[str]:
@@ -282,15 +341,63 @@ class Launcher:
                 start_new_session=True,
             )
 
-    def _feed(self, live: _Live) -> None:
+    def _feed(self, live: Launch) -> None:
         while self._queue:
             task = self._queue.pop(0)
-            live.submitted.append(task.key)
-            if task.timeout_s is not None:
-                live.timeouts[task.key] = task.timeout_s
+            live.state = record(live.state, [Submitted(task.key, task.timeout_s)])
             self._write_task(live, task)
 
-    def _write_task(self, live: _Live, order: Order) -> None:
+    # ---- watching: events in, decisions carried out -----------------------------------------------------------
+    def _poll(self, live: Launch) -> None:
+        # exit first, events second: an exited launch's last words are all on disk by now
+        exited = launchdir.read_exit(live.agents, self.world_size, live.returncode()) if live.exited() else None
+        events: List[WatchEvent] = [*self._read_events(live), *([exited] if exited else [])]
+        limits = Limits(self.ranks, self.cell_timeout, self.grace_s, self.startup_timeout)
+        live.state, decisions = decide(live.state, events, time.time(), limits)
+        for decision in decisions:
+            self._carry_out(live, decision)
+
+    def _read_events(self, live: Launch) -> List[WatchEvent]:
+        """Every rank's new events, in rank order (a rank's slot is node x world_size + local rank)."""
+        events: List[WatchEvent] = []
+        for slot in range(self.ranks):
+            node, local = divmod(slot, self.world_size)
+            said, live.offsets[slot] = launchdir.read_events(
+                live.agents[node][0], local, slot, live.offsets.get(slot, 0)
+            )
+            events += said
+        return events
+
+    def _carry_out(self, live: Launch, decision: Decision) -> None:
+        """Act on one decision: note the rendezvous time, record a cell (its stuck ranks' stacks dumped first, while
+        they are alive), or retire the launch."""
+        if isinstance(decision, Rendezvoused):
+            self.launch_seconds.append(decision.seconds)
+        elif isinstance(decision, Finished):
+            run = decision.run
+            if decision.dump:
+                stacks = self._dump_stacks(live, {r: live.state.pids[r] for r in decision.dump if r in live.state.pids})
+                ranks = [
+                    replace(r, stack=stacks.get(r.rank) or NO_STACK) if r.rank in decision.dump else r
+                    for r in run.ranks
+                ]
+                run = replace(run, ranks=ranks)
+            self._done[decision.key] = run
+        elif isinstance(decision, Retire):
+            self._replace(live, decision.note)
+
+    def _dump_stacks(self, live: Launch, ranks: Dict[int, Tuple[int, float]]) -> Dict[int, str]:
+        """procs.dump_stacks, node by node: each node's ranks dump into its own directory, by local rank."""
+        out: Dict[int, str] = {}
+        for node, (run_dir, _) in enumerate(live.agents):
+            first = node * self.world_size
+            here = {slot - first: ident for slot, ident in ranks.items() if 0 <= slot - first < self.world_size}
+            if here:
+                dumped = procs.dump_stacks(here, run_dir)
+                out.update({first + local: text for local, text in dumped.items()})
+        return out
+
+    def _write_task(self, live: Launch, order: Order) -> None:
         try:
             for run_dir, _ in live.agents:  # every node reads its own copy, as on its own host
                 launchdir.write_order(run_dir, live.seq, order)
@@ -299,12 +406,12 @@ class Launcher:
             raise
         live.seq += 1
 
-    def _still_there(self, live: _Live) -> None:
+    def _still_there(self, live: Launch) -> None:
         """The launch directory was removed under the launch (its results directory deleted): end the launch and
         stop the run with ResultsError. Its ranks can report nothing more, and the cell they run is not hung."""
         if live.run_dir.is_dir():
             return
-        running = [k for k in live.submitted if k in live.started and k not in self._done][:1]
+        running = [k for k in live.state.submitted if k in live.state.started and k not in self._done][:1]
         self._live = None if self._live is live else self._live
         live.gone = True
         self._kill(live)
@@ -314,27 +421,27 @@ class Launcher:
             + ("; no verdict is recorded for that cell" if running else "")
         )
 
-    def _replace(self, live: _Live, note: str) -> None:
+    def _replace(self, live: Launch, note: str) -> None:
         """Retire this launch (``note`` says why; empty when it ended cleanly by itself); re-queue, in order, every
         submitted cell it did not finish or start."""
         self._live = None
         live.gone = True
         # the culprit is already done; anything else it had been given runs again in the next launch
-        self._queue[:0] = [self._tasks[k] for k in live.submitted if k not in self._done]
+        self._queue[:0] = [self._tasks[k] for k in live.state.submitted if k not in self._done]
         try:
             self._kill(live)
         finally:
             if note:
-                self._failed_starts = 0 if live.started else self._failed_starts + 1
+                self._failed_starts = 0 if live.state.started else self._failed_starts + 1
                 if self._failed_starts >= 2:
                     self._fail_queue(live, note)
             # every rank said goodbye (a planned retirement, e.g. over the leak budget): nothing to inspect
-            self._retire(live, None if not note or len(live.byes) == self.ranks else note)
+            self._retire(live, None if not note or len(live.state.byes) == self.ranks else note)
 
-    def _retire(self, live: _Live, failed: Optional[str]) -> None:
+    def _retire(self, live: Launch, failed: Optional[str]) -> None:
         launchdir.retire(live.run_dir, failed, self.keep_dirs, self.keep_failed)
 
-    def _fail_queue(self, live: _Live, note: str) -> None:
+    def _fail_queue(self, live: Launch, note: str) -> None:
         """Two launches in a row died before running anything: the env is broken; say why instead of looping."""
         log = "\n".join(
             (run_dir / TORCHRUN_OUT).read_text(errors="replace")
@@ -351,11 +458,11 @@ class Launcher:
                 duration_s=0.0,
                 launch=live.number,
                 note=message,
-                env_removed=list(live.env_removed),
+                env_removed=list(live.state.env_removed),
             )
         self._queue.clear()
 
-    def _kill(self, live: _Live) -> None:
+    def _kill(self, live: Launch) -> None:
         """SIGKILL the launch: torchrun's tree, and every process with its marker (ranks in their own sessions, the
         watchdog). Raises LaunchError if torchrun is still there ``KILL_WAIT_S`` later: that is never normal (a
         process stuck in the kernel, e.g. on a hung device), and a launch that cannot be ended must not be hidden."""

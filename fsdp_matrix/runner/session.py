@@ -13,14 +13,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from fsdp_matrix import records
 from fsdp_matrix.cells import Cell, unmet_requirement
-from fsdp_matrix.envs.sources import changed_note, env_sources, rule_versions
+from fsdp_matrix.envs.sources import env_sources, rule_versions
 from fsdp_matrix.errors import LaunchError, ResultsError
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.records import Observed, Record
-from fsdp_matrix.runner.launcher import CellRun, Launcher
+from fsdp_matrix.runner.launcher import Launcher
 from fsdp_matrix.runner.protocol import Task
-from fsdp_matrix.verdicts import ABOUT_THE_BUG, Verdict, judge
+from fsdp_matrix.runner.watching import CellRun
+from fsdp_matrix.verdicts import ABOUT_THE_BUG, Verdict, make_record
 
 KEPT_ON_RESUME = ABOUT_THE_BUG | {Verdict.SKIPPED.value}
 """Verdicts that ``--resume`` keeps: the cell ran to an outcome about the bug, or was decided not to run here."""
@@ -61,53 +62,6 @@ def observe(run: CellRun) -> Observed:
         ranks=run.ranks,
         detect_s=run.detect_s,
         note=run.note,
-    )
-
-
-def make_record(
-    cell: Cell,
-    expected: Expected,
-    observed: Observed,
-    versions: Dict[str, Optional[str]],
-    duration_s: float,
-    combo: Optional[str],
-    run_id: Optional[str],
-    sources: Optional[Dict[str, Dict]] = None,
-) -> Record:
-    """The record of one cell: what was expected, what was observed, and the verdict ``judge`` gives the pair.
-
-    ``versions`` is what the env really holds (never the pins alone), so a record read later says what ran.
-    ``sources`` defaults to the source builds of this interpreter's env (fsdp_matrix.envs.sources).
-    """
-    judgement = judge(
-        expected,
-        observed.status,
-        observed.error_type,
-        observed.error_message,
-        observed.location,
-        stacks=[r.stack for r in observed.ranks],
-        warnings=[w for r in observed.ranks for w in r.warnings],
-    )
-    sources = env_sources(versions=versions) if sources is None else sources
-    line = judgement.line
-    if sources and not judgement.verdict.passed and observed.status in ("ok", "error"):
-        line += f" [{changed_note(sources)}]"  # rules are for releases; a source build is judged as its release base
-    return Record(
-        case=cell.case,
-        cell=cell.id,
-        params=cell.params_dict,
-        versions=dict(versions),
-        device=cell.device,
-        world_size=cell.world_size,
-        nodes=cell.nodes,
-        expected=expected.to_json(),
-        observed=records.clipped(observed),  # judged on the whole text above; stored as its head and tail
-        verdict=judgement.verdict.value,
-        duration_s=round(duration_s, 3),
-        line=line,
-        combo=combo,
-        run_id=run_id,
-        sources=sources,
     )
 
 

@@ -1,367 +1,396 @@
-"""Watching a live launch: the ranks' events in, one CellRun out per cell, whatever way the cell ended.
+"""Watching a launch, as a decision: what the ranks and torchrun said in, what to do about it out.
 
-A cell ends in one of these ways, and each has one place here:
+``decide(state, events, now, limits)`` reads nothing, signals nothing and writes nothing: it folds the events into a
+new ``LaunchState`` and returns the decisions, which the Launcher (launcher.py) carries out. A cell ends in one of
+these ways, and each has one place here:
 
-- every rank reported End and then Clean: ok or error (``_poll``);
-- a rank raised and the others did not finish within ``grace_s``: error, the others' stacks (``_stuck``);
-- no End from some rank within ``cell_timeout``: hang, the stacks of the ranks that did not finish (``_stuck``);
-- every rank reported End, but one never reported Clean within ``cell_timeout`` (+ ``grace_s``): hang in the cleanup
+- every rank reported End and then Clean: ok or error, as the ranks said (``_reported``);
+- a rank raised and the others did not finish within ``grace_s``: error, with the others' stacks (``_stuck``);
+- no End from some rank within the cell's timeout: hang, with every rank's stack (``_stuck``);
+- every rank reported End, but one never reported Clean within the timeout (+ ``grace_s``): hang in the cleanup
   after the cell, with that rank's stack (``_stuck_in_cleanup``);
-- torchrun exited: crash, told by the rank that died with its exit code or signal, whether it died in the cell or
-  in the cleanup after it (``_crash``).
+- torchrun exited: a rank died. The rank that died speaks for the cell with its exit code or signal, whether it died
+  in the cell or in the cleanup after it (``_died``).
 
-``Watching`` is the launcher's collaborator that reads; ``Launcher`` (launcher.py) starts and kills launches.
+A rank that raised is apart from a rank that died, as in torchrunx (``ExceptionFromWorker`` vs
+``WorkerFailedError``, https://github.com/apoorvkh/torchrunx): the first reported its error and the cell is
+``error``; the second said nothing, torchrun tells how it went, and the cell is ``crash``.
 """
 
 from __future__ import annotations
 
-import json
 import signal
-import time
-from dataclasses import replace
-from pathlib import Path
-from typing import Callable, Dict, List, Optional, Protocol, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
-from fsdp_matrix.clip import clip
 from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner import procs
-from fsdp_matrix.runner.live import CellRun, _Live  # noqa: F401 (re-exported: their home before the split)
-from fsdp_matrix.runner.protocol import (
-    LOGS,
-    TORCHRUN_OUT,
-    Bye,
-    Clean,
-    End,
-    Hello,
-    Ready,
-    Start,
-    decode_event,
-    events_file,
-)
+from fsdp_matrix.runner.protocol import Bye, Clean, End, Event, Hello, Ready, Start
+
+NO_STACK = "(no stack dumped)"
+"""A stuck rank's stack when none could be dumped."""
 
 
-class Settings(Protocol):
-    """The launcher's settings that watching reads (read at each poll: a caller may change them between cells)."""
+@dataclass(kw_only=True)
+class CellRun:
+    """What the launcher observed for one cell, before it is judged."""
 
-    world_size: int
-    """Ranks per node."""
-    nodes: int
-    """Nodes (torchrun agents) this launcher starts; the ranks it watches are world_size x nodes."""
+    key: str
+    """``case/cell``."""
+    status: str
+    """ok / error / hang / crash / env-error."""
+    ranks: List[RankResult]
+    """Per-rank results, with stacks (hang) and exit codes (crash)."""
+    duration_s: float
+    """From the first rank's start to the last rank's end (or to detection)."""
+    launch: int = 0
+    """Which launch ran it (0, 1, ... as launches are replaced)."""
+    detect_s: Optional[float] = None
+    """For hang/crash/one-rank errors: seconds from the first sign of trouble to the verdict."""
+    note: str = ""
+    """Why the launch was replaced after this cell, if it was."""
+    hygiene: List[str] = field(default_factory=list)
+    """Problems a rank found after the cell (leaked modules, child processes, broken group): the launch was replaced."""
+    env_removed: List[str] = field(default_factory=list)
+    """The caller's variables the launch's ranks were started without (protocol.STRIPPED_ENV_PREFIXES)."""
+
+
+# ---- events in ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Said:
+    """A rank's event, read from its events file."""
+
+    rank: int
+    """The rank's slot: node x ranks per node + local rank."""
+    event: Event
+    """What it said."""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """The Launcher handed a cell to the launch."""
+
+    key: str
+    """``case/cell``."""
+    timeout_s: Optional[float] = None
+    """The cell's own timeout (a rule that expects a hang); None: the launcher's ``cell_timeout``."""
+
+
+@dataclass(frozen=True)
+class Exited:
+    """Some node's torchrun has exited, and what its summary and the ranks' logs say."""
+
+    returncode: Optional[int]
+    """The first non-zero exit code of the agents that exited, else 0 when all did, else None."""
+    codes: Mapping[int, int] = field(default_factory=dict)
+    """Slot -> exit code, for the ranks torchrun's summary lists as failed."""
+    root: FrozenSet[int] = frozenset()
+    """Slots torchrun names as the root cause."""
+    running: Mapping[int, int] = field(default_factory=dict)
+    """Slot -> node, for the ranks whose node's torchrun is still up."""
+    logs: Mapping[int, Tuple[str, Optional[str]]] = field(default_factory=dict)
+    """Slot -> (its stderr, its error file's traceback)."""
+
+
+WatchEvent = Union[Said, Submitted, Exited]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The launcher's settings that deciding reads (read at each poll: a caller may change them between cells)."""
+
+    ranks: int
+    """Ranks the launch runs: world_size on each of the launcher's nodes."""
     cell_timeout: float
+    """Seconds a cell may run before it is a hang (unless it has its own timeout)."""
     grace_s: float
+    """After one rank raised, how long the others get to finish."""
     startup_timeout: float
+    """Seconds for every rank to import, rendezvous and report ready."""
 
 
-class Watching:
-    """Reads a live launch's events and decides each cell's CellRun: the Launcher's collaborator that reads, while
-    the Launcher starts and kills. It writes outcomes into ``done`` and asks ``replace`` to retire a launch."""
+@dataclass(frozen=True)
+class LaunchState:
+    """What one launch's events have said so far. Never changed in place: ``decide`` returns a new one."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        done: Dict[str, CellRun],
-        replace: Callable[[_Live, str], None],
-        launch_seconds: List[float],
-    ) -> None:
-        self.settings = settings
-        self._done = done
-        self._replace = replace
-        self.launch_seconds = launch_seconds
+    number: int
+    """Which launch (0, 1, ... as launches are replaced)."""
+    born: float
+    """Wall-clock time torchrun was started."""
+    env_removed: Tuple[str, ...] = ()
+    """The caller's variables its ranks were started without."""
+    submitted: Tuple[str, ...] = ()
+    """Cells handed to it, in order."""
+    timeouts: Mapping[str, float] = field(default_factory=dict)
+    """Cells with a timeout of their own; the others use the launcher's ``cell_timeout``."""
+    pids: Mapping[int, Tuple[int, float]] = field(default_factory=dict)
+    """rank -> (pid, create time) from its Hello: names the process, not just whoever holds the pid later."""
+    ready: FrozenSet[int] = frozenset()
+    """Ranks that reported Ready."""
+    byes: FrozenSet[int] = frozenset()
+    """Ranks that said goodbye."""
+    started: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    """cell -> rank -> when it started the cell."""
+    ended: Mapping[str, Mapping[int, RankResult]] = field(default_factory=dict)
+    """cell -> rank -> its result."""
+    end_t: Mapping[str, float] = field(default_factory=dict)
+    """cell -> the latest End's time."""
+    clean: Mapping[str, Mapping[int, Tuple[str, ...]]] = field(default_factory=dict)
+    """cell -> rank -> problems it found after the cell (empty: clean)."""
+    retiring: Optional[str] = None
+    """Why the launch must end once idle (a rank not clean, or one that asked to go); None: it goes on."""
+    finished: FrozenSet[str] = frozenset()
+    """Cells decided."""
 
-    @property
-    def per_node(self) -> int:
-        return self.settings.world_size
 
-    @property
-    def world_size(self) -> int:
-        """Ranks this launcher watches: every rank of every node it started (a rank's slot is node x per_node +
-        local rank: its global rank when this launcher started every node)."""
-        return self.settings.world_size * getattr(self.settings, "nodes", 1)
+# ---- decisions out ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Finished:
+    """A cell is decided."""
 
-    def where(self, live: _Live, slot: int) -> Tuple[Path, int]:
-        """The run directory of the node that runs ``slot``, and the slot's local rank there."""
-        node, local = divmod(slot, self.per_node)
-        return live.agents[node][0], local
+    key: str
+    """``case/cell``."""
+    run: CellRun
+    """What was observed."""
+    dump: Tuple[int, ...] = ()
+    """Ranks whose stack the Launcher dumps into their result (``NO_STACK`` where none comes) before it goes on."""
 
-    @property
-    def cell_timeout(self) -> float:
-        return self.settings.cell_timeout
 
-    @property
-    def grace_s(self) -> float:
-        return self.settings.grace_s
+@dataclass(frozen=True)
+class Retire:
+    """End the launch, and re-queue every cell it did not finish."""
 
-    @property
-    def startup_timeout(self) -> float:
-        return self.settings.startup_timeout
+    note: str
+    """Why; empty when it ended cleanly by itself."""
 
-    # ---- events -------------------------------------------------------------------------------------------------
-    def read_events(self, live: _Live) -> None:
-        for rank in range(self.world_size):
-            run_dir, local = self.where(live, rank)
-            path = run_dir / events_file(local)
-            if not path.exists():
-                continue
-            with open(path, encoding="utf-8") as fh:
-                fh.seek(live.offsets.get(rank, 0))
-                while True:
-                    pos = fh.tell()
-                    line = fh.readline()
-                    if not line.endswith("\n"):
-                        fh.seek(pos)  # half-written line: read it whole next time
-                        break
-                    self._apply(live, rank, line)
-                live.offsets[rank] = fh.tell()
 
-    def _apply(self, live: _Live, rank: int, line: str) -> None:
-        try:
-            event = decode_event(line)
-        except (ValueError, TypeError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
-            self._unreadable(live, rank, line, exc)
-            return
-        getattr(self, f"worker_{event.event}")(live, rank, event)
+@dataclass(frozen=True)
+class Rendezvoused:
+    """Every rank reported Ready."""
 
-    def _unreadable(self, live: _Live, rank: int, line: str, exc: Exception) -> None:
-        """A line that is not a valid event. An End that fails validation is that rank's error for its cell (the
-        cell gets an outcome, the launch goes on); any other such line is left out: the cell it belongs to is
-        decided by what follows (its End, or the cell timeout)."""
-        try:
-            data = json.loads(line)
-        except ValueError:
-            return
-        if isinstance(data, dict) and data.get("event") == "end" and isinstance(data.get("key"), str):
-            message = f"rank {rank}'s result for the cell could not be read: {clip(str(exc), 300, flat=True)}"
-            result = RankResult(
-                rank=rank, status="error", error_type="fsdp_matrix.ProtocolError", error_message=message
-            )
-            t = data.get("t")
-            self.worker_end(
-                live, rank, End(key=data["key"], result=result, t=t if isinstance(t, float) else time.time())
-            )
+    seconds: float
+    """From starting torchrun to the last Ready (imports + rendezvous)."""
 
-    # one handler per rank event, as pytest-xdist's scheduler dispatches worker_<event>
-    def worker_hello(self, live: _Live, rank: int, ev: Hello) -> None:
-        live.pids[rank] = (ev.pid, ev.create_time)
 
-    def worker_ready(self, live: _Live, rank: int, ev: Ready) -> None:
-        live.ready.add(rank)
-        if len(live.ready) == self.world_size:
-            self.launch_seconds.append(round(time.monotonic() - live.born, 3))
+Decision = Union[Finished, Retire, Rendezvoused]
 
-    def worker_start(self, live: _Live, rank: int, ev: Start) -> None:
-        live.started.setdefault(ev.key, {})[rank] = ev.t
 
-    def worker_end(self, live: _Live, rank: int, ev: End) -> None:
-        live.ended.setdefault(ev.key, {})[rank] = ev.result
-        live.end_t[ev.key] = max(live.end_t.get(ev.key, 0.0), ev.t)
+# ---- folding events -----------------------------------------------------------------------------------------------
+def _put(table: Mapping, key: object, value: object) -> Dict:
+    return {**table, key: value}
 
-    def worker_clean(self, live: _Live, rank: int, ev: Clean) -> None:
-        live.clean.setdefault(ev.key, {})[rank] = list(ev.problems)
-        if not ev.clean:
-            live.retiring = f"rank {rank} not clean after {ev.key}: " + "; ".join(ev.problems)
 
-    def worker_bye(self, live: _Live, rank: int, ev: Bye) -> None:
-        live.byes.add(rank)
-        if ev.retire:
-            live.retiring = ev.why
+def _said(state: LaunchState, rank: int, ev: Event) -> LaunchState:
+    if isinstance(ev, Hello):
+        return replace(state, pids=_put(state.pids, rank, (ev.pid, ev.create_time)))
+    if isinstance(ev, Ready):
+        return replace(state, ready=state.ready | {rank})
+    if isinstance(ev, Start):
+        return replace(state, started=_put(state.started, ev.key, _put(state.started.get(ev.key, {}), rank, ev.t)))
+    if isinstance(ev, End):
+        ended = _put(state.ended, ev.key, _put(state.ended.get(ev.key, {}), rank, ev.result))
+        return replace(state, ended=ended, end_t=_put(state.end_t, ev.key, max(state.end_t.get(ev.key, 0.0), ev.t)))
+    if isinstance(ev, Clean):
+        clean = _put(state.clean, ev.key, _put(state.clean.get(ev.key, {}), rank, tuple(ev.problems)))
+        why = f"rank {rank} not clean after {ev.key}: " + "; ".join(ev.problems)
+        return replace(state, clean=clean, retiring=state.retiring if ev.clean else why)
+    if isinstance(ev, Bye):
+        return replace(state, byes=state.byes | {rank}, retiring=ev.why if ev.retire else state.retiring)
+    raise TypeError(f"not a rank event: {ev!r}")
 
-    # ---- deciding -----------------------------------------------------------------------------------------------
-    def poll(self, live: _Live) -> None:
-        # exit first, events second: an exited launch's last words are all on disk by now
-        exited = live.exited()
-        self.read_events(live)
-        for key, ends in list(live.ended.items()):
-            if (
-                key not in self._done
-                and len(ends) == self.world_size
-                and len(live.clean.get(key, {})) == self.world_size
-            ):
-                self._finish(live, key, "error" if any(r.status == "error" for r in ends.values()) else "ok")
-        # cells run in order, so the oldest unfinished one is the culprit; later ones are just re-queued
-        current = [k for k in live.submitted if k in live.started and k not in self._done][:1]
-        now = time.time()
-        for key in current:
-            first = min(live.started[key].values())
-            ends = live.ended.get(key, {})
-            errored = [r for r in ends.values() if r.status == "error"]
-            limit = live.timeouts.get(key, self.cell_timeout)
-            # the ranks' barrier after a cell waits min(30, cell_timeout) (launcher.py), whatever the cell's own limit
-            cleanup = max(limit, min(30.0, self.cell_timeout))
-            if exited:
-                self._crash(live, key)
-            elif len(ends) == self.world_size:
-                # past the ranks' own barrier timeout: the healthy ones have reported by then
-                if now - live.end_t[key] > cleanup + self.grace_s:
-                    self._stuck_in_cleanup(live, key, cleanup)
-            elif errored and now - live.end_t[key] > self.grace_s:
-                self._stuck(
-                    live, key, "error", live.end_t[key], f"rank {errored[0].rank} raised; the others did not finish"
-                )
-            elif now - first > limit:
-                self._stuck(live, key, "hang", first + limit, f"no result within {limit:g}s")
-        if live.gone:
-            return
-        idle = all(k in self._done for k in live.started)
-        if exited:
-            code = live.returncode()
-            if code == 0 and not live.retiring and all(k in self._done for k in live.submitted):
-                self._replace(live, "")  # every rank said goodbye: nothing failed, nothing to re-run
-                return
-            self._replace(live, live.retiring or f"torchrun exited with {code}")
-        elif live.retiring and idle:
-            self._replace(live, live.retiring)
-        elif len(live.ready) < self.world_size and time.monotonic() - live.born > self.startup_timeout:
-            self._replace(live, f"ranks did not rendezvous within {self.startup_timeout:.0f}s")
 
-    def _finish(
-        self,
-        live: _Live,
-        key: str,
-        status: str,
-        extra: Optional[List[RankResult]] = None,
-        detect_s: Optional[float] = None,
-        note: str = "",
-    ) -> None:
-        """Record the cell's CellRun. ``extra`` results override what a rank reported: a rank that died or hung in
-        the cleanup after its End is told by what happened after, not by its End."""
-        ranks = dict(live.ended.get(key, {}))
-        ranks.update({r.rank: r for r in extra or []})
-        start = min(live.started.get(key, {0: time.time()}).values())
-        end = live.end_t.get(key, time.time()) if status in ("ok", "error") and not extra else time.time()
-        problems = sorted(
-            {p for ps in live.clean.get(key, {}).values() for p in ps if p != "another rank is not clean"}
+def record(state: LaunchState, events: Sequence[WatchEvent]) -> LaunchState:
+    """``state`` with the ranks' events and the submitted cells folded in (an Exited changes nothing here)."""
+    for event in events:
+        if isinstance(event, Said):
+            state = _said(state, event.rank, event.event)
+        elif isinstance(event, Submitted):
+            timeouts = state.timeouts if event.timeout_s is None else _put(state.timeouts, event.key, event.timeout_s)
+            state = replace(state, submitted=(*state.submitted, event.key), timeouts=timeouts)
+    return state
+
+
+# ---- deciding -----------------------------------------------------------------------------------------------------
+def decide(
+    state: LaunchState, events: Sequence[WatchEvent], now: float, limits: Limits
+) -> Tuple[LaunchState, List[Decision]]:
+    """Fold ``events`` into ``state``; what to do now: cells decided, the launch retired, the rendezvous done."""
+    before = len(state.ready)
+    state = record(state, events)
+    out: List[Decision] = []
+    if before < limits.ranks <= len(state.ready):
+        out.append(Rendezvoused(round(now - state.born, 3)))
+    exited = next((e for e in events if isinstance(e, Exited)), None)
+    for key in [k for k in state.ended if k not in state.finished and _reported(state, k, limits)]:
+        out.append(_finish(state, key, _status(state.ended[key]), now))
+        state = replace(state, finished=state.finished | {key})
+    # cells run in order, so the oldest unfinished one is the culprit; later ones are just re-queued
+    current = next((k for k in state.submitted if k in state.started and k not in state.finished), None)
+    if current is not None:
+        verdict = _died(state, current, exited, now, limits) if exited else _overdue(state, current, now, limits)
+        if verdict is not None:
+            out.append(verdict)
+            state = replace(state, finished=state.finished | {current})
+            if not exited:  # stuck: its stacks are dumped, then the launch is killed
+                out.append(Retire(verdict.run.note))
+                return state, out
+    retire = _retirement(state, exited, now, limits)
+    return state, out + ([retire] if retire is not None else [])
+
+
+def _reported(state: LaunchState, key: str, limits: Limits) -> bool:
+    return len(state.ended[key]) == limits.ranks and len(state.clean.get(key, {})) == limits.ranks
+
+
+def _status(ends: Mapping[int, RankResult]) -> str:
+    return "error" if any(r.status == "error" for r in ends.values()) else "ok"
+
+
+def _overdue(state: LaunchState, key: str, now: float, limits: Limits) -> Optional[Finished]:
+    """The running cell, if it is past its time: a rank stuck after another raised, a hang, or a hang in the cleanup
+    after the cell."""
+    first = min(state.started[key].values())
+    ends = state.ended.get(key, {})
+    errored = [r for r in ends.values() if r.status == "error"]
+    limit = state.timeouts.get(key, limits.cell_timeout)
+    # the ranks' barrier after a cell waits min(30, cell_timeout) (launcher.py), whatever the cell's own limit
+    cleanup = max(limit, min(30.0, limits.cell_timeout))
+    if len(ends) == limits.ranks:
+        # past the ranks' own barrier timeout: the healthy ones have reported by then
+        if now - state.end_t[key] > cleanup + limits.grace_s:
+            return _stuck_in_cleanup(state, key, cleanup + limits.grace_s, now)
+        return None
+    if errored and now - state.end_t[key] > limits.grace_s:
+        note = f"rank {errored[0].rank} raised; the others did not finish"
+        return _stuck(state, key, "error", state.end_t[key], note, now)
+    if now - first > limit:
+        return _stuck(state, key, "hang", first + limit, f"no result within {limit:g}s", now)
+    return None
+
+
+def _retirement(state: LaunchState, exited: Optional[Exited], now: float, limits: Limits) -> Optional[Retire]:
+    """Whether the launch ends now: torchrun exited, a rank asked for it and the launch is idle, or the ranks never
+    rendezvoused."""
+    if exited is not None:
+        code = exited.returncode
+        if code == 0 and not state.retiring and all(k in state.finished for k in state.submitted):
+            return Retire("")  # every rank said goodbye: nothing failed, nothing to re-run
+        return Retire(state.retiring or f"torchrun exited with {code}")
+    if state.retiring and all(k in state.finished for k in state.started):
+        return Retire(state.retiring)
+    if len(state.ready) < limits.ranks and now - state.born > limits.startup_timeout:
+        return Retire(f"ranks did not rendezvous within {limits.startup_timeout:.0f}s")
+    return None
+
+
+def _finish(
+    state: LaunchState,
+    key: str,
+    status: str,
+    now: float,
+    extra: Sequence[RankResult] = (),
+    detect_s: Optional[float] = None,
+    note: str = "",
+    dump: Sequence[int] = (),
+) -> Finished:
+    """The cell's CellRun. ``extra`` results override what a rank reported: a rank that died or hung in the cleanup
+    after its End is told by what happened after, not by its End."""
+    ranks = dict(state.ended.get(key, {}))
+    ranks.update({r.rank: r for r in extra})
+    start = min(state.started.get(key, {0: now}).values())
+    end = state.end_t.get(key, now) if status in ("ok", "error") and not extra else now
+    problems = sorted({p for ps in state.clean.get(key, {}).values() for p in ps if p != "another rank is not clean"})
+    run = CellRun(
+        key=key,
+        status=status,
+        ranks=[ranks[r] for r in sorted(ranks)],
+        duration_s=round(end - start, 3),
+        launch=state.number,
+        detect_s=detect_s,
+        # a rank that is not clean retires the launch: the next cell runs in fresh ranks, never in this process
+        note=note or ("; ".join(problems) + "; ranks restarted before the next cell" if problems else ""),
+        hygiene=problems,
+        env_removed=list(state.env_removed),
+    )
+    return Finished(key, run, tuple(sorted(dump)))
+
+
+def _stuck(state: LaunchState, key: str, status: str, since: float, note: str, now: float) -> Finished:
+    """Some ranks did not finish the cell: their stacks (for a hang, every rank's: where the finished ones wait is
+    what the stuck one owes them), then the launch is killed."""
+    ended = state.ended.get(key, {})
+    missing = [r for r in state.pids if r not in ended]
+    what = "did not finish after another rank raised" if status == "error" else "did not finish the cell"
+    extra = [
+        RankResult(rank=r, status="hang", error_message=f"rank {r} {what} ({note})", stack=NO_STACK) for r in missing
+    ]
+    dump = list(state.pids) if status == "hang" else missing
+    if status == "hang":
+        extra += [replace(ended[r], stack=NO_STACK) for r in ended if r in state.pids]
+    return _finish(state, key, status, now, extra, round(now - since, 3), note, dump)
+
+
+def _stuck_in_cleanup(state: LaunchState, key: str, waited: float, now: float) -> Finished:
+    """Every rank ended the cell, but some never reported Clean: hung in the cleanup after the cell. The cell is a
+    hang (it must not pass: the launch is gone), told by the stuck ranks with their stacks."""
+    stuck = [r for r in state.pids if r not in state.clean.get(key, {})]
+    ended = state.ended[key]
+    note = (
+        f"hung in cleanup after the cell: rank(s) {', '.join(map(str, sorted(stuck)))} reported their result "
+        f"but not their cleanup within {waited:.0f}s"
+    )
+    extra = [
+        replace(
+            ended[r],
+            status="hang",
+            error_message=f"rank {r} hung in the cleanup after the cell (its own result was {ended[r].status})",
+            stack=NO_STACK,
         )
-        self._done[key] = CellRun(
-            key=key,
-            status=status,
-            ranks=[ranks[r] for r in sorted(ranks)],
-            duration_s=round(end - start, 3),
-            launch=live.number,
-            detect_s=detect_s,
-            # a rank that is not clean retires the launch: the next cell runs in fresh ranks, never in this process
-            note=note or ("; ".join(problems) + "; ranks restarted before the next cell" if problems else ""),
-            hygiene=problems,
-            env_removed=list(live.env_removed),
+        for r in stuck
+    ]
+    return _finish(state, key, "hang", now, extra, round(now - (state.end_t[key] + waited), 3), note, stuck)
+
+
+def _died(state: LaunchState, key: str, exited: Exited, now: float, limits: Limits) -> Finished:
+    """torchrun exited while ``key`` was unfinished. The rank that died speaks for the cell, with its exit code or
+    signal: torchrun's root cause, or any rank that died of something other than torchrun's own SIGTERM. The ranks
+    torchrun stopped after it are "stopped". A rank that had already reported End died in the cleanup after the
+    cell, and its End does not make the cell pass."""
+    died = {r for r, code in exited.codes.items() if r in exited.root or code != -signal.SIGTERM}
+    culprits = ", ".join(f"rank {r}" for r in sorted(died)) or "a rank"
+    ended = state.ended.get(key, {})
+    extra = [
+        _rank_after_exit(rank, exited, ended.get(rank), rank in died, culprits)
+        for rank in range(limits.ranks)
+        if rank not in ended or rank in died  # one that finished and was only stopped afterwards: its End stands
+    ]
+    # a rank that died takes precedence: the others' errors ("connection closed by peer") are its echo
+    status = "crash" if any(r.status == "crash" for r in extra) else "error"
+    detect_s = round(now - max(state.started[key].values()), 3)
+    return _finish(state, key, status, now, extra, detect_s, f"torchrun exited with {exited.returncode}")
+
+
+def _rank_after_exit(rank: int, exited: Exited, ended: Optional[RankResult], died: bool, culprits: str) -> RankResult:
+    """One rank's result once torchrun exited: stopped while another node ran on, died in the cleanup after its End,
+    died in the cell, stopped by torchrun, or gone without a word."""
+    code = exited.codes.get(rank)
+    stderr, error_file = exited.logs.get(rank, ("", None))
+    how = dict(exit_code=code, signal=procs.signal_name(code), traceback=error_file, stack=stderr)
+    if rank in exited.running and ended is None:
+        message = f"rank {rank} was still running on node {exited.running[rank]} when another node's torchrun exited"
+        return RankResult(rank=rank, status="stopped", error_message=message + f" ({culprits} died)")
+    if ended is not None:
+        message = f"rank {rank} died in the cleanup after the cell, {_death(code)} (its own result was {ended.status})"
+        return replace(ended, status="crash", error_message=message, **how)
+    if died:
+        return RankResult(rank=rank, status="crash", error_message=f"rank {rank} died {_death(code)}", **how)
+    if exited.codes:
+        message = f"rank {rank} was stopped by torchrun after {culprits} died" + (
+            f" ({_death(code)})" if code is not None else ""
         )
-
-    def _dump_stacks(self, live: _Live, ranks: Dict[int, Tuple[int, float]]) -> Dict[int, str]:
-        """procs.dump_stacks, node by node: each node's ranks dump into its own directory, by local rank."""
-        out: Dict[int, str] = {}
-        for node, (run_dir, _) in enumerate(live.agents):
-            here = {
-                local: ranks[slot]
-                for slot in ranks
-                for local in [slot - node * self.per_node]
-                if 0 <= local < self.per_node
-            }
-            if here:
-                dumped = procs.dump_stacks(here, run_dir)
-                out.update({node * self.per_node + local: text for local, text in dumped.items()})
-        return out
-
-    def _stuck(self, live: _Live, key: str, status: str, since: float, note: str) -> None:
-        """Some ranks did not finish the cell: dump their stacks (for a hang, every rank's: where the finished ones
-        wait is what the stuck one owes them), then kill the launch."""
-        ended = live.ended.get(key, {})
-        missing = {r: ident for r, ident in live.pids.items() if r not in ended}
-        stacks = self._dump_stacks(live, dict(live.pids) if status == "hang" else missing)
-        what = "did not finish after another rank raised" if status == "error" else "did not finish the cell"
-        extra = [
-            RankResult(
-                rank=r,
-                status="hang",
-                error_message=f"rank {r} {what} ({note})",
-                stack=stacks.get(r) or "(no stack dumped)",
-            )
-            for r in missing
-        ]
-        if status == "hang":
-            extra += [replace(ended[r], stack=stacks.get(r) or "(no stack dumped)") for r in ended if r in live.pids]
-        self._finish(live, key, status, extra, detect_s=round(time.time() - since, 3), note=note)
-        self._replace(live, note)
-
-    def _stuck_in_cleanup(self, live: _Live, key: str, limit: float) -> None:
-        """Every rank ended the cell, but some never reported Clean: hung in the cleanup after the cell. The cell
-        is a hang (it must not pass: the launch is gone), told by the stuck ranks with their stacks."""
-        stuck = {r: ident for r, ident in live.pids.items() if r not in live.clean.get(key, {})}
-        stacks = self._dump_stacks(live, stuck)
-        note = (
-            f"hung in cleanup after the cell: rank(s) {', '.join(map(str, sorted(stuck)))} reported their result "
-            f"but not their cleanup within {limit + self.grace_s:.0f}s"
-        )
-        extra = [
-            replace(
-                live.ended[key][r],
-                status="hang",
-                error_message=f"rank {r} hung in the cleanup after the cell (its own result was "
-                f"{live.ended[key][r].status})",
-                stack=stacks.get(r) or "(no stack dumped)",
-            )
-            for r in stuck
-        ]
-        since = live.end_t[key] + limit + self.grace_s
-        self._finish(live, key, "hang", extra, detect_s=round(time.time() - since, 3), note=note)
-        self._replace(live, note)
-
-    def _crash(self, live: _Live, key: str) -> None:
-        """torchrun exited while ``key`` was unfinished. The rank that died speaks for the cell, with its exit code
-        or signal: torchrun's root cause, or any rank that died of something other than torchrun's own SIGTERM.
-        The ranks torchrun stopped after it are "stopped". A rank that had already reported End died in the cleanup
-        after the cell, and its End does not make the cell pass."""
-        codes: Dict[int, int] = {}
-        root: set = set()
-        running: Dict[int, int] = {}  # slot -> its node, for ranks whose node's torchrun is still up
-        for node, (run_dir, proc) in enumerate(live.agents):
-            first = node * self.per_node
-            if proc.poll() is None:
-                running.update({first + local: node for local in range(self.per_node)})
-                continue
-            log = (run_dir / TORCHRUN_OUT).read_text(errors="replace")
-            # by local rank, so that a node started with --node-rank k reads its own ranks as its slots
-            codes.update({first + r: c for r, c in procs.torchrun_failures(log, local=True).items()})
-            root.update(first + r for r in procs.torchrun_root_cause(log, local=True))
-        died = {r for r, code in codes.items() if r in root or code != -signal.SIGTERM}
-        culprits = ", ".join(f"rank {r}" for r in sorted(died)) or "a rank"
-        ended = live.ended.get(key, {})
-        extra = []
-        for rank in range(self.world_size):
-            code = codes.get(rank)
-            if rank in ended and rank not in died:
-                continue  # it finished the cell and was only stopped afterwards: its End stands
-            run_dir, local = self.where(live, rank)
-            stderr, error_file = procs.rank_logs(run_dir / LOGS, local)
-            how = dict(exit_code=code, signal=procs.signal_name(code), traceback=error_file, stack=stderr)
-            if rank in running and rank not in ended:
-                message = f"rank {rank} was still running on node {running[rank]} when another node's torchrun exited"
-                extra.append(RankResult(rank=rank, status="stopped", error_message=message + f" ({culprits} died)"))
-                continue
-            if rank in ended:
-                message = f"rank {rank} died in the cleanup after the cell, {_death(code)} (its own result was "
-                extra.append(
-                    replace(ended[rank], status="crash", error_message=message + f"{ended[rank].status})", **how)
-                )
-            elif rank in died:
-                extra.append(
-                    RankResult(rank=rank, status="crash", error_message=f"rank {rank} died {_death(code)}", **how)
-                )
-            elif codes:
-                message = f"rank {rank} was stopped by torchrun after {culprits} died" + (
-                    f" ({_death(code)})" if code is not None else ""
-                )
-                extra.append(RankResult(rank=rank, status="stopped", error_message=message, **how))
-            else:
-                message = f"rank {rank} is gone, exit code unknown (torchrun exited with {live.returncode()})"
-                extra.append(RankResult(rank=rank, status="crash", error_message=message, **how))
-        # a rank that died takes precedence: the others' errors ("connection closed by peer") are its echo
-        status = "crash" if any(r.status == "crash" for r in extra) else "error"
-        self._finish(
-            live,
-            key,
-            status,
-            extra,
-            detect_s=round(time.time() - max(live.started[key].values()), 3),
-            note=f"torchrun exited with {live.returncode()}",
-        )
+        return RankResult(rank=rank, status="stopped", error_message=message, **how)
+    message = f"rank {rank} is gone, exit code unknown (torchrun exited with {exited.returncode})"
+    return RankResult(rank=rank, status="crash", error_message=message, **how)
 
 
 def _death(code: Optional[int]) -> str:

@@ -17,11 +17,11 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
+from fsdp_matrix import options
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.installed import installed_versions
 from fsdp_matrix.matrix import PACKAGES, Matrix, load_matrix, same_value
 from fsdp_matrix.records import Record, Skipped, iter_records, latest
-from fsdp_matrix.runner import options
 from fsdp_matrix.triage.answer import Answer, Claim, PlatformFit, RuleFit, Similar, Workaround
 from fsdp_matrix.triage.match import (
     CaseMatch,
@@ -385,7 +385,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         prog="fsdp_matrix triage", description="Match a pasted traceback or log against the matrix's known failures."
     )
     p.add_argument("file", nargs="?", help="the traceback or log; '-' or nothing reads stdin")
-    # declared once (runner/options.py); the versions are the user's (default: the installed ones)
+    # declared once (fsdp_matrix/options.py); the versions are the user's (default: the installed ones)
     options.add_arguments(
         p.add_argument, ("results", "matrix"), defaults={"results": None}, model=options.MatrixOptions
     )

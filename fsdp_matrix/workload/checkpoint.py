@@ -31,9 +31,9 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import is_adapter
+from fsdp_matrix.workload.checks import DTensor, wrapper_kind
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import LOGITS_TOLERANCE
-from fsdp_matrix.workload.training import DTensor, wrapper_kind
 
 TOLERANCE = LOGITS_TOLERANCE
 """dtype -> (rtol, atol) for logits and resumed weights (see the module docstring for why); the forward check of

@@ -23,8 +23,9 @@ from fsdp_matrix.workload.checkpoint import (
     read_dcp,
     reload_and_check,
 )
+from fsdp_matrix.workload.checks import wrapper_kind
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.training import synthetic_batch, wrapper_kind
+from fsdp_matrix.workload.training import synthetic_batch
 
 
 def write_adapter(peft_model: nn.Module, adapter_state: Mapping[str, torch.Tensor], out: Path) -> None:

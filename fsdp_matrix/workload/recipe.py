@@ -7,13 +7,14 @@ from typing import Any, Mapping, Optional
 from torch import nn
 
 from fsdp_matrix.workload.adapters import adapter_dtypes, add_adapter
+from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.entry import accelerate_train_and_check, entry_of
 from fsdp_matrix.workload.hf_trainer import trainer_entry
 from fsdp_matrix.workload.meta_init import SYNC_SHIM, build_rank0_model, init_of, reference_for
 from fsdp_matrix.workload.models import DTYPES, build_4bit_model, build_model, count_linear4bit, torch_dtype
 from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.training import synthetic_batch, train_and_check, trainable_names
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.trl_trainer import trl_entry_from_peft  # imports trl only when a trl cell runs
 from fsdp_matrix.workload.wrapping import MIXED_PRECISION, SHARDING, WRAPS, wrap
 

@@ -151,7 +151,21 @@ def check_sharding(
     precision may keep as fp32 master weights (accelerate upcasts them when it wraps, and says so in a warning):
     promised in fp32 when they are, and counted in ``checks["master_fp32"]``; a frozen tensor upcast still fails."""
     held = holding(model, kind, world_size)
-    g = held.group
+    inventory, masters = _inventory(held, unwrapped, master)
+    promised, slack = _promised(held, inventory, kind)
+    seen = gather(_what_this_rank_holds(held, inventory))
+    failures = [line for rank, mine in enumerate(seen) for line in _over(rank, mine, promised, slack, held.group)]
+    per_rank = {d: [s[0].get(d, 0) for s in seen] for d in sorted({d for s in seen for d in s[0]})}
+    checks = {"shard_group": held.group, "bytes_per_rank": per_rank, "bytes_promised": dict(sorted(promised.items()))}
+    if masters:
+        checks["master_fp32"] = masters
+    return checks, failures, held
+
+
+def _inventory(
+    held: Holding, unwrapped: Optional[Mapping[str, Tuple[Shape, torch.dtype]]], master: Collection[str]
+) -> Tuple[Dict[str, Tuple[Shape, torch.dtype]], int]:
+    """Every tensor's (shape, dtype) before wrapping, a master weight's as fp32; and how many masters there are."""
     inventory = dict(unwrapped or {})
     masters = 0
     for key, (_, dtype) in held.managed.items():
@@ -162,22 +176,37 @@ def check_sharding(
         inventory.setdefault(key, (shape, dtype))
     for key, tensor in held.unmanaged.items():
         inventory.setdefault(key, (tuple(tensor.shape), tensor.dtype))
+    return inventory, masters
+
+
+def _promised(
+    held: Holding, inventory: Mapping[str, Tuple[Shape, torch.dtype]], kind: str
+) -> Tuple[Dict[str, int], Dict[str, int]]:
+    """Bytes per dtype a rank may hold (its share of each managed tensor, every unmanaged one whole), and the slack
+    per dtype for padding."""
     promised: Dict[str, int] = {}
     slack: Dict[str, int] = {}
     for key, (shape, dtype) in inventory.items():
         size = torch.empty((), dtype=dtype).element_size()
         name = dtype_name(dtype)
-        share = _share(shape, g, kind) if key in held.managed else math.prod(shape)
+        share = _share(shape, held.group, kind) if key in held.managed else math.prod(shape)
         promised[name] = promised.get(name, 0) + share * size
         if key in held.managed:
-            slack[name] = slack.get(name, 0) + _SLACK_BYTES + g * size
+            slack[name] = slack.get(name, 0) + _SLACK_BYTES + held.group * size
+    return promised, slack
+
+
+def _what_this_rank_holds(
+    held: Holding, inventory: Mapping[str, Tuple[Shape, torch.dtype]]
+) -> Tuple[Dict[str, int], List[str], List[str]]:
+    """(bytes per dtype, units over their share, tensors upcast by wrapping) on this rank."""
     mine: Dict[str, int] = {}
     for _, local, _, _, dtype in held.units:
         mine[dtype_name(dtype)] = mine.get(dtype_name(dtype), 0) + local * dtype.itemsize
     for tensor in held.unmanaged.values():
         mine[dtype_name(tensor.dtype)] = mine.get(dtype_name(tensor.dtype), 0) + tensor.numel() * tensor.itemsize
     over = [
-        f"unit {unit} holds {local}/{full} {dtype_name(dtype)} elements, its share over {g} ranks {share}"
+        f"unit {unit} holds {local}/{full} {dtype_name(dtype)} elements, its share over {held.group} ranks {share}"
         for unit, local, full, share, dtype in held.units
         if local > share
     ]
@@ -188,25 +217,30 @@ def check_sharding(
         for key, dtype in sorted(wrapped_dtypes.items())
         if key in inventory and dtype.itemsize > inventory[key][1].itemsize
     ]
-    seen = gather((mine, over, wider))
-    failures = []
-    for rank, (bytes_held, units_over, widened) in enumerate(seen):
-        too_much = [
-            f"{bytes_held[d] - promised.get(d, 0)} {d} bytes over the {promised.get(d, 0)} promised"
-            for d in sorted(bytes_held)
-            if bytes_held[d] > promised.get(d, 0) + slack.get(d, 0)
-        ]
-        if too_much or units_over or widened:
-            detail = units_over[:2] + ([f"{len(widened)} tensors upcast, e.g. {widened[0]}"] if widened else [])
-            failures.append(
-                f"sharding: rank {rank} holds {'; '.join(too_much) or 'no more bytes than promised'} "
-                f"(shard group {g}): {'; '.join(detail) or 'no single unit over its share'}"
-            )
-    per_rank = {d: [s[0].get(d, 0) for s in seen] for d in sorted({d for s in seen for d in s[0]})}
-    checks = {"shard_group": g, "bytes_per_rank": per_rank, "bytes_promised": dict(sorted(promised.items()))}
-    if masters:
-        checks["master_fp32"] = masters
-    return checks, failures, held
+    return mine, over, wider
+
+
+def _over(
+    rank: int,
+    seen: Tuple[Dict[str, int], List[str], List[str]],
+    promised: Mapping[str, int],
+    slack: Mapping[str, int],
+    group: int,
+) -> List[str]:
+    """The failure line of a rank that holds more than promised, a unit over its share, or an upcast tensor."""
+    bytes_held, units_over, widened = seen
+    too_much = [
+        f"{bytes_held[d] - promised.get(d, 0)} {d} bytes over the {promised.get(d, 0)} promised"
+        for d in sorted(bytes_held)
+        if bytes_held[d] > promised.get(d, 0) + slack.get(d, 0)
+    ]
+    if not (too_much or units_over or widened):
+        return []
+    detail = units_over[:2] + ([f"{len(widened)} tensors upcast, e.g. {widened[0]}"] if widened else [])
+    return [
+        f"sharding: rank {rank} holds {'; '.join(too_much) or 'no more bytes than promised'} "
+        f"(shard group {group}): {'; '.join(detail) or 'no single unit over its share'}"
+    ]
 
 
 def snapshot_pieces(held: Holding, names: List[str]) -> Dict[str, torch.Tensor]:

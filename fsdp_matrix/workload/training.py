@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import time
-from typing import Callable, Iterable, List, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
 
-# clean_name, full_parameters, trainable_names and wrapper_kind are re-exported: the case API names them here
-from fsdp_matrix.workload.checks import (  # noqa: F401
-    DTensor,
-    TrainingChecks,
-    clean_name,
-    full_parameters,
-    require_fsdp,
-    sum_over_ranks,
-    trainable_names,
-    wrapper_kind,
-)
+from fsdp_matrix.workload.checks import TrainingChecks, require_fsdp
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import CorruptionChecks, ReferenceLike, as_reference
 from fsdp_matrix.workload.models import VOCAB
@@ -56,17 +45,6 @@ def train_steps(
         optimizer.step()
         if judge is not None:
             judge.record_loss(float(loss.detach()))
-
-
-def grad_norm(params: List[nn.Parameter], device: torch.device) -> float:
-    """L2 norm of the given parameters' gradients over all ranks (each rank holds its shard of them)."""
-    local = 0.0
-    for p in params:
-        if p.grad is None:
-            continue
-        g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-        local += float(g.detach().float().pow(2).sum())
-    return math.sqrt(sum_over_ranks([local], device)[0])
 
 
 def train_and_check(

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_matrix.bisect.paths import DEFAULT_CACHE
 from fsdp_matrix.bisect.wiring import StepOptions, add_step_arguments, bisection_from
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.paths import DEFAULT_CACHE
 from fsdp_matrix.usage import OneLineParser
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bisect_matrix.yaml"

@@ -219,6 +219,7 @@ def test_a_source_build_is_judged_as_its_release_base_and_the_record_says_so(mon
     from fsdp_matrix.matrix import load_matrix
     from fsdp_matrix.records import Observed
     from fsdp_matrix.runner import session as session_mod
+    from fsdp_matrix.verdicts import make_record
 
     matrix = load_matrix()
     cell = find_cell(matrix, "no-split-modules/lora-orig0-cls_env_unset-shape_plain-ws2", "cpu", 2)
@@ -228,7 +229,7 @@ def test_a_source_build_is_judged_as_its_release_base_and_the_record_says_so(mon
     run = session_mod.Session(matrix, None, tmp_path, versions)  # type: ignore[arg-type]
     expected = run.expected(cell)
     assert expected.kind == "error"  # 0.13.3.dev0 matches no rule; as 0.13.0 it matches the seed-003 error rule
-    rec = session_mod.make_record(cell, expected, Observed(status="ok"), versions, 1.0, "old", "r")
+    rec = make_record(cell, expected, Observed(status="ok"), versions, 1.0, "old", "r", run.sources)
     assert rec.verdict == "UNEXPECTED-FIX" and rec.versions["peft"] == "0.13.3.dev0"
     assert rec.sources == main_after_013 and rec.schema == SCHEMA
     assert rec.line.endswith("[changed on main, not released yet (peft 7717550 judged as 0.13.0)]")

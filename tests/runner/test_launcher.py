@@ -208,7 +208,8 @@ def test_a_kill_that_does_not_take_is_an_error_not_a_silence(tmp_path):
     import subprocess
 
     from fsdp_matrix.errors import LaunchError
-    from fsdp_matrix.runner.launcher import _Live
+    from fsdp_matrix.runner.launcher import Launch
+    from fsdp_matrix.runner.watching import LaunchState
 
     class Unkillable:
         pid = _dead_pid()
@@ -220,7 +221,7 @@ def test_a_kill_that_does_not_take_is_an_error_not_a_silence(tmp_path):
         def poll(self):
             return None
 
-    live = _Live(0, tmp_path, Unkillable(), "unkillable00")
+    live = Launch(tmp_path, Unkillable(), "unkillable00", LaunchState(number=0, born=0.0))
     with pytest.raises(LaunchError, match=f"{Unkillable.pid}.*still running"):
         Launcher(run_root=tmp_path, python=sys.executable)._kill(live)
 
@@ -254,7 +255,7 @@ def test_failed_launch_folders_are_pruned_to_the_newest_few(tmp_path):
     finally:
         session.close()
     left = sorted(d.name for d in root.iterdir())
-    mine = [d for d in left if d.endswith(launcher.launch_ids[0])]
+    mine = [d for d in left if d.startswith("launch-0-") and d != concurrent.name and "-old" not in d]
     assert len(mine) == 1  # the failed launch of this run is kept for inspection...
     assert concurrent.name in left  # ...a live one of another run is not touched...
     assert len([d for d in left if "-old" in d]) == 1 and f"launch-5-old{5:09d}" in left  # ...the rest pruned to 2

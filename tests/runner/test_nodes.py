@@ -15,9 +15,9 @@ import pytest
 from fsdp_matrix.cells import expand
 from fsdp_matrix.errors import LaunchError
 from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.options import LaunchOptions
 from fsdp_matrix.runner.factory import layout_refusal, open_session
 from fsdp_matrix.runner.launcher import Launcher
-from fsdp_matrix.runner.options import LaunchOptions
 from fsdp_matrix.runner.session import Session
 
 HERE = Path(__file__).resolve().parent

@@ -8,8 +8,9 @@ import time
 
 import psutil
 
-from fsdp_matrix.runner.launcher import Launcher, _Live
-from fsdp_matrix.runner.protocol import Hello, Task
+from fsdp_matrix.runner.launcher import Launch, Launcher
+from fsdp_matrix.runner.protocol import Task
+from fsdp_matrix.runner.watching import LaunchState, Limits, decide
 
 
 def test_stack_dump_spares_a_process_that_reuses_a_dead_ranks_pid(tmp_path):
@@ -19,13 +20,21 @@ def test_stack_dump_spares_a_process_that_reuses_a_dead_ranks_pid(tmp_path):
     torchrun = subprocess.Popen(["sleep", "60"])  # stands in for the launch's torchrun, which _stuck kills
     reuser = subprocess.Popen(["sleep", "60"])
     try:
-        live = _Live(0, tmp_path, torchrun, "pidreuse0000")
         born = psutil.Process(reuser.pid).create_time()
-        launcher.watching.worker_hello(live, 1, Hello(pid=reuser.pid, rank=1, create_time=born - 100.0))
+        now = time.time()
+        state = LaunchState(
+            number=0,
+            born=now,
+            pids={1: (reuser.pid, born - 100.0)},  # rank 1's Hello named a process that is gone
+            submitted=("c/x",),
+            started={"c/x": {0: now, 1: now}},
+        )
+        live = Launch(tmp_path, torchrun, "pidreuse0000", state)
         launcher._tasks["c/x"] = Task(key="c/x", repro="r.py", params={})
-        live.submitted.append("c/x")
-        live.started["c/x"] = {0: time.time(), 1: time.time()}
-        launcher.watching._stuck(live, "c/x", "hang", time.time(), "no result")
+        limits = Limits(ranks=2, cell_timeout=1.0, grace_s=1.0, startup_timeout=60.0)
+        _, decisions = decide(state, [], now + 2.0, limits)  # a hang: every rank's stack is dumped, then the kill
+        for decision in decisions:
+            launcher._carry_out(live, decision)
         time.sleep(0.5)
         assert reuser.poll() is None, f"the pid's new owner was signalled (exit {reuser.returncode})"
         [rank1] = [r for r in launcher._done["c/x"].ranks if r.rank == 1]

@@ -111,7 +111,7 @@ class _CountingLauncher:
 
     def wait(self, key):
         from fsdp_matrix.records import RankResult
-        from fsdp_matrix.runner.launcher import CellRun
+        from fsdp_matrix.runner.watching import CellRun
 
         return CellRun(key=key, status="ok", ranks=[RankResult(rank=0, status="ok", checks={"sum": 1})], duration_s=0.1)
 
@@ -230,7 +230,7 @@ class _HugeErrorLauncher(_CountingLauncher):
 
     def wait(self, key):
         from fsdp_matrix.records import RankResult
-        from fsdp_matrix.runner.launcher import CellRun
+        from fsdp_matrix.runner.watching import CellRun
 
         ranks = [
             RankResult(

@@ -62,7 +62,7 @@ def test_a_repro_that_cannot_be_loaded_is_a_per_cell_error_naming_the_file(tmp_p
         assert name in obs.error_message and what in obs.error_message, obs.error_message
         assert [r.status for r in obs.ranks] == ["error", "error"]
     assert recs["healthy"].verdict == "fix-holds"
-    assert len(launcher.launch_ids) == 1  # no cell cost a relaunch
+    assert launcher._launches == 1  # no cell cost a relaunch
 
 
 def test_repros_with_the_same_file_name_are_different_modules(tmp_path):

@@ -23,10 +23,11 @@ from torch.distributed.fsdp.wrap import CustomPolicy
 
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import add_adapter
+from fsdp_matrix.workload.checks import DTensor, trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.models import build_model
-from fsdp_matrix.workload.training import DTensor, synthetic_batch, train_and_check, trainable_names
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import decoder_layer_policy, wrap
 
 LORA_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default"

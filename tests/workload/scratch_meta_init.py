@@ -15,10 +15,11 @@ import torch
 from torch import distributed as dist
 
 from fsdp_matrix.workload.adapters import add_adapter
+from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.meta_init import build_rank0_model, meta_names, reference_for
-from fsdp_matrix.workload.training import synthetic_batch, train_and_check, trainable_names
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import wrap
 
 RAM = {"init": "ram_efficient"}

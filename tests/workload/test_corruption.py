@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from fsdp_matrix.workload.adapters import add_adapter
+from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.corruption import LOGITS_TOLERANCE, Reference, as_reference, take_reference, tolerance
 from fsdp_matrix.workload.models import build_model
-from fsdp_matrix.workload.training import synthetic_batch, train_and_check, trainable_names
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import wrap
 from tests.workload.support import cpu_context, failed_on_both_ranks, one_rank_group
 

@@ -13,9 +13,9 @@ from torch import nn
 
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import add_adapter
-from fsdp_matrix.workload.checks import TrainingChecks
+from fsdp_matrix.workload.checks import TrainingChecks, trainable_names
 from fsdp_matrix.workload.models import build_model
-from fsdp_matrix.workload.training import synthetic_batch, train_and_check, trainable_names
+from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import wrap
 from tests.workload.support import cpu_context, one_rank_group
 

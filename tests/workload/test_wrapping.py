@@ -4,8 +4,8 @@ import pytest
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from fsdp_matrix.workload.adapters import add_adapter
+from fsdp_matrix.workload.checks import wrapper_kind
 from fsdp_matrix.workload.models import build_model
-from fsdp_matrix.workload.training import wrapper_kind
 from fsdp_matrix.workload.wrapping import wrap
 from tests.workload.support import cpu_context, one_rank_group
 

@@ -85,7 +85,7 @@ def test_bisect_commands_refuse_world_size_zero_before_anything_runs(command, ca
     ],
 )
 def test_torchrun_args_that_would_change_a_cells_world_size_are_refused(args, named):
-    from fsdp_matrix.runner import options
+    from fsdp_matrix import options
 
     with pytest.raises(options.OptionError) as info:
         options.check("torchrun_args", args)
@@ -93,7 +93,7 @@ def test_torchrun_args_that_would_change_a_cells_world_size_are_refused(args, na
 
 
 def test_the_node_count_of_a_rendezvous():
-    from fsdp_matrix.runner.options import rendezvous_nodes
+    from fsdp_matrix.options import rendezvous_nodes
 
     assert rendezvous_nodes(["--standalone"]) == 1
     assert rendezvous_nodes(["--nnodes=2", "--node-rank=1"]) == 2
@@ -105,7 +105,7 @@ def test_the_node_count_of_a_rendezvous():
 
 
 def test_versions_is_one_type_with_one_line_errors():
-    from fsdp_matrix.runner import options
+    from fsdp_matrix import options
 
     assert options.check("versions", "torch=2.6.0, peft==0.14.0") == {"torch": "2.6.0", "peft": "0.14.0"}
     for bad, said in [
@@ -131,7 +131,7 @@ def test_explain_and_triage_refuse_bad_versions_alike(command, capsys):
 
 
 def test_to_argv_gives_the_options_back_through_the_parser():
-    from fsdp_matrix.runner import options
+    from fsdp_matrix import options
 
     launch = options.LaunchOptions(results=Path("r"), combo="old", world_size=4, resume=True, cases=["a", "b"])
     p = options.Parser(prog="t")
