@@ -113,7 +113,7 @@ as ``CASE/CELL`` (a ``/`` would split it) and which name files and command lines
 
 MAX_CELLS = 10_000
 """Cells one matrix may expand to per device and world size; FSDP_MATRIX_MAX_CELLS raises it. The repo's has 202:
-a grid above the limit is almost surely a mistake, and counting it out would exhaust memory (issue 17, defect 14)."""
+a grid above the limit is almost surely a mistake, and counting it out would exhaust memory."""
 
 
 def max_cells() -> int:

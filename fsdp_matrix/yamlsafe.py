@@ -1,7 +1,7 @@
 """Reading matrix.yaml's text into plain data, bounded: size, aliases and merge keys, nesting, duplicate keys.
 
 PyYAML's safe loader still expands aliases and ``<<`` merge keys as often as they are written: a few lines that
-merge a mapping into itself level by level take exponential time (issue 17, defect 14). Here the file is composed
+merge a mapping into itself level by level take exponential time. Here the file is composed
 into its node graph first (linear in the text), the size of the document with every alias and merge expanded is
 counted over that graph (each node once), and only a document under ``MAX_NODES`` is constructed.
 """

@@ -25,7 +25,7 @@ BASE = {
         {
             "id": "lora-requires-grad",
             "title": "t",
-            "report": "seed 000",
+            "report": "https://github.com/huggingface/peft/issues/1702",
             "repro": "repros/lora_requires_grad.py",
             "grids": [
                 {"adapter": ["lora"], "dtype": ["fp32"], "orig": [0, 1], "wrap": ["decoder_layer"], "model": ["llama"]},
@@ -41,16 +41,16 @@ BASE = {
                         "match": "uniform `?requires_grad`?",
                         "module": "torch.distributed.fsdp._flat_param",
                     },
-                    "source": "seed 000",
+                    "source": "peft#1702",
                 },
                 {
                     "when": {"orig": 0},
                     "versions": {"torch": "<2.1"},
                     "error": {"type": "ValueError", "match": "FlatParameter. requires uniform"},
-                    "source": "seed 000",
+                    "source": "peft#1702",
                 },
                 {"versions": {"peft": "<0.11"}, "skip": "too old", "source": "observed"},
-                {"ok": True, "source": "seed 000 fixes"},
+                {"ok": True, "source": "peft#1702: the fixes"},
             ],
         }
     ],

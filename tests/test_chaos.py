@@ -67,7 +67,7 @@ def _chaos_matrix(folder: Path) -> Path:
     faults = {
         "id": "chaos-faults",
         "title": "cells the chaos test hurts",
-        "report": "issue 10",
+        "report": "chaos test",
         "repro": str(HERE / "runner" / "fault_cells.py"),
         "grids": [{"fault": ["ok"], "sleep": [2]}, {"fault": ["hang_c_once_rank1"], "n": [1, 2]}],
         "expect": [{"ok": True, "source": "a healthy cell trains; the hang is transient"}],
@@ -291,7 +291,7 @@ def test_chaos(tmp_path, capsys):
     assert not chaos.lost and chaos.orphans == 0 and not chaos.temp_left, figures
 
 
-# ---- hostile repros (issue 17): one run, each hostile cell followed by a healthy probe ----------------------------
+# ---- hostile repros: one run, each hostile cell followed by a healthy probe ----------------------------
 
 HOSTILE_RETURNS = {"ret_bool": "bool", "ret_list": "list", "ret_bad_keys": "dict"}
 """``run()`` answers that are not a dict of JSON values: that cell's error (REGRESSION), and the launch goes on."""

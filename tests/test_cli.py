@@ -13,7 +13,7 @@ from tests.helpers import BAD_INPUTS, matrix_data, write_matrix
 
 @pytest.mark.parametrize("defect", sorted(BAD_INPUTS))
 def test_validate_rejects_bad_input_in_one_line(tmp_path, capsys, defect):
-    """Defects 18-23, 25."""
+    """25."""
     data, names = BAD_INPUTS[defect]
     assert main(["validate", str(write_matrix(tmp_path, data))]) != 0
     err = capsys.readouterr().err
@@ -26,7 +26,7 @@ def test_validate_accepts_a_good_matrix(tmp_path, capsys):
 
 
 def test_run_with_cases_that_match_nothing_says_so(tmp_path, capsys):
-    """Defect 24: ``--cases`` naming no case selected zero cells and said nothing."""
+    """``--cases`` naming no case selected zero cells and said nothing."""
     matrix = write_matrix(tmp_path, matrix_data())
     rc = main(["run", "--matrix", str(matrix), "--results", str(tmp_path / "r"), "--cases", "lora-requires-grad,typo"])
     err = capsys.readouterr().err
@@ -35,7 +35,7 @@ def test_run_with_cases_that_match_nothing_says_so(tmp_path, capsys):
 
 
 def test_export_of_a_cell_whose_repro_is_missing_is_one_line(tmp_path):
-    """Defect 26: ``export`` printed a raw FileNotFoundError traceback."""
+    """``export`` printed a raw FileNotFoundError traceback."""
     path = write_matrix(tmp_path, matrix_data())
     path.write_text(path.read_text().replace("repros/lora_requires_grad.py", "repros/gone.py"))
     cmd = [sys.executable, "-m", "fsdp_matrix", "export", "lora-requires-grad/lora-fp32-fsdp2-llama-ws2"]
@@ -47,7 +47,7 @@ def test_export_of_a_cell_whose_repro_is_missing_is_one_line(tmp_path):
 
 
 def test_export_of_a_repro_removed_after_loading_is_one_line(tmp_path, capsys, monkeypatch):
-    """Defect 26, past validation: the file disappears between loading matrix.yaml and reading the repro."""
+    """Past validation: the file disappears between loading matrix.yaml and reading the repro."""
     from fsdp_matrix.export import cli as export_cli
 
     path = write_matrix(tmp_path, matrix_data())

@@ -1,5 +1,5 @@
-"""Hypothesis over the arguments of ``run``, ``bench``, ``validate``, ``explain``, ``triage`` and ``export`` (issue 17,
-Fuzzing; ``report``/``diff`` and ``bisect``/``upgrade``/``nightly`` have their own files): a valid argument list with
+"""Hypothesis over the arguments of ``run``, ``bench``, ``validate``, ``explain``, ``triage`` and ``export``
+(``report``/``diff`` and ``bisect``/``upgrade``/``nightly`` have their own files): a valid argument list with
 one malformed change gives one line, a non-zero exit and no traceback. Launches and traced runs are faked: nothing
 runs, and an example that got past every check fails the test loudly."""
 

@@ -114,7 +114,7 @@ def test_newest_is_the_newest_cpu_combo():
 
 @pytest.mark.parametrize("defect", sorted(BAD_INPUTS))
 def test_bad_input_is_one_line_naming_the_key(tmp_path, defect):
-    """Defects 18-23, 25: inputs that were accepted silently (or told in two lines)."""
+    """Inputs that were accepted silently (or told in two lines)."""
     data, names = BAD_INPUTS[defect]
     with pytest.raises(MatrixConfigError) as err:
         load_matrix(write_matrix(tmp_path, data))

@@ -1,4 +1,4 @@
-"""Issue 17, defects 14 and 16: matrix.yaml inputs that hung, ran out of memory or were silently accepted.
+"""Matrix.yaml inputs that hung, ran out of memory or were silently accepted.
 
 Each must end in one line naming the key (or the file) and a non-zero exit, quickly. The hostile files run through
 ``python -m fsdp_matrix validate`` in a subprocess with a wall-clock and an address-space limit, so a regression

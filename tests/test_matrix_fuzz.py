@@ -1,4 +1,4 @@
-"""Issue 17, fuzzing: malformed matrix documents end in MatrixConfigError with one line, never another exception.
+"""Fuzzing: malformed matrix documents end in MatrixConfigError with one line, never another exception.
 
 Hypothesis mutates the valid test matrix (replaces a node anywhere with junk, drops or adds keys) and writes random
 YAML text. A document that is accepted must give cells that every command can address: unique keys that

@@ -1,4 +1,4 @@
-"""Issue 17 defect 15 (review item 21): every number of the commands that launch cells is validated at parse time.
+"""Every number of the commands that launch cells is validated at parse time.
 
 A bad number is one line naming the option and a non-zero exit: never a traceback, never junk records, never a
 silent fallback to another value.

@@ -77,14 +77,14 @@ def _usage_error(proc) -> str:
 
 @pytest.mark.parametrize("defect", sorted(BAD_INPUTS))
 def test_plugin_rejects_bad_matrix_with_one_usage_line(tmp_path, defect):
-    """Defects 18-23, 25, as a pytest run sees them."""
+    """As a pytest run sees them."""
     data, names = BAD_INPUTS[defect]
     line = _usage_error(_pytest("--matrix", str(write_matrix(tmp_path, data))))
     assert names in line and "\x00" not in line, line
 
 
 def test_plugin_cases_filter_that_matches_nothing_is_a_usage_error(tmp_path):
-    """Defect 24."""
+    """--cases naming no case is a usage error, not zero cells and silence."""
     matrix = write_matrix(tmp_path, matrix_data())
     line = _usage_error(_pytest("--matrix", str(matrix), "--cases", "lora-requires-gard"))
     assert "--cases" in line and "'lora-requires-gard'" in line, line
@@ -106,7 +106,7 @@ def test_a_combo_that_pairs_versions_for_some_cases_runs_only_those(tmp_path):
     assert "other-case/" in everything and "lora-requires-grad/" in everything, everything
 
 
-# ---- defect 8 through the plugin (nox -s matrix): stop at once, one line naming the path -------------------------
+# ---- through the plugin (nox -s matrix): stop at once, one line naming the path -------------------------
 
 
 def _cells_run(results, *args):

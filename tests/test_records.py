@@ -60,7 +60,7 @@ def test_torn_last_line_is_skipped_and_counted(tmp_path):
 
 
 def test_append_after_a_torn_line_starts_a_new_line(tmp_path):
-    """Defect 1: a resume (or a concurrent run) appending after a killed writer's fragment is not glued onto it."""
+    """A resume (or a concurrent run) appending after a killed writer's fragment is not glued onto it."""
     records.append(tmp_path, _record("a"))
     with open(tmp_path / "cells.jsonl", "a") as fh:
         fh.write('{"case": "case", "cell": "b", "par')  # killed mid-write
@@ -93,7 +93,7 @@ def _line(**changes):
     ],
 )
 def test_wrong_typed_line_is_skipped_counted_and_reading_goes_on(tmp_path, changes, where):
-    """Defect 3: one bad line costs that line, named with its file, number and field, never the whole file."""
+    """One bad line costs that line, named with its file, number and field, never the whole file."""
     records.append(tmp_path, _record("a"))
     with open(tmp_path / "cells.jsonl", "a") as fh:
         fh.write(_line(**changes) + "\n")
@@ -106,7 +106,7 @@ def test_wrong_typed_line_is_skipped_counted_and_reading_goes_on(tmp_path, chang
 
 
 def test_unknown_fields_inside_observed_and_ranks_are_ignored(tmp_path):
-    """Defect 3: a newer harness may add fields anywhere; an older reader reads the rest."""
+    """A newer harness may add fields anywhere; an older reader reads the rest."""
     with open(tmp_path / "cells.jsonl", "w") as fh:
         fh.write(_line(**{"observed.new_thing": 1, "observed.ranks.1.gpu_mem": 3, "top_level_new": "x"}) + "\n")
     [rec] = list(records.iter_records(tmp_path))

@@ -12,7 +12,7 @@ FAULTS = HERE / "runner"
 
 
 def test_standalone_run_removes_its_scratch_folder(tmp_path):
-    """Defect 13: ``/tmp/fsdp-matrix-<run id>`` (where rank 0 may save a tiny model for the others) was never
+    """``/tmp/fsdp-matrix-<run id>`` (where rank 0 may save a tiny model for the others) was never
     removed."""
     script = tmp_path / "solo.py"
     script.write_text(

@@ -101,10 +101,10 @@ def save_once(ctx: RankContext, name: str, save: Callable[[Path], Any], marker: 
     A failed save raises on the writer; the others raise on the missing files instead of hanging.
 
     Per node, never rank 0 alone: on several machines each node has its own scratch, and a file only rank 0
-    wrote would be missing on every other node (issue 17, defect 18d). Whole or absent: ``save`` writes into a
+    wrote would be missing on every other node. Whole or absent: ``save`` writes into a
     temporary directory beside ``path``, renamed to ``path`` once it returned, because savers write their first
     file (``marker``, e.g. config.json) long before their last, and a save that failed half way (a full disk, a
-    kill) must never be where the next cell looks (defect 18c)."""
+    kill) must never be where the next cell looks."""
     path = ctx.scratch / name
     failed = None
     if ctx.is_local_main and not (path / marker).exists():

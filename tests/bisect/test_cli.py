@@ -145,7 +145,7 @@ def test_by_date_reports_the_day_and_what_changed(
 
 
 def test_defect6_a_pin_on_the_bisected_package_is_refused(fake, capsys) -> None:
-    """Issue 17 defect 6: ``--pin peft==0.12.0 --package peft`` was ignored without a word."""
+    """``--pin peft==0.12.0 --package peft`` was ignored without a word."""
     argv = [CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--matrix", str(FIXTURE)]
     assert bisect_cli.main(argv + ["--pin", "PEFT==0.12.0"]) == 2
     err = capsys.readouterr().err.strip()
@@ -163,7 +163,7 @@ def test_defect6_a_pin_on_the_bisected_package_is_refused(fake, capsys) -> None:
     ],
 )
 def test_defect15_bad_versions_and_dates_are_one_line(fake, capsys, extra, line) -> None:
-    """Issue 17 defect 15: ``--old abc`` ended in an InvalidVersion traceback, ``--by-date 2024-13-01`` in
+    """``--old abc`` ended in an InvalidVersion traceback, ``--by-date 2024-13-01`` in
     ``ValueError: month must be in 1..12``."""
     assert bisect_cli.main([CELL, *extra, "--matrix", str(FIXTURE)]) == 2
     err = capsys.readouterr().err.strip()
@@ -186,7 +186,7 @@ def test_defect15_unusable_cache_and_json_paths_are_one_line_before_anything_run
 
 
 def test_defect17_a_cell_skipped_on_the_combo_is_said_before_installing_anything(fake, capsys) -> None:
-    """Issue 17 defect 17: both ends were installed, the cell was skipped in both, and the answer was "no candidate
+    """Both ends were installed, the cell was skipped in both, and the answer was "no candidate
     between peft 0.13.2 and 0.14.0 could be installed"."""
     skip = Path(__file__).parent / "fixtures" / "bisect_skip_matrix.yaml"
     argv = [CELL, "--package", "peft", "--old", "0.13.2", "--new", "0.15.2", "--combo", "old", "--matrix", str(skip)]

@@ -1,4 +1,5 @@
-"""End to end: bisect the seed-003 cell over the real peft releases 0.13.2 .. 0.15.2 and find PEFT 0.14.0 (PR #2167).
+"""End to end: bisect the no-split-modules cell over the real peft releases 0.13.2 .. 0.15.2 and find PEFT
+0.14.0 (PR #2167).
 
 Every step installs a real env (uv, torch 2.13.0 CPU from the configured find-links) and runs the cell on a real
 2-rank torchrun launch. Select it with ``-m bisect``; it needs the package index and takes minutes (see the timing

@@ -1,4 +1,4 @@
-"""Hypothesis over the arguments of ``bisect``, ``upgrade`` and ``nightly`` (issue 17, Fuzzing): a valid argument list
+"""Hypothesis over the arguments of ``bisect``, ``upgrade`` and ``nightly``: a valid argument list
 with one malformed change gives one line, a non-zero exit and no traceback. Installs, launches and the package index
 are faked: nothing is installed or run, and an example that got past every check would fail the test loudly."""
 

@@ -22,7 +22,7 @@ def test_parse_pins() -> None:
 
 
 def test_defect6_parse_pins_refuses_a_package_given_twice_and_inexact_versions() -> None:
-    """Issue 17 defect 6: the last duplicate won silently, and ``peft==0.14.*`` passed as a pin."""
+    """The last duplicate won silently, and ``peft==0.14.*`` passed as a pin."""
     for twice in (["peft==0.14.0", "peft==0.13.2"], ["PEFT==0.13.2", "Peft==0.14.0"]):
         with pytest.raises(EnvError, match="peft given twice"):
             parse_pins(twice)
@@ -64,7 +64,7 @@ def test_changes_between_resolutions(tmp_path: Path) -> None:
 
 
 def test_defect12_the_checkout_is_found_from_any_working_directory(tmp_path: Path, monkeypatch) -> None:
-    """Issue 17 defect 12: since installers.py moved into bisect/, its parent's parent is the package dir, so
+    """Since installers.py moved into bisect/, its parent's parent is the package dir, so
     upgrade, bisect and the nightly's upgrade check worked only from the repo root (the cwd fallback)."""
     from fsdp_matrix.bisect.installers import harness_root
 

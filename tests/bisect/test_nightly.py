@@ -112,7 +112,7 @@ def test_unreadable_report_is_exit_2(tmp_path, upgrades) -> None:
 
 
 def test_defect9_a_fix_that_now_crashes_fails_the_night(tmp_path, upgrades) -> None:
-    """Issue 17 defect 9: fix-holds -> crash, with the versions unchanged, exited 0."""
+    """Fix-holds -> crash, with the versions unchanged, exited 0."""
     old = night(tmp_path / "old.json", NIGHT1, {CELL_FIX: "fix-holds", CELL_SAME: "reproduced"})
     new = night(tmp_path / "new.json", NIGHT1, {CELL_FIX: "crash", CELL_SAME: "hang"})
     code, summary = run(tmp_path, old, new)
@@ -121,7 +121,7 @@ def test_defect9_a_fix_that_now_crashes_fails_the_night(tmp_path, upgrades) -> N
 
 @pytest.mark.parametrize("tonight", ["env-error", "crash", "hang", "skipped"])
 def test_defect10_verdicts_not_about_the_bug_run_no_upgrade_check(tmp_path, upgrades, tonight) -> None:
-    """Issue 17 defect 10: an env-error night (e.g. a floating combo that cannot be installed) ran the upgrade check,
+    """An env-error night (e.g. a floating combo that cannot be installed) ran the upgrade check,
     which reinstalled last night's env, ran every cell and failed for the same reason. Only changes about the bug
     (reproduced, fix-holds, REGRESSION, UNEXPECTED-FIX, DIFFERENT-ERROR on both nights) are worth bisecting."""
     moved = {**NIGHT1, "peft": "0.99.0"}

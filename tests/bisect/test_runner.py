@@ -96,7 +96,7 @@ def test_runner_without_a_record_is_untestable(tmp_path: Path) -> None:
 
 
 def test_defect17_runner_backstop_timeout_is_untestable_never_a_hang(tmp_path: Path) -> None:
-    """Issue 17 defect 17: the harness's own --timeout was recorded as the cell's ``hang``, so a bisection whose ends
+    """The harness's own --timeout was recorded as the cell's ``hang``, so a bisection whose ends
     both hit it answered "no change ... both give hang" with exit 0."""
     venv = _fake_venv(tmp_path, "import time\ntime.sleep(30)")
     with pytest.raises(Untestable, match=r"--timeout \(1s\) ran out"):
@@ -104,7 +104,7 @@ def test_defect17_runner_backstop_timeout_is_untestable_never_a_hang(tmp_path: P
 
 
 def test_runner_backstop_takes_down_the_launch_in_its_own_session(tmp_path: Path) -> None:
-    """Defect 11: the backstop killed the run's process group, but torchrun starts its own session (as the launcher
+    """The backstop killed the run's process group, but torchrun starts its own session (as the launcher
     does, with the launch marker and directory a real run has), so it and its ranks survived."""
     import os
     import time

@@ -156,7 +156,7 @@ def test_several_bumps_each_cell_is_pinned_on_its_package() -> None:
 
 
 def test_defect2_an_attribution_env_that_cannot_be_built_falls_through_and_keeps_the_diff() -> None:
-    """Issue 17 defect 2: peft 0.17.1 needs transformers >= 4.49, so "base with peft 0.17.1 only" cannot be built.
+    """Peft 0.17.1 needs transformers >= 4.49, so "base with peft 0.17.1 only" cannot be built.
     That context cannot attribute the cell; the revert-alone context can, and the base/target diff is kept."""
 
     def verdict(cell: str, pins: Dict[str, str]) -> str:
@@ -268,7 +268,7 @@ def test_cli_checks_cases(faked, tmp_path, capsys) -> None:
 def test_defect6_a_bump_given_twice_equal_to_the_base_or_not_on_the_index_is_refused_before_the_base_runs(
     faked, tmp_path, capsys
 ) -> None:
-    """Issue 17 defect 6: these printed "0 changed" and exited 0, or failed only after the base run."""
+    """These printed "0 changed" and exited 0, or failed only after the base run."""
     argv = ["--combo", "old", "--matrix", str(FIXTURE), "--cache", str(tmp_path)]
     for bumps, line in (
         (["peft==0.13.2"], "peft==0.13.2 is already the base's pin"),
@@ -284,7 +284,7 @@ def test_defect6_a_bump_given_twice_equal_to_the_base_or_not_on_the_index_is_ref
 
 
 def test_defect15_unusable_json_and_cache_paths_are_one_line_before_the_run(faked, tmp_path, capsys) -> None:
-    """Issue 17 defect 15: ``--json DIR`` was an IsADirectoryError after the whole run, ``--cache FILE`` a
+    """``--json DIR`` was an IsADirectoryError after the whole run, ``--cache FILE`` a
     FileExistsError traceback."""
     afile = tmp_path / "afile"
     afile.write_text("x")

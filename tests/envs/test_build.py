@@ -49,7 +49,7 @@ def probe_version(venv: Path) -> str:
 
 
 def test_interrupted_install_is_redone_when_the_pins_come_back(local_wheels, tmp_path, monkeypatch):
-    # defect 15: env stamped for A; an install of B is cut off after uv changed the env; the pins go back to A
+    # Env stamped for A; an install of B is cut off after uv changed the env; the pins go back to A
     venv = make_venv(tmp_path / "venv")
     first = envs.prepare(venv, A)
     assert first.ok, first.message
@@ -106,7 +106,7 @@ def stalled(monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_stalled_index_fails_fast_with_a_clear_env_error(stalled, tmp_path, monkeypatch):
-    # defect 17: with uv's defaults one stalled request held the install for 131 s (30 s x 4 tries), unexplained
+    # With uv's defaults one stalled request held the install for 131 s (30 s x 4 tries), unexplained
     monkeypatch.setenv("FSDP_MATRIX_HTTP_TIMEOUT", "2")
     venv = make_venv(tmp_path / "venv")
     start = time.monotonic()
@@ -122,7 +122,7 @@ def test_stalled_index_fails_fast_with_a_clear_env_error(stalled, tmp_path, monk
 
 @pytest.mark.timeout(120)
 def test_install_deadline_stops_uv_and_says_so(stalled, tmp_path, monkeypatch):
-    # defect 17: the whole install is bounded too (here 3 s), whatever the per-request timeout is
+    # The whole install is bounded too (here 3 s), whatever the per-request timeout is
     monkeypatch.setenv("UV_HTTP_TIMEOUT", "300")
     monkeypatch.setenv("FSDP_MATRIX_INSTALL_TIMEOUT", "3")
     venv = make_venv(tmp_path / "venv")

@@ -33,7 +33,7 @@ def fake_python(tmp_path: Path, body: str) -> Path:
 
 
 def test_missing_interpreter_is_an_env_error_not_a_crash(tmp_path):
-    # defect 16: FileNotFoundError used to escape installed_versions and import_check
+    # FileNotFoundError used to escape installed_versions and import_check
     gone = tmp_path / "gone" / "bin" / "python"
     with pytest.raises(EnvError, match="no interpreter"):
         envs.installed_versions(gone, ["peft"])
@@ -47,7 +47,7 @@ def test_missing_interpreter_is_an_env_error_not_a_crash(tmp_path):
 
 
 def test_a_hanging_interpreter_is_an_env_error_not_a_crash(tmp_path):
-    # defect 16: TimeoutExpired used to escape both probes
+    # TimeoutExpired used to escape both probes
     slow = fake_python(tmp_path, "sleep 30")
     start = time.monotonic()
     assert "did not answer within 1s" in (envs.import_check(slow, timeout=1) or "")

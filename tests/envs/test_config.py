@@ -74,7 +74,7 @@ MULTI_LINE = (
 
 
 def test_multi_line_pip_settings_reach_uv_as_separate_urls(tmp_path):
-    # defect 7: the escaped value reached uv as ONE url with a literal backslash-n, which uv ignored silently
+    # The escaped value reached uv as ONE url with a literal backslash-n, which uv ignored silently
     fake = tmp_path / "python"
     fake.write_text(f"#!/bin/sh\ncat <<'X'\n{MULTI_LINE}X\n")
     fake.chmod(0o755)

@@ -1,4 +1,4 @@
-"""Defect 19: with nothing configured that yields a CPU torch, a `cpu` combo's torch comes from PyTorch's CPU index.
+"""With nothing configured that yields a CPU torch, a `cpu` combo's torch comes from PyTorch's CPU index.
 
 Real uv installs against two loopback indexes: a stand-in for PyPI whose torch pulls an nvidia library (as the CUDA
 build does), and a stand-in for https://download.pytorch.org/whl/cpu serving ``torch 2.13.0+cpu``

@@ -87,7 +87,7 @@ def test_estimate_leaves_out_what_uv_has_cached(index, tmp_path: Path, monkeypat
 
 
 def test_unknown_torch_size_is_never_announced_as_zero() -> None:
-    # defect 18a: an HTML-only or file:// index gives no sizes, and the ~3 GB download was announced as "about 0 B"
+    # An HTML-only or file:// index gives no sizes, and the ~3 GB download was announced as "about 0 B"
     est = downloads.Estimate(packages=22, to_fetch=0, cached=0, unknown=["torch", "nvidia-cublas-cu12"])
     text = est.describe()
     assert "0 B" not in text and text.startswith("size unknown"), text

@@ -49,7 +49,7 @@ def recorded(results: Path) -> List[str]:
 @needs_nox
 @pytest.mark.timeout(600)
 def test_newest_with_an_unreachable_index_writes_env_error_records(tmp_path: Path) -> None:
-    # defect 11: the resolution's EnvError ended `nox -s newest` in a traceback with no records
+    # The resolution's EnvError ended `nox -s newest` in a traceback with no records
     res = tmp_path / "res"
     proc = run_nox(tmp_path, "-s", "newest", "--", "--results", str(res), "--device=cpu", "--cases=disable-adapter")
     out = proc.stdout + proc.stderr
@@ -69,7 +69,7 @@ def test_newest_with_an_unreachable_index_writes_env_error_records(tmp_path: Pat
 @needs_nox
 @pytest.mark.timeout(600)
 def test_failed_env_records_only_the_cells_selected_by_cases(tmp_path: Path) -> None:
-    # defect 13: --cases no-split-modules asked for 8 cells, and all 202 got env-error records
+    # --cases no-split-modules asked for 8 cells, and all 202 got env-error records
     res = tmp_path / "res"
     select = "--cases=no-split-modules"
     proc = run_nox(tmp_path, "-s", "matrix(old)", "--", "--results", str(res), "--device=cpu", select)
@@ -94,7 +94,7 @@ def pytest_selection(*args: str) -> List[str]:
 @needs_nox
 @pytest.mark.timeout(600)
 def test_failed_env_records_only_the_cells_pytest_would_select_with_k(tmp_path: Path) -> None:
-    # defect 13: the same with -k, judged against pytest's own selection of the same options
+    # The same with -k, judged against pytest's own selection of the same options
     res = tmp_path / "res"
     sel = ["--cases", "dora-sharded-weight,no-split-modules", "-k", "fsdp2 or (gemma and not orig1)"]
     proc = run_nox(tmp_path, "-s", "matrix(old)", "--", "--results", str(res), "--device", "cpu", *sel)

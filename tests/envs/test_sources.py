@@ -228,7 +228,7 @@ def test_a_source_build_is_judged_as_its_release_base_and_the_record_says_so(mon
     monkeypatch.setattr(session_mod, "env_sources", lambda versions=None: main_after_013)
     run = session_mod.Session(matrix, None, tmp_path, versions)  # type: ignore[arg-type]
     expected = run.expected(cell)
-    assert expected.kind == "error"  # 0.13.3.dev0 matches no rule; as 0.13.0 it matches the seed-003 error rule
+    assert expected.kind == "error"  # 0.13.3.dev0 matches no rule; as 0.13.0 it matches the no-split-modules error rule
     rec = make_record(cell, expected, Observed(status="ok"), versions, 1.0, "old", "r", run.sources)
     assert rec.verdict == "UNEXPECTED-FIX" and rec.versions["peft"] == "0.13.3.dev0"
     assert rec.sources == main_after_013 and rec.schema == SCHEMA

@@ -104,7 +104,7 @@ def test_unreadable_input_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_defect9_a_passing_cell_that_now_needs_attention_is_an_alert(tmp_path, capsys):
-    """Issue 17 defect 9: fix-holds -> crash, hang, env-error, DIFFERENT-ERROR was "Other verdict changes", exit 0."""
+    """Fix-holds -> crash, hang, env-error, DIFFERENT-ERROR was "Other verdict changes", exit 0."""
     old = [make_record(f"{n}-ws2", "fix-holds") for n in "abcd"] + [make_record("e-ws2", "reproduced")]
     old += [make_record("f-ws2", "REGRESSION"), make_record("g-ws2", "reproduced")]
     new = [make_record("a-ws2", "crash"), make_record("b-ws2", "hang"), make_record("c-ws2", "env-error")]

@@ -1,4 +1,4 @@
-"""Hypothesis over the arguments of ``report`` and ``diff`` (issue 17, Fuzzing): malformed argument lists, paths and
+"""Hypothesis over the arguments of ``report`` and ``diff``: malformed argument lists, paths and
 files give one line, a non-zero exit and no traceback."""
 
 from __future__ import annotations

@@ -80,14 +80,14 @@ def crafted_page(tmp_path, main) -> str:
 
 
 def test_crafted_rank_field_never_reaches_the_page_as_markup(tmp_path):
-    """Defect 27: the HTML report escaped the rank's status but wrote the rank number itself raw."""
+    """The HTML report escaped the rank's status but wrote the rank number itself raw."""
     from fsdp_matrix.report.cli import main
 
     assert "<script" not in crafted_page(tmp_path, main)
 
 
 def test_rank_fields_of_a_record_in_memory_are_escaped():
-    """Defect 27, past the reader: a record built in memory (no validation) with markup in every rank field."""
+    """Past the reader: a record built in memory (no validation) with markup in every rank field."""
     from fsdp_matrix.records import RankResult
 
     rec = sample_records()[1]
@@ -99,7 +99,7 @@ def test_rank_fields_of_a_record_in_memory_are_escaped():
 
 
 def test_defect15_a_record_with_a_nan_or_infinite_finished_at_is_reported(tmp_path, capsys):
-    """Issue 17 defect 15: ``report`` on a record with ``finished_at: NaN`` ended in ``ValueError: Invalid value NaN``
+    """``report`` on a record with ``finished_at: NaN`` ended in ``ValueError: Invalid value NaN``
     from time.localtime."""
     from fsdp_matrix.records import append
     from fsdp_matrix.report import cli as report_cli

@@ -179,7 +179,7 @@ def test_every_verdict_has_a_symbol_and_attention_matches_verdicts(verdict):
     [("duration_s", "fast"), ("finished_at", "yesterday"), ("versions", "torch 2.13"), ("observed", [])],
 )
 def test_report_skips_a_wrong_typed_line_and_says_so(tmp_path, capsys, field, value):
-    """Defect 3: a wrong-typed field costs its line, which the report counts and names, not the whole report."""
+    """A wrong-typed field costs its line, which the report counts and names, not the whole report."""
     results = tmp_path / "results"
     append(results, make_record("a-ws2", "fix-holds", "new", case="zeta"))
     bad = make_record("b-ws2", "fix-holds", "new", case="zeta").to_json()
@@ -198,7 +198,7 @@ def test_report_skips_a_wrong_typed_line_and_says_so(tmp_path, capsys, field, va
 
 
 def test_plain_run_and_a_combo_named_local_get_their_own_junit_file(tmp_path):
-    """Defect 4: records without a combo and records of a combo called ``local`` must not share junit-local.xml."""
+    """Records without a combo and records of a combo called ``local`` must not share junit-local.xml."""
     results = tmp_path / "results"
     append(results / "plain", make_record("a-ws2", "REGRESSION", None))
     append(results / "local", make_record("a-ws2", "fix-holds", "local"))
@@ -214,7 +214,7 @@ def _escape_everywhere(text: str) -> str:
 
 
 def test_text_report_shows_no_terminal_escape_from_any_record_field(tmp_path, capsys):
-    """Defect 28: every string a record carries, and the case title, reaches the terminal with its escapes shown."""
+    """Every string a record carries, and the case title, reaches the terminal with its escapes shown."""
     evil = _escape_everywhere
     rec = make_record(evil("cell-ws2"), "REGRESSION", evil("combo"), case=evil("case"), message=evil("boom"))
     rec.line = evil(rec.line)
@@ -243,7 +243,7 @@ def test_text_report_shows_no_terminal_escape_from_any_record_field(tmp_path, ca
 
 
 def test_defect20_an_env_that_cannot_be_installed_is_reported_once_per_combo():
-    """Issue 17 defect 20: a combo whose env cannot be installed gave "Needs attention (202)" and one line per cell;
+    """A combo whose env cannot be installed gave "Needs attention (202)" and one line per cell;
     it is one line per combo (the reason and the command that re-runs it), in the terminal, markdown and HTML."""
     from dataclasses import replace
 

@@ -1,5 +1,5 @@
 """Test-only hostile repros: cells that leave the rank's process changed, or answer in ways a repro must not,
-to prove that every later cell of the same launch still gets its true verdict (issue 17, defects 1, 3, 4, 18).
+to prove that every later cell of the same launch still gets its true verdict.
 
 ``probe`` is the victim: a healthy cell that fails (raises) when it meets any change a hostile cell could leave
 behind; in a clean process it trains one AdamW step and returns ``{"sum": ...}``.

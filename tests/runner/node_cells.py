@@ -34,7 +34,7 @@ def run(params, ctx):
         dist.all_reduce(t)  # the others go on to the next collective, as a training step would
         return {"sum": float(t.sum())}
     node = int(os.environ.get("GROUP_RANK", 0))
-    # per-node scratch: this node's local rank 0 writes, every rank of the node reads (issue 17, defect 18d)
+    # Per-node scratch: this node's local rank 0 writes, every rank of the node reads
     # through the harness's own helper, as build_4bit_model and the checkpoints write it
     mark = save_once(ctx, "written-by", lambda out: _mark(out, f"node {node}, rank {ctx.rank}"), marker="who") / "who"
     if ctx.is_main:

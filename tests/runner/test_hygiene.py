@@ -19,7 +19,7 @@ def rank_hygiene():
 
 
 def test_child_that_exits_before_it_is_killed_is_reported_not_fatal(rank_hygiene, monkeypatch):
-    """Defect 8: ``child.kill()`` raised NoSuchProcess for a child that had already exited, and the rank exited 1."""
+    """``child.kill()`` raised NoSuchProcess for a child that had already exited, and the rank exited 1."""
     child = subprocess.Popen(["sleep", "30"])
     gone = psutil.Process(child.pid)
     child.kill()

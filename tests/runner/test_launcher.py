@@ -142,7 +142,7 @@ def test_leaked_module_over_the_budget_retires_the_launch(runs):
 
 
 def test_crash_on_rank1_is_told_by_rank1_with_its_signal(runs):
-    """Defect 5: torchrun names only the rank that died; that rank, not the lowest one, speaks for the cell."""
+    """Torchrun names only the rank that died; that rank, not the lowest one, speaks for the cell."""
     rec, nxt = _after(runs[0], "segv_rank1")
     assert rec.verdict == "crash"
     assert "rank 1" in rec.observed.error_message and "SIGSEGV" in rec.observed.error_message
@@ -153,7 +153,7 @@ def test_crash_on_rank1_is_told_by_rank1_with_its_signal(runs):
 
 
 def test_death_in_the_cleanup_after_the_cell_is_a_crash(runs):
-    """Defect 6: both ranks reported End (ok), then rank 1 died before its Clean: the cell must not pass, and the
+    """Both ranks reported End (ok), then rank 1 died before its Clean: the cell must not pass, and the
     record carries the signal and says when it died."""
     rec, nxt = _after(runs[0], "die_in_cleanup_rank1")
     assert rec.verdict == "crash" and rec.observed.status == "crash"
@@ -164,7 +164,7 @@ def test_death_in_the_cleanup_after_the_cell_is_a_crash(runs):
 
 
 def test_stall_in_the_cleanup_after_the_cell_is_a_hang_with_its_stack(runs):
-    """Defect 7: a rank stuck between cells, after its End: the hang carries that rank's stack and says where."""
+    """A rank stuck between cells, after its End: the hang carries that rank's stack and says where."""
     rec, nxt = _after(runs[0], "stall_in_cleanup_rank1")
     assert rec.verdict == "hang"
     assert "cleanup after the cell" in rec.observed.error_message
@@ -204,7 +204,7 @@ def _dead_pid() -> int:
 
 
 def test_a_kill_that_does_not_take_is_an_error_not_a_silence(tmp_path):
-    """Defect 14: ``except TimeoutExpired: pass`` hid a torchrun that outlived its SIGKILL."""
+    """``except TimeoutExpired: pass`` hid a torchrun that outlived its SIGKILL."""
     import subprocess
 
     from fsdp_matrix.errors import LaunchError
@@ -227,7 +227,7 @@ def test_a_kill_that_does_not_take_is_an_error_not_a_silence(tmp_path):
 
 
 def test_failed_launch_folders_are_pruned_to_the_newest_few(tmp_path):
-    """Defect 13: the folder of every failed launch was kept forever. Earlier runs' failed launches are pruned to the
+    """The folder of every failed launch was kept forever. Earlier runs' failed launches are pruned to the
     newest ``keep_failed``; a launch whose coordinator is still alive (a concurrent run) is never touched."""
     import json
     import os
@@ -262,7 +262,7 @@ def test_failed_launch_folders_are_pruned_to_the_newest_few(tmp_path):
 
 
 def test_the_callers_fsdp_and_accelerate_variables_do_not_reach_the_ranks(tmp_path):
-    """Issue 17 defect 4: ``ACCELERATE_USE_FSDP=true`` in the caller's shell turned every accelerate cell into a
+    """``ACCELERATE_USE_FSDP=true`` in the caller's shell turned every accelerate cell into a
     false REGRESSION. The ranks start without such variables; what the launch needs (RANK, MASTER_*, HF_* offline)
     stays, and the record says what was removed."""
     from unittest import mock

@@ -14,7 +14,7 @@ from fsdp_matrix.runner.watching import LaunchState, Limits, decide
 
 
 def test_stack_dump_spares_a_process_that_reuses_a_dead_ranks_pid(tmp_path):
-    """Defect 12: SIGUSR1's default action kills. The Hello event named the rank by pid and create time; a process
+    """SIGUSR1's default action kills. The Hello event named the rank by pid and create time; a process
     now holding that pid (here: a ``sleep`` started later) must not be signalled."""
     launcher = Launcher(run_root=tmp_path, python=sys.executable)
     torchrun = subprocess.Popen(["sleep", "60"])  # stands in for the launch's torchrun, which _stuck kills
@@ -73,7 +73,7 @@ Root Cause (first observed failure):
 
 
 def test_torchrun_summary_names_the_root_cause_apart_from_the_ranks_it_stopped():
-    """Defect 5: the rank torchrun stopped (SIGTERM) is listed as a failure too; the root cause is the one that died."""
+    """The rank torchrun stopped (SIGTERM) is listed as a failure too; the root cause is the one that died."""
     from fsdp_matrix.runner import procs
 
     assert procs.torchrun_failures(SUMMARY) == {0: -15, 1: -9}

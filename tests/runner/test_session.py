@@ -96,7 +96,7 @@ def test_two_runs_at_once_share_a_results_dir_without_collision(tmp_path):
     assert all(r.verdict == "fix-holds" for r in final)
 
 
-# ---- what --resume re-runs (defect 2) -----------------------------------------------------------------------------
+# ---- what --resume re-runs -----------------------------------------------------------------------------
 
 
 class _CountingLauncher:
@@ -199,7 +199,7 @@ _SRC = {"peft": {"url": "/src/peft", "ref": "main", "commit": "a" * 40, "dirty":
 
 
 def test_resume_under_a_combo_keeps_only_records_of_the_installed_versions_and_sources(tmp_path, monkeypatch):
-    """Defect 5: after a pin bump (or a nightly move of the floating combo) the combo id is the same but the env is
+    """After a pin bump (or a nightly move of the floating combo) the combo id is the same but the env is
     not: a record is kept only when every version it recorded, and its source builds, are what is installed."""
     cells = _healthy_cells()
     env = {"torch": "2.13.0", "peft": "0.21.2", "transformers": "5.23.0", "python": "3.12.3"}
@@ -220,7 +220,7 @@ def test_resume_under_a_combo_keeps_only_records_of_the_installed_versions_and_s
     assert launcher.ran == [c.key for c in cells[1:]]
 
 
-# ---- a megabyte error message (defect 18b) -------------------------------------------------------------------------
+# ---- a megabyte error message -------------------------------------------------------------------------
 
 
 class _HugeErrorLauncher(_CountingLauncher):
@@ -259,7 +259,7 @@ def test_a_megabyte_error_message_is_clipped_in_the_record_keeping_head_and_tail
     assert kept.observed.ranks[0].traceback.startswith("Traceback (most recent call last):")
 
 
-# ---- a results file that cannot be written, a results dir deleted mid-run (defect 8) ------------------------------
+# ---- a results file that cannot be written, a results dir deleted mid-run ------------------------------
 
 
 def _one_error_line(out: str, path: Path) -> str:

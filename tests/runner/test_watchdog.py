@@ -69,7 +69,7 @@ def leftovers():
 
 @pytest.mark.parametrize("fault", ["hang_rank1", "hang_c_rank1"])
 def test_sigkilled_coordinator_takes_its_launch_down(tmp_path, leftovers, fault):
-    """Defect 11: ``run`` (or pytest) SIGKILLed while rank 1 hangs in a cell."""
+    """``run`` (or pytest) SIGKILLed while rank 1 hangs in a cell."""
     run = start_run(tmp_path, f"faults/fault_{fault}-ws2")
     try:
         wait_for_cell_start(tmp_path, run)

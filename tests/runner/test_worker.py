@@ -20,7 +20,7 @@ def _case(case_id: str, repro: str) -> dict:
     return {
         "id": case_id,
         "title": case_id,
-        "report": "defect 9",
+        "report": "a broken repro",
         "repro": repro,
         "grids": [{"fault": ["ok"]}],
         "expect": [{"ok": True, "source": "a loadable repro trains"}],
@@ -28,7 +28,7 @@ def _case(case_id: str, repro: str) -> dict:
 
 
 def test_a_repro_that_cannot_be_loaded_is_a_per_cell_error_naming_the_file(tmp_path):
-    """Defect 9: a missing file, a SyntaxError and a missing ``run`` each fail their own cell, with the file's name,
+    """A missing file, a SyntaxError and a missing ``run`` each fail their own cell, with the file's name,
     and the cells after them run in the same launch."""
     shutil.copy(HERE / "fault_cells.py", tmp_path / "fault_cells.py")
     (tmp_path / "broken_syntax.py").write_text("def run(params, ctx)\n    return {}\n")
@@ -66,7 +66,7 @@ def test_a_repro_that_cannot_be_loaded_is_a_per_cell_error_naming_the_file(tmp_p
 
 
 def test_repros_with_the_same_file_name_are_different_modules(tmp_path):
-    """Defect 10: modules were cached by file stem, so the second repro named run.py silently ran the first."""
+    """Modules were cached by file stem, so the second repro named run.py silently ran the first."""
     for who in ("a", "b"):
         (tmp_path / who).mkdir()
         (tmp_path / who / "repro.py").write_text(f"def run(params, ctx):\n    return {{'who': {who!r}}}\n")

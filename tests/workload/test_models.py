@@ -72,7 +72,7 @@ class _Loaded(Exception):
 
 
 def test_a_save_that_failed_half_way_is_not_reused_by_the_next_build(tmp_path, monkeypatch):
-    """Defect 18c: a saver writes config.json first; a save that failed after it must not pass for a complete
+    """A saver writes config.json first; a save that failed after it must not pass for a complete
     model in the next cell's build, which must save again and load only a whole save."""
     cls = transformers.LlamaForCausalLM
     real_save, saves = models.save_model_files, []

@@ -22,7 +22,7 @@ def _lora(ctx):
 
 
 def test_decoder_layer_orig0_mixes_frozen_and_trainable(ctx):
-    # the seed-000 error is raised while flattening, even on one rank: the unit mixes requires_grad
+    # the lora-requires-grad error is raised while flattening, even on one rank: the unit mixes requires_grad
     with pytest.raises(ValueError, match="uniform `requires_grad`"):
         wrap(_lora(ctx), "decoder_layer", False, ctx)
 
