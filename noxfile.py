@@ -1,6 +1,7 @@
 # /// script
 # dependencies = [
 #   "nox[uv]>=2025.2.9", "pydantic>=2", "pyyaml>=5.4", "packaging>=21", "filelock>=3.8", "psutil>=5.8", "pytest>=7.4",
+#   "regex>=2023.1",
 # ]
 # ///
 """Sessions of fsdp-matrix. One pinned env per combo of matrix.yaml.
