@@ -246,18 +246,18 @@ def resolve_named_errors(data: Any) -> Any:
         return data
     table = data.get("errors") or {}
     data = dict(data)
-    cases = []
-    for i, case in enumerate(data.get("cases") or []):
-        if isinstance(case, dict) and isinstance(case.get("expect"), list):
-            rules = []
-            for j, rule in enumerate(case["expect"]):
-                if isinstance(rule, dict) and "error" in rule:
-                    where = f"cases[{i}]({case.get('id')}).expect[{j}].error"
-                    rule = {**rule, "error": _named_error(rule["error"], table, where)}
-                rules.append(rule)
-            case = {**case, "expect": rules}
-        cases.append(case)
-    if "cases" in data:
+    if isinstance(data.get("cases"), list):  # anything else is the model's to refuse, in one line
+        cases = []
+        for i, case in enumerate(data["cases"]):
+            if isinstance(case, dict) and isinstance(case.get("expect"), list):
+                rules = []
+                for j, rule in enumerate(case["expect"]):
+                    if isinstance(rule, dict) and "error" in rule:
+                        where = f"cases[{i}]({case.get('id')}).expect[{j}].error"
+                        rule = {**rule, "error": _named_error(rule["error"], table, where)}
+                    rules.append(rule)
+                case = {**case, "expect": rules}
+            cases.append(case)
         data["cases"] = cases
     platform = data.get("platform")
     if isinstance(platform, dict) and isinstance(platform.get("signatures"), list):

@@ -74,7 +74,8 @@ def _chaos_matrix(folder: Path) -> Path:
     }
     combo = {"id": "chaos", "pins": repo["combos"][0]["pins"]}
     path = folder / "chaos-matrix.yaml"
-    path.write_text(yaml.safe_dump({"combos": [combo], "cases": [nosplit, faults]}, sort_keys=False))
+    doc = {"errors": repo.get("errors", {}), "combos": [combo], "cases": [nosplit, faults]}  # the named signatures too
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
 

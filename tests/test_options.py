@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-FAULTS = HERE / "fault_matrix.yaml"
+REPO = HERE.parent
+FAULTS = HERE / "runner" / "fault_matrix.yaml"
 
 BAD_NUMBERS = [
     ("--world-size", "0"),
