@@ -14,6 +14,7 @@
     nox -s main                       peft, transformers, accelerate from their default branches (needs the git host)
     nox -s bisect -- CELL --package peft --old 0.13.2 --new 0.15.2
     nox -s upgrade -- peft==0.14.0 [--combo old]   which cells a version bump changes, and which release did it
+    nox -s gate -- --pin peft=../peft@HEAD [--base main]   a pull-request check: what HEAD changes, and which commit
     nox -s bench                      batched runner vs one torchrun launch per cell
     nox -s docs                       the manual (docs/) as a site, built with mkdocs --strict
     nox -t cpu -l                     list sessions by tag (CI fans these out)
@@ -336,6 +337,21 @@ def upgrade(session: nox.Session) -> None:
     nox -s upgrade -- NAME==VERSION [NAME==VERSION ...] [--combo ID] [--cases IDS] [--json PATH]."""
     session.install(*HARNESS)
     session.run("python", "-m", "fsdp_matrix", "upgrade", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def gate(session: nox.Session) -> None:
+    """A pull-request check: nox -s gate -- --pin NAME=PATH_OR_URL[@HEAD] [--base REF] [--combos IDS] [--cases IDS]
+    runs the cells at HEAD and at its merge base, lists what changed, bisects it to the commit. Each env it needs is
+    built by the gate itself (uv, keyed on the commit), so the session needs none of its own."""
+    from fsdp_matrix.gate.cli import main as gate_main
+
+    code = gate_main(list(session.posargs))
+    if code == 2:
+        # bad input, said in one line already: exit 2 as the command does (a failed session would exit 1)
+        sys.exit(2)
+    if code:
+        session.error("the gate failed: a new failure, or a fix that stopped holding (see the summary above)")
 
 
 @nox.session

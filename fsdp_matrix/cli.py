@@ -26,6 +26,7 @@ COMMANDS = {
     "export": "fsdp_matrix.export.cli",
     "bench": "fsdp_matrix.runner.bench",
     "triage": "fsdp_matrix.triage.cli",
+    "gate": "fsdp_matrix.gate.cli",
 }
 
 

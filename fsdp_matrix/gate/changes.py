@@ -1,0 +1,127 @@
+"""What changed between base and head, and how each change counts.
+
+A cell changed when what it did differs (status, error type, normalised message: bisect/commits.py's comparison)
+or its verdict does. A change fails the gate when the head breaks what held at the base: a fix that stopped holding
+(fix-holds at the base) or a new failure (a reproduced bug that now fails another way, a cell that now hangs,
+crashes or does not build). A cell that now trains where a reported error was expected (UNEXPECTED-FIX) is listed,
+but passes: the pull request fixed a reported bug, and matrix.yaml needs a new rule.
+
+Between the changes and the bisect sits the confirm step (``Confirm``): it may rerun each changed cell and keep
+only the changes that repeat; the others are reported as flaky, and neither fail the gate nor get bisected. The
+default confirms every change as seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Protocol, Sequence
+
+from fsdp_matrix.bisect.commits import same_observation
+from fsdp_matrix.gate.runs import AtCommit, CellRuns, Seen
+from fsdp_matrix.matrix import Combo
+from fsdp_matrix.verdicts import Verdict
+
+FIX_BROKEN = "fix-broken"
+NEW_FAILURE = "new-failure"
+NOW_TRAINS = "now-trains"
+FIXED = "fixed"
+CHANGED = "changed"
+FAILING_KINDS = (FIX_BROKEN, NEW_FAILURE)
+"""The kinds of change that fail the gate."""
+KIND_TEXT = {
+    FIX_BROKEN: "a fix stopped holding",
+    NEW_FAILURE: "new failure",
+    NOW_TRAINS: "trains where a reported error was expected (update matrix.yaml)",
+    FIXED: "passes now",
+    CHANGED: "changed",
+}
+_PASSED = (Verdict.REPRODUCED.value, Verdict.FIX_HOLDS.value)
+_NOT_FAILING = (*_PASSED, Verdict.SKIPPED.value, Verdict.UNEXPECTED_FIX.value)
+
+
+@dataclass(frozen=True)
+class CellChange:
+    """One cell of one combo that did something else at the head than at the base."""
+
+    combo: str
+    """The combo's id."""
+    cell: str
+    """``case/cell``."""
+    base: Seen
+    """What it did at the base."""
+    head: Seen
+    """What it did at the head."""
+    kind: str
+    """FIX_BROKEN, NEW_FAILURE, NOW_TRAINS, FIXED or CHANGED."""
+
+    @property
+    def fails(self) -> bool:
+        """This change fails the gate."""
+        return self.kind in FAILING_KINDS
+
+
+def _differs(a: Seen, b: Seen) -> bool:
+    if a.outcome is None or b.outcome is None:
+        return (a.outcome is None) != (b.outcome is None)
+    return not same_observation(a.outcome, b.outcome) or a.verdict != b.verdict
+
+
+def kind_of(base: str, head: str) -> str:
+    """How a change from verdict ``base`` to verdict ``head`` counts."""
+    failing = head not in _NOT_FAILING
+    if base == Verdict.FIX_HOLDS.value and failing:
+        return FIX_BROKEN
+    if head == Verdict.UNEXPECTED_FIX.value:
+        return NOW_TRAINS
+    if failing and (base in _PASSED or base == Verdict.SKIPPED.value):
+        return NEW_FAILURE
+    if head in _PASSED and base not in _PASSED:
+        return FIXED
+    return CHANGED
+
+
+def changed_cells(base: AtCommit, head: AtCommit) -> List[CellChange]:
+    """The cells of one combo whose outcome or verdict differs between base and head, in cell order."""
+    out = []
+    for cell, was in base.cells.items():
+        now = head.cells.get(cell)
+        if now is not None and _differs(was, now):
+            out.append(CellChange(base.combo, cell, was, now, kind_of(was.verdict, now.verdict)))
+    return out
+
+
+@dataclass
+class Confirmation:
+    """What the confirm step made of the changes."""
+
+    confirmed: List[CellChange] = field(default_factory=list)
+    """Changes that repeat: these count, and are bisected."""
+    flaky: List[CellChange] = field(default_factory=list)
+    """Changes that did not repeat: listed apart, never failing, never bisected."""
+    reruns: int = 0
+    """Cell runs the confirm step spent."""
+
+
+@dataclass(frozen=True)
+class ConfirmContext:
+    """What a confirm step may use to rerun a change: the runs, the combos and the two commits."""
+
+    runs: CellRuns
+    """Runs cells at a commit (``fresh=True``: a new launch, not the cached records)."""
+    combos: Dict[str, Combo]
+    """Combo id -> combo, for every combo gated."""
+    base: str
+    """The base's full SHA."""
+    head: str
+    """The head's full SHA."""
+
+
+class Confirm(Protocol):
+    """The confirm step: which changes repeat. Plugged into ``flow.run_gate(confirm=...)``."""
+
+    def __call__(self, changes: Sequence[CellChange], ctx: ConfirmContext) -> Confirmation: ...
+
+
+def as_seen(changes: Sequence[CellChange], ctx: ConfirmContext) -> Confirmation:
+    """The default confirm step: every change counts as seen once."""
+    return Confirmation(list(changes))

@@ -1,0 +1,38 @@
+"""``python -m fsdp_matrix gate --pin NAME=PATH_OR_URL[@HEAD] [--base REF] [--combos IDS] [--cases IDS]``: what
+``nox -s gate`` runs. Exit 0 when nothing fails, 1 on a new failure or a fix that stopped holding, 2 for bad input
+(one line) or a base that cannot be run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional, Sequence
+
+from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.gate.flow import run_gate
+from fsdp_matrix.gate.request import PROG, from_args, parser
+from fsdp_matrix.gate.summary import markdown, to_json
+from fsdp_matrix.paths import writable_file
+from fsdp_matrix.usage import flat
+
+
+def main(argv: Optional[Sequence[str]] = None, **collaborators) -> int:
+    """``collaborators``: run_gate's ``runs``, ``confirm`` and ``bisect`` (a test's fakes; the real ones by default)."""
+    args = parser().parse_args(argv)
+    try:
+        req = from_args(args)
+        for path, what in ((req.json, "--json"), (req.summary, "--summary")):
+            if path:
+                writable_file(path, what)
+        result = run_gate(req, **collaborators)
+    except MatrixError as exc:
+        print(f"{PROG}: {flat(exc)}", file=sys.stderr)
+        return 2
+    text = markdown(result)
+    print(text, flush=True)
+    if req.summary:
+        with open(req.summary, "a", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    if req.json:
+        req.json.write_text(json.dumps(to_json(result), indent=1, default=str))
+    return result.exit_code

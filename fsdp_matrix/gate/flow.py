@@ -1,0 +1,90 @@
+"""The gate's steps, in order: select -> refs -> run base -> run head -> changed cells -> confirm -> bisect.
+
+``run_gate`` takes its collaborators as parameters: ``runs`` (who runs cells at a commit), ``confirm`` (which
+changes repeat: the one call site between the changed cells and the bisect) and ``bisect`` (the commit bisect).
+The defaults are the real ones; a test gives fakes, a confirm module gives its rerun.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from fsdp_matrix.bisect import commits
+from fsdp_matrix.cells import expand
+from fsdp_matrix.gate.bisects import Bisect, bisect_changes
+from fsdp_matrix.gate.changes import CellChange, Confirm, ConfirmContext, as_seen, changed_cells
+from fsdp_matrix.gate.refs import Refs, resolve_refs
+from fsdp_matrix.gate.request import GateRequest
+from fsdp_matrix.gate.runs import AtCommit, CellRuns, LaunchCellRuns
+from fsdp_matrix.gate.summary import GateResult
+from fsdp_matrix.matrix import Combo, load_matrix
+from fsdp_matrix.progress import Heartbeat
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The combos and cells a gate runs."""
+
+    combos: List[Combo]
+    """The combos, in the order asked (default: the newest CPU combo)."""
+    cells: List[str]
+    """Cell keys of the selected cases, the same on every combo."""
+
+
+def select(req: GateRequest) -> Selection:
+    """The combos and cells; UnknownCellError (one line) for an id matrix.yaml does not have."""
+    matrix = load_matrix(req.step.matrix)
+    combos = [matrix.combo(i) for i in dict.fromkeys(req.combos)] or [matrix.newest("cpu")]
+    cells = [c.key for c in expand(matrix, req.step.device, req.step.world_size or 2, cases=req.cases)]
+    return Selection(combos, cells)
+
+
+def _run_ends(refs: Refs, sel: Selection, runs: CellRuns, beat: Heartbeat, result: GateResult) -> List[CellChange]:
+    """Every combo at the base, then at the head; the changed cells of each."""
+    changes: List[CellChange] = []
+    total = 2 * len(sel.combos)
+    for i, combo in enumerate(sel.combos):
+        ends: List[AtCommit] = []
+        for j, (name, sha) in enumerate((("base", refs.base), ("head", refs.head))):
+            beat.update(f"[{2 * i + j + 1}/{total}] {combo.id}: {len(sel.cells)} cells at the {name} {sha[:10]}", True)
+            at = ends[0] if sha == refs.base and ends else runs.run(combo, sha, sel.cells)
+            if at.reused:
+                result.reused.append(f"{combo.id}@{sha[:10]}")
+            ends.append(at)
+        base, head = ends
+        if not base.built:
+            result.problems.append(f"{combo.id}: the base {refs.base[:10]} {next(iter(base.cells.values())).reason}")
+            continue
+        found = changed_cells(base, head)
+        beat.say(f"{combo.id}: {len(found)} of {len(sel.cells)} cells changed")
+        changes += found
+    return changes
+
+
+def run_gate(
+    req: GateRequest,
+    *,
+    runs: Optional[CellRuns] = None,
+    confirm: Confirm = as_seen,
+    bisect: Bisect = commits.run,
+) -> GateResult:
+    """The whole gate; MatrixError or EnvError (one line) for bad input, found before anything is installed."""
+    sel = select(req)
+    refs = resolve_refs(req, req.step.cache / "sources")
+    result = GateResult(req.pin.package, refs, [c.id for c in sel.combos], len(sel.cells))
+    print(
+        f"gate: {req.pin.package} {refs.head[:10]} against {refs.base[:10]} (merge base with {refs.base_ref}, "
+        f"{refs.pr_commits} commits between): {len(sel.cells)} cells on {', '.join(result.combos)}",
+        flush=True,
+    )
+    with Heartbeat("gate", "starting") as beat:
+        runs = runs or LaunchCellRuns(req, say=beat.say, status=beat.update)
+        result.changes = _run_ends(refs, sel, runs, beat, result)
+        # the confirm step: only the changes that repeat count, fail the gate and are bisected
+        ctx = ConfirmContext(runs, {c.id: c for c in sel.combos}, refs.base, refs.head)
+        result.confirmation = confirm(result.changes, ctx)
+        if req.bisect and result.confirmation.confirmed and not result.problems:
+            beat.update(f"bisecting {len(result.confirmation.confirmed)} changed cell(s)", True)
+            result.named = bisect_changes(req, refs, result.confirmation.confirmed, bisect)
+    return result

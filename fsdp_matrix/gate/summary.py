@@ -1,0 +1,141 @@
+"""The gate's answer for people (markdown, for ``$GITHUB_STEP_SUMMARY`` and the log) and for programs (JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+from fsdp_matrix.gate.bisects import Named
+from fsdp_matrix.gate.changes import KIND_TEXT, CellChange, Confirmation
+from fsdp_matrix.gate.refs import Refs, short
+from fsdp_matrix.gate.runs import Seen
+
+
+@dataclass
+class GateResult:
+    """Everything the gate found, in the order its steps found it."""
+
+    package: str
+    """The package under test."""
+    refs: Refs
+    """Head, base and the commits between."""
+    combos: List[str]
+    """The combos gated."""
+    cells: int
+    """Cells run per commit, over every combo."""
+    changes: List[CellChange] = field(default_factory=list)
+    """Every cell whose outcome changed, before the confirm step."""
+    confirmation: Confirmation = field(default_factory=Confirmation)
+    """The changes that count, and the flaky ones."""
+    named: List[Named] = field(default_factory=list)
+    """The commit the bisect named for each confirmed change (empty on a one-commit pull request)."""
+    problems: List[str] = field(default_factory=list)
+    """What kept the gate from judging (the base did not build): exit 2."""
+    reused: List[str] = field(default_factory=list)
+    """``combo@commit`` runs read back from the cache rather than run."""
+
+    @property
+    def failures(self) -> List[CellChange]:
+        """Confirmed changes that fail the gate."""
+        return [c for c in self.confirmation.confirmed if c.fails]
+
+    @property
+    def exit_code(self) -> int:
+        """2 when the gate could not judge, 1 on a failing change, else 0."""
+        return 2 if self.problems else (1 if self.failures else 0)
+
+
+def _verdict(seen: Seen) -> str:
+    return seen.describe()  # the verdict, then what the cell did: ``REGRESSION (ValueError: toy broke)``
+
+
+def _commit_cell(named: Optional[Named]) -> str:
+    if named is None:
+        return "-"
+    if named.commit is None:
+        return named.answer or "-"
+    pr = named.commit.pr
+    pr_text = f" (#{pr})" if pr and f"(#{pr})" not in named.commit.subject else ""
+    return f"**{named.commit.sha[:10]}** {named.commit.subject}{pr_text}"
+
+
+def _table(result: GateResult, changes: List[CellChange]) -> List[str]:
+    named = {(n.combo, n.cell): n for n in result.named}
+    rows = ["| combo | cell | base | head | what | first changed commit |", "| --- | --- | --- | --- | --- | --- |"]
+    for c in changes:
+        what = ("**" + KIND_TEXT[c.kind] + "**") if c.fails else KIND_TEXT[c.kind]
+        commit = _commit_cell(named.get((c.combo, c.cell)))
+        cells = [f"`{c.combo}`", f"`{c.cell}`", _verdict(c.base), _verdict(c.head), what, commit]
+        rows.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    return rows
+
+
+def headline(result: GateResult) -> str:
+    if result.problems:
+        return "**cannot judge**: " + "; ".join(result.problems)
+    failing = len(result.failures)
+    if failing:
+        return f"**FAILED**: {failing} change(s) fail the gate (a new failure, or a fix that stopped holding)"
+    return "**passed**: no new failure, no fix that stopped holding"
+
+
+def markdown(result: GateResult) -> str:
+    r = result.refs
+    out = [
+        f"## fsdp-matrix gate: {result.package} {r.head[:10]} against {r.base[:10]}",
+        "",
+        headline(result),
+        "",
+        f"- head: {short(r, r.head)}" + (" (uncommitted changes left out)" if r.dirty else ""),
+        f"- base: {short(r, r.base)}, the merge base with `{r.base_ref}`; {r.pr_commits} commit(s) between",
+        f"- {result.cells} cells on {', '.join(f'`{c}`' for c in result.combos)}; "
+        f"{len(result.changes)} changed, {len(result.confirmation.flaky)} flaky",
+    ]
+    if result.reused:
+        out.append(f"- read back from the cache: {', '.join(result.reused)}")
+    if result.confirmation.confirmed:
+        out += ["", "### Changed cells", "", *_table(result, result.confirmation.confirmed)]
+    if result.confirmation.flaky:
+        flaky = _table(result, result.confirmation.flaky)
+        out += ["", "### Flaky (did not repeat: no alert, not bisected)", "", *flaky]
+    if result.changes and r.pr_commits < 2:
+        out += ["", f"One commit between base and head: {short(r, r.head)} is the change."]
+    return "\n".join(out) + "\n"
+
+
+def _change_json(c: CellChange, named: Optional[Named]) -> Dict[str, Any]:
+    return {
+        "combo": c.combo,
+        "cell": c.cell,
+        "kind": c.kind,
+        "fails": c.fails,
+        "base": _seen_json(c.base),
+        "head": _seen_json(c.head),
+        "commit": asdict(named.commit) if named and named.commit else None,
+        "bisect": named.answer if named else None,
+    }
+
+
+def _seen_json(seen: Seen) -> Dict[str, Any]:
+    return {"verdict": seen.verdict, "outcome": asdict(seen.outcome) if seen.outcome else None, "reason": seen.reason}
+
+
+def to_json(result: GateResult) -> Dict[str, Any]:
+    r = result.refs
+    named = {(n.combo, n.cell): n for n in result.named}
+    return {
+        "package": result.package,
+        "repo": str(r.repo),
+        "head": r.head,
+        "base": r.base,
+        "base_ref": r.base_ref,
+        "commits": r.line[1:],
+        "combos": result.combos,
+        "cells": result.cells,
+        "exit_code": result.exit_code,
+        "problems": result.problems,
+        "changed": [_change_json(c, named.get((c.combo, c.cell))) for c in result.confirmation.confirmed],
+        "flaky": [_change_json(c, None) for c in result.confirmation.flaky],
+        "reruns": result.confirmation.reruns,
+        "reused": result.reused,
+    }

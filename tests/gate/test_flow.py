@@ -1,0 +1,139 @@
+"""The gate end to end through its command (``gate.cli.main``, what ``nox -s gate`` calls), over a toy package's
+pull request (tests/gate/support.py), with the cells run by calling the toy package as committed and the real
+commit bisect's search over the real git line: exit codes, the changed cells, the named commits, the markdown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from fsdp_matrix.gate.changes import Confirmation
+from fsdp_matrix.gate.cli import main
+from fsdp_matrix.matrix import load_matrix
+from tests.gate.support import ToyRuns, make_pr_repo, toy_bisect, toy_cells, write_toy_matrix
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("gate")
+    shas = make_pr_repo(root / "toypkg")
+    matrix = write_toy_matrix(root, load_matrix().combo("old").pins.model_dump())
+    return root, shas, matrix, toy_cells(matrix)
+
+
+def gate(toy, tmp_path: Path, head: str, *extra: str, **collaborators):
+    root, _, matrix, _ = toy
+    asked: List = []
+    runs = ToyRuns(root / "toypkg")
+    out = tmp_path / "gate.json"
+    summary = tmp_path / "summary.md"
+    argv = ["--pin", f"toypkg={root / 'toypkg'}@{head}", "--combos", "toy", "--matrix", str(matrix)]
+    argv += ["--cache", str(tmp_path / "cache"), "--json", str(out), "--summary", str(summary), *extra]
+    collaborators.setdefault("runs", runs)
+    code = main(argv, bisect=toy_bisect(asked), **collaborators)
+    data = json.loads(out.read_text()) if out.exists() else None
+    return code, data, summary.read_text() if summary.exists() else "", asked, runs
+
+
+def test_a_pr_that_breaks_a_fix_fails_and_names_the_commit(toy, tmp_path) -> None:
+    _, shas, _, cells = toy
+    code, data, md, asked, runs = gate(toy, tmp_path, "pr")
+    assert code == 1
+    # the base is the merge base with main (m0), not main's tip (m1), and the head's cells ran there
+    assert (data["base"], data["head"], data["base_ref"]) == (shas["m0"], shas["p3"], "main")
+    assert data["commits"] == [shas["p1"], shas["p2"], shas["p3"]]
+    assert [(c[1], c[3]) for c in runs.calls] == [(shas["m0"], False), (shas["p3"], False)]
+    changed = {c["cell"]: c for c in data["changed"]}
+    assert set(changed) == {cells["toy-fix"], cells["toy-quirk"]}
+    fix, quirk = changed[cells["toy-fix"]], changed[cells["toy-quirk"]]
+    assert (fix["base"]["verdict"], fix["head"]["verdict"], fix["kind"], fix["fails"]) == (
+        "fix-holds", "REGRESSION", "fix-broken", True)  # fmt: skip
+    # it trains where the reported error was expected: listed, not a failure
+    assert (quirk["base"]["verdict"], quirk["head"]["verdict"], quirk["kind"], quirk["fails"]) == (
+        "reproduced", "UNEXPECTED-FIX", "now-trains", False)  # fmt: skip
+    assert fix["commit"]["sha"] == shas["p2"] and fix["commit"]["pr"] == 3
+    assert quirk["commit"]["sha"] == shas["p3"] and quirk["commit"]["pr"] == 4
+    # one bisect for both cells (one combo, one world size), between the merge base and the head
+    assert [(r.good, r.bad, sorted(r.cells)) for r in asked] == [(shas["m0"], shas["p3"], sorted(changed))]
+    assert "**FAILED**" in md and "a fix stopped holding" in md
+    assert f"| `toy` | `{cells['toy-fix']}` | fix-holds (ok) | REGRESSION (ValueError: toy broke) |" in md
+    assert f"**{shas['p2'][:10]}** Break behave (#3) |" in md
+    assert "the merge base with `main`; 3 commit(s) between" in md
+
+
+def test_a_pr_that_only_fixes_a_reported_bug_passes_and_says_so(toy, tmp_path) -> None:
+    _, shas, _, cells = toy
+    code, data, md, _, _ = gate(toy, tmp_path, "pr-mended")
+    assert code == 0
+    assert [(c["cell"], c["kind"], c["commit"]["sha"]) for c in data["changed"]] == [
+        (cells["toy-quirk"], "now-trains", shas["p3"])
+    ]
+    assert "**passed**" in md and "trains where a reported error was expected" in md
+
+
+def test_an_unchanged_head_passes_and_bisects_nothing(toy, tmp_path) -> None:
+    code, data, md, asked, _ = gate(toy, tmp_path, "pr~2")
+    assert code == 0 and data["changed"] == [] and asked == []
+    assert "**passed**" in md and "0 changed" in md
+
+
+def test_a_one_commit_pr_names_its_commit_without_a_bisect(toy, tmp_path) -> None:
+    _, shas, _, _ = toy
+    code, data, md, asked, _ = gate(toy, tmp_path, "pr~1", "--base", "pr~2")
+    assert code == 1 and asked == [] and data["commits"] == [shas["p2"]]
+    assert f"One commit between base and head: {shas['p2'][:10]} 'Break behave (#3)' is the change." in md
+
+
+def test_a_change_the_confirm_step_calls_flaky_neither_fails_nor_is_bisected(toy, tmp_path) -> None:
+    _, _, _, cells = toy
+    seen_by_confirm: List = []
+
+    def confirm(changes, ctx):
+        seen_by_confirm.append((sorted(c.cell for c in changes), ctx.base, ctx.head, sorted(ctx.combos)))
+        flaky = [c for c in changes if c.cell == cells["toy-fix"]]
+        return Confirmation([c for c in changes if c not in flaky], flaky, reruns=2)
+
+    code, data, md, asked, _ = gate(toy, tmp_path, "pr", confirm=confirm)
+    assert code == 0  # the broken fix did not repeat: no alert
+    assert seen_by_confirm[0][0] == sorted(cells.values()) and seen_by_confirm[0][3] == ["toy"]
+    assert [c["cell"] for c in data["flaky"]] == [cells["toy-fix"]] and data["reruns"] == 2
+    assert asked[0].cells == [cells["toy-quirk"]]  # only the confirmed change is bisected
+    assert "### Flaky (did not repeat: no alert, not bisected)" in md
+
+
+@pytest.mark.parametrize(
+    ("extra", "line"),
+    [
+        (["--pin", "toypkg==0.1.0"], "the gate builds the package from its repository"),
+        (["--pin", "toypkg=/no/such/clone"], "no such path /no/such/clone"),
+        (["--pin", "torch=/tmp"], "torch from source is refused"),
+        (["--base", "no-such-ref"], "no commit named 'no-such-ref'"),
+        (["--combos", "nope"], "no combo 'nope'"),
+        (["--cases", "nope"], "nope"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_input_exits_2_in_one_line(toy, tmp_path, capsys, extra, line) -> None:
+    root, _, matrix, _ = toy
+    argv = ["--pin", f"toypkg={root / 'toypkg'}", "--matrix", str(matrix), "--combos", "toy"]
+    argv += ["--cache", str(tmp_path / "cache")]
+    if extra[0] == "--pin":
+        argv = argv[2:]
+    runs = ToyRuns(root / "toypkg")
+    with pytest.raises(SystemExit) if extra == ["--bogus"] else _nothing() as raised:
+        code = main(argv + extra, runs=runs)
+    code = raised.value.code if extra == ["--bogus"] else code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and line in err[0], err
+    assert runs.calls == []  # found before any cell ran
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
