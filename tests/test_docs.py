@@ -185,7 +185,7 @@ def _check_nox(words: List[str], capsys, pytestconfig) -> None:
             continue
         assert word in ("-l", "--json", "--list"), f"nox {word}: an option this test does not know"
         i += 1
-    if names and names[0] in ("bisect", "upgrade"):
+    if names and names[0] in ("bisect", "upgrade", "gate"):
         _check_fsdp_matrix([names[0], *posargs], capsys)
         return
     _, own = _noxfile()
