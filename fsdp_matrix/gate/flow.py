@@ -54,7 +54,8 @@ def _run_ends(refs: Refs, sel: Selection, runs: CellRuns, beat: Heartbeat, resul
             ends.append(at)
         base, head = ends
         if not base.built:
-            result.problems.append(f"{combo.id}: the base {refs.base[:10]} {next(iter(base.cells.values())).reason}")
+            why = next(iter(base.cells.values())).why if base.cells else "did not build"
+            result.problems.append(f"{combo.id}: the base {refs.base[:10]} cannot be run: {why}")
             continue
         found = changed_cells(base, head)
         beat.say(f"{combo.id}: {len(found)} of {len(sel.cells)} cells changed")

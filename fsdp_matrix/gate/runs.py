@@ -14,10 +14,17 @@ from fsdp_matrix.bisect.outcome import Outcome
 from fsdp_matrix.bisect.runner import LaunchRunner
 from fsdp_matrix.bisect.search import CellOutcome, Untestable
 from fsdp_matrix.bisect.wiring import bisection_from
+from fsdp_matrix.clip import clip
 from fsdp_matrix.envs.sources import resolve_pins
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.gate.request import GateRequest
 from fsdp_matrix.matrix import Combo
+
+
+def last_line(text: str) -> str:
+    """The most specific line of an installer's or a launch's output: its last (uv draws a tree in front of it)."""
+    lines = [line.strip(" │├╰─▶×") for line in text.splitlines() if line.strip(" │├╰─▶×")]
+    return lines[-1] if lines else text
 
 
 @dataclass(frozen=True)
@@ -34,8 +41,13 @@ class Seen:
         """The verdict, or ``env-error`` when it could not run."""
         return (self.outcome.verdict if self.outcome else None) or "env-error"
 
+    @property
+    def why(self) -> str:
+        """The reason's most specific line, clipped."""
+        return clip(last_line(self.reason), 100)
+
     def describe(self) -> str:
-        return self.outcome.describe() if self.outcome else f"env-error ({self.reason[:100]})"
+        return self.outcome.describe() if self.outcome else f"env-error ({self.why})"
 
 
 @dataclass
@@ -105,7 +117,7 @@ class LaunchCellRuns:
         installer, runner = self._wiring(combo, fresh)
         prepared = installer.prepare(commit)
         if prepared.env is None:
-            reason = f"{self.req.pin.package} {commit[:10]} did not build or import: {prepared.reason}"
+            reason = f"{self.req.pin.package} {commit[:10]} did not build or import: {last_line(prepared.reason)}"
             return AtCommit(combo.id, commit, {c: Seen(None, reason) for c in cells}, built=False)
         before = runner.launches
         try:

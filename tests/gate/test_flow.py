@@ -12,6 +12,7 @@ import pytest
 
 from fsdp_matrix.gate.changes import Confirmation
 from fsdp_matrix.gate.cli import main
+from fsdp_matrix.gate.runs import AtCommit, Seen
 from fsdp_matrix.matrix import load_matrix
 from tests.gate.support import ToyRuns, make_pr_repo, toy_bisect, toy_cells, write_toy_matrix
 
@@ -137,3 +138,33 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+class _Unbuilt(ToyRuns):
+    """The toy's runs, except that ``sha`` does not build."""
+
+    def __init__(self, repo: Path, sha: str) -> None:
+        super().__init__(repo)
+        self.sha = sha
+
+    def run(self, combo, sha, cells, fresh=False):
+        if sha != self.sha:
+            return super().run(combo, sha, cells, fresh)
+        self.calls.append((combo.id, sha, tuple(cells), fresh))
+        why = f"toypkg {sha[:10]} did not build or import: install failed\n  ╰─▶ no module named setuptools"
+        return AtCommit(combo.id, sha, {c: Seen(None, why) for c in cells}, built=False)
+
+
+def test_a_head_that_does_not_build_fails_and_a_base_that_does_not_cannot_be_judged(toy, tmp_path) -> None:
+    root, shas, _, cells = toy
+    code, data, md, _, _ = gate(
+        toy, tmp_path / "head", "pr~2", "--no-bisect", runs=_Unbuilt(root / "toypkg", shas["p1"])
+    )
+    assert code == 1
+    fix = next(c for c in data["changed"] if c["cell"] == cells["toy-fix"])
+    assert (fix["head"]["verdict"], fix["kind"]) == ("env-error", "fix-broken")
+    assert "env-error (no module named setuptools)" in md
+    code, data, md, asked, _ = gate(toy, tmp_path / "base", "pr", runs=_Unbuilt(root / "toypkg", shas["m0"]))
+    assert code == 2 and asked == [] and data["changed"] == []
+    assert data["problems"] == [f"toy: the base {shas['m0'][:10]} cannot be run: no module named setuptools"]
+    assert "**cannot judge**" in md
