@@ -86,6 +86,9 @@ def from_args(args: argparse.Namespace) -> GateRequest:
     _, _, value = text.partition("=")
     if "==" in text or (value and not is_source(value) and " @ " not in text):
         raise EnvError(f"--pin {text}: the gate builds the package from its repository: NAME=PATH_OR_URL[@HEAD]")
+    if args.base is not None and not args.base.strip():
+        # an unset variable in a script: the default branch in its place would gate against another base unasked
+        raise EnvError(f"--base {args.base!r}: names no ref: give a branch, tag or SHA, or leave --base out")
     _, pin = parse_pin_arg(text)  # refuses torch and bitsandbytes from source, and a path that does not exist
     return GateRequest(
         pin=pin,
