@@ -41,7 +41,8 @@ def select(req: GateRequest) -> Selection:
 
 
 def _run_ends(refs: Refs, sel: Selection, runs: CellRuns, beat: Heartbeat, result: GateResult) -> List[CellChange]:
-    """Every combo at the base, then at the head; the changed cells of each."""
+    """Every combo at the base, then at the head; the changed cells of each. A base that does not build leaves
+    nothing to compare its combo against: a problem, and its head is not run."""
     changes: List[CellChange] = []
     total = 2 * len(sel.combos)
     for i, combo in enumerate(sel.combos):
@@ -52,14 +53,14 @@ def _run_ends(refs: Refs, sel: Selection, runs: CellRuns, beat: Heartbeat, resul
             if at.reused:
                 result.reused.append(f"{combo.id}@{sha[:10]}")
             ends.append(at)
-        base, head = ends
-        if not base.built:
-            why = next(iter(base.cells.values())).why if base.cells else "did not build"
-            result.problems.append(f"{combo.id}: the base {refs.base[:10]} cannot be run: {why}")
-            continue
-        found = changed_cells(base, head)
-        beat.say(f"{combo.id}: {len(found)} of {len(sel.cells)} cells changed")
-        changes += found
+            if not at.built and name == "base":
+                why = next(iter(at.cells.values())).why if at.cells else "did not build"
+                result.problems.append(f"{combo.id}: the base {sha[:10]} cannot be run: {why}")
+                break
+        if len(ends) == 2:
+            found = changed_cells(*ends)
+            beat.say(f"{combo.id}: {len(found)} of {len(sel.cells)} cells changed")
+            changes += found
     return changes
 
 

@@ -164,7 +164,9 @@ def test_a_head_that_does_not_build_fails_and_a_base_that_does_not_cannot_be_jud
     fix = next(c for c in data["changed"] if c["cell"] == cells["toy-fix"])
     assert (fix["head"]["verdict"], fix["kind"]) == ("env-error", "fix-broken")
     assert "env-error (no module named setuptools)" in md
-    code, data, md, asked, _ = gate(toy, tmp_path / "base", "pr", runs=_Unbuilt(root / "toypkg", shas["m0"]))
+    runs = _Unbuilt(root / "toypkg", shas["m0"])
+    code, data, md, asked, _ = gate(toy, tmp_path / "base", "pr", runs=runs)
     assert code == 2 and asked == [] and data["changed"] == []
+    assert [sha for _, sha, _, _ in runs.calls] == [shas["m0"]]  # nothing to compare the head against: not run
     assert data["problems"] == [f"toy: the base {shas['m0'][:10]} cannot be run: no module named setuptools"]
     assert "**cannot judge**" in md
