@@ -46,7 +46,7 @@ from fsdp_matrix.workload.checks import (
 )
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import take_reference
-from fsdp_matrix.workload.entry import accelerate_setup, fsdp_accelerator, prepare_and_train
+from fsdp_matrix.workload.entry import accelerate_setup, prepare_and_train
 from fsdp_matrix.workload.generation import check_same_tokens, greedy_generate, train_unsharded
 from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
 from fsdp_matrix.workload.launcher import accelerate_launch_env, fsdp_launch_config
@@ -121,7 +121,6 @@ __all__ = [
     "fully_shard",
     "DTensor",
     "accelerate_setup",
-    "fsdp_accelerator",
     "prepare_and_train",
     "trainer_setup",
     "train_unsharded",

@@ -239,21 +239,6 @@ def accelerate_setup(
             del setup, prepared, optimizer
 
 
-@contextlib.contextmanager
-def fsdp_accelerator(plugin: FullyShardedDataParallelPlugin, ctx: RankContext) -> Iterator[Accelerator]:
-    """``Accelerator(fsdp_plugin=plugin)`` as a user builds one, for a repro that calls accelerate's own FSDP helpers
-    (``fsdp2_prepare_model``, ...) instead of ``prepare``; on CPU its state is made FSDP by the shim (cpu_shim.py),
-    and accelerate's state is reset before and after the block."""
-    version = getattr(plugin, "fsdp_version", 1)
-    with isolated_accelerate_state(), cpu_fsdp_shim(ctx.device, version):
-        accelerator = Accelerator(fsdp_plugin=plugin, cpu=ctx.device.type == "cpu")
-        force_fsdp(accelerator, plugin)
-        try:
-            yield accelerator
-        finally:
-            accelerator.free_memory()
-
-
 def _check_launched_plugin(plugin: Optional[FullyShardedDataParallelPlugin], params: Mapping[str, Any]) -> None:
     # the launcher's config decides what is tested: it must be what the cell says it tests
     if plugin is None:
