@@ -38,8 +38,11 @@ from fsdp_matrix.workload.corruption import Reference, take_reference
 from fsdp_matrix.workload.models import _config, _dtype_kwarg, build_model, torch_dtype
 from fsdp_matrix.workload.params import axis
 
-INITS = ("full", "ram_efficient")
+INITS = ("full", "ram_efficient", "launcher")
 """The ``init`` axis values of matrix.yaml; a cell without the axis is ``full``."""
+FROM_RANK0 = ("ram_efficient", "launcher")
+"""The ``init`` values where only rank 0 is sure to hold real weights, and FSDP sends them to the other ranks
+(``launcher``: transformers decides what ranks > 0 hold, launcher.py)."""
 
 META = torch.device("meta")
 
@@ -50,8 +53,8 @@ def init_of(params: Mapping[str, Any]) -> str:
 
 
 def ram_efficient(params: Mapping[str, Any]) -> bool:
-    """True for ``init: ram_efficient``."""
-    return init_of(params) == "ram_efficient"
+    """True for ``init: ram_efficient`` and ``init: launcher``: the weights reach ranks > 0 through FSDP."""
+    return init_of(params) in FROM_RANK0
 
 
 def has_meta(module: nn.Module, recurse: bool = True) -> bool:

@@ -11,8 +11,9 @@ from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.entry import accelerate_train_and_check, entry_of
 from fsdp_matrix.workload.hf_trainer import trainer_entry
-from fsdp_matrix.workload.meta_init import SYNC_SHIM, build_rank0_model, init_of, reference_for
-from fsdp_matrix.workload.models import DTYPES, build_4bit_model, build_model, count_linear4bit, torch_dtype
+from fsdp_matrix.workload.launcher import fsdp_launch_config, launched_model
+from fsdp_matrix.workload.meta_init import FROM_RANK0, SYNC_SHIM, build_rank0_model, init_of, reference_for
+from fsdp_matrix.workload.models import DTYPES, _config, build_4bit_model, build_model, count_linear4bit, torch_dtype
 from fsdp_matrix.workload.params import axis, flag
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.trl_trainer import trl_entry_from_peft  # imports trl only when a trl cell runs
@@ -31,22 +32,35 @@ def peft_model(params: Mapping[str, Any], ctx: RankContext, autocast: Optional[b
 
     ``autocast`` (``autocast_adapter_dtype``) comes from the ``autocast`` axis when the cell has one, else from the
     argument; None keeps PEFT's default. ``init`` ``ram_efficient``: only rank 0 loads real weights, the other ranks
-    build on meta (meta_init.py); PEFT then adds its adapter on each rank as it does for users.
+    build on meta (meta_init.py); ``launcher``: every rank calls ``from_pretrained`` under the environment
+    ``accelerate launch`` exports for the cell's FSDP config, and transformers decides what ranks > 0 hold
+    (launcher.py). PEFT then adds its adapter on each rank as it does for users.
     """
     adapter = axis(params, "adapter", ADAPTERS)
     dtype, model = axis(params, "dtype", tuple(DTYPES), default="fp32"), axis(params, "model", MODELS)
     init = init_of(params)
     if adapter == "qlora":
         if init != "full":
-            raise ValueError("init ram_efficient is built for plain bases only; the qlora adapter takes init full")
+            raise ValueError(f"init {init} is built for plain bases only; the qlora adapter takes init full")
         base = build_4bit_model(model, dtype, axis(params, "storage", STORAGES, default="uint8"), ctx)
     elif init == "ram_efficient":
         base = build_rank0_model(model, dtype, ctx)
+    elif init == "launcher":
+        base = launched_model(model, dtype, cell_launch_config(params, ctx), ctx)
     else:
         base = build_model(model, dtype, ctx)
     if "autocast" in params:
         autocast = flag(params, "autocast")
     return add_adapter(base, adapter, ctx.seed, autocast=autocast)
+
+
+def cell_launch_config(params: Mapping[str, Any], ctx: RankContext) -> dict:
+    """The ``accelerate config`` yaml of a launched user for the cell's ``model``/``wrap``/``orig`` axes
+    (launcher.fsdp_launch_config)."""
+    _, cls = _config(axis(params, "model", MODELS))
+    layer = ",".join(cls._no_split_modules)  # what users write: LlamaDecoderLayer, GemmaDecoderLayer
+    version = 2 if axis(params, "wrap", WRAPS) in ("fsdp2", "fsdp2_root") else 1
+    return fsdp_launch_config(layer, version, bool(flag(params, "orig", default=False)), ctx.world_size)
 
 
 def base_model(params: Mapping[str, Any], ctx: RankContext) -> nn.Module:
@@ -94,7 +108,7 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
         init=init,
     )
     checks = train_and_check(wrapped, ctx, trainable=trainable, reference=reference)
-    if init == "ram_efficient" and ctx.device.type == "cpu" and checks.get("wrapper") == "fsdp1":
+    if init in FROM_RANK0 and ctx.device.type == "cpu" and checks.get("wrapper") == "fsdp1":
         checks["shim"] = [SYNC_SHIM]
     return {**built, **checks}
 

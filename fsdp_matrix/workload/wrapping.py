@@ -14,7 +14,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, Sha
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from fsdp_matrix.workload.context import RankContext
-from fsdp_matrix.workload.meta_init import INITS, cpu_sync_module_states, fsdp1_kwargs, fsdp2_from_rank0
+from fsdp_matrix.workload.meta_init import FROM_RANK0, INITS, cpu_sync_module_states, fsdp1_kwargs, fsdp2_from_rank0
 from fsdp_matrix.workload.models import decoder_layer_class, decoder_layers
 
 try:
@@ -63,7 +63,7 @@ def fsdp1(
     if mp is not None:
         dtype = MIXED_PRECISION[mp]
         policy_mp = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
-    low_mem = _init(init) == "ram_efficient"
+    low_mem = _init(init) in FROM_RANK0
     with cpu_sync_module_states(ctx.device) if low_mem else contextlib.nullcontext([]):
         return FullyShardedDataParallel(
             model,
@@ -81,12 +81,12 @@ def fsdp2(model: nn.Module, ctx: RankContext, init: str = "full") -> nn.Module:
 
     ``init`` ``ram_efficient``: rank 0's state dict, taken before sharding, is broadcast into the sharded model
     (meta_init.fsdp2_from_rank0)."""
-    full_sd = model.state_dict() if _init(init) == "ram_efficient" and ctx.is_main else {}
+    full_sd = model.state_dict() if _init(init) in FROM_RANK0 and ctx.is_main else {}
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    if init == "ram_efficient":
+    if init in FROM_RANK0:
         fsdp2_from_rank0(model, full_sd, ctx)
     return model
 
