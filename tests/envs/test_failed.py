@@ -133,3 +133,20 @@ def test_failed_env_with_an_unknown_case_is_one_line(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out, out[-3000:]
     assert "--cases: no case 'nope'" in out and not (tmp_path / "res").exists(), out[-3000:]
+
+
+@needs_nox
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("pin", ["peft={tmp}/missing", "peft=", "torch={root}", "peft={root}@no-such-ref-xyz"])
+def test_a_pin_that_cannot_be_resolved_is_a_usage_error_that_writes_no_record(tmp_path: Path, pin: str) -> None:
+    """Every unresolvable ``--pin`` appended env-error records under the release combo, with the release's versions
+    and no sources: they superseded its good records in the report and diff."""
+    res = tmp_path / "res"
+    pin = pin.format(tmp=tmp_path, root=ROOT)
+    where = ["--results", str(res), "--device=cpu", "--cases=disable-adapter"]
+    proc = run_nox(tmp_path, "-s", "matrix(current)", "--", "--pin", pin, *where)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out and recorded(res / "current") == [], out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("nox -s matrix(current) -- --pin")]
+    assert len(errors) == 1, out[-3000:]
