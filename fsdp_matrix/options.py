@@ -33,6 +33,8 @@ from typing import (
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fsdp_matrix.errors import EnvError
+from fsdp_matrix.paths import writable_folder
 from fsdp_matrix.rules import RULE_PACKAGES
 from fsdp_matrix.usage import OneLineParser
 
@@ -262,7 +264,15 @@ def from_namespace(ns: Any, names: Iterable[str] = FIELDS) -> LaunchOptions:
         raw = getattr(ns, name, None)
         if raw is not None:
             values[name] = check(name, raw)
-    return LaunchOptions(**values)
+    opts = LaunchOptions(**values)
+    if opts.shared_dir is not None:
+        # every node checks its own mount before the first launch: a folder a rank cannot write made every
+        # checkpoint cell a false REGRESSION on every node
+        try:
+            writable_folder(opts.shared_dir)
+        except EnvError as exc:
+            raise OptionError(str(exc)) from None
+    return opts
 
 
 def to_argv(opts: BaseModel, names: Optional[Sequence[str]] = None) -> List[str]:
