@@ -49,17 +49,28 @@ class TriageError(MatrixError):
     """The paste or an option cannot be read."""
 
 
+MAX_READ = 64 * 1024 * 1024
+"""How much of a paste is read at most (``/dev/zero`` never ends): its head and tail are kept of that much."""
+
+
 def _head_and_tail(stream, limit: int = MAX_BYTES):
     """The stream's first and last ``limit / 2`` characters (or bytes), read in chunks: a traceback's start and its
-    exception line, without holding a whole log of many ranks in memory."""
+    exception line, without holding a whole log of many ranks in memory. At most ``MAX_READ`` is read; a longer
+    paste is cut there, and one line says so."""
     half = limit // 2
     head = stream.read(half)
     tail = head[:0]
+    taken = len(head)
     while True:
         chunk = stream.read(half)
         if not chunk:
             return head + tail
         tail = (tail + chunk)[-half:]
+        taken += len(chunk)
+        if taken >= MAX_READ:
+            print(f"triage: the paste is larger than {MAX_READ >> 20} MiB: read its first {MAX_READ >> 20} MiB only",
+                  file=sys.stderr)  # fmt: skip
+            return head + tail
 
 
 def _read(source: Optional[str]) -> str:
