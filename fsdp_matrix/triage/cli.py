@@ -34,7 +34,7 @@ from fsdp_matrix.triage.match import (
     reproducing_cells,
     rule_versions,
 )
-from fsdp_matrix.triage.parse import MAX_BYTES, Paste, decode, parse
+from fsdp_matrix.triage.parse import MAX_BYTES, MAX_ERRORS, Paste, decode, parse
 from fsdp_matrix.triage.versions import fixed_in, observed_range, older_than_observed, workarounds
 from fsdp_matrix.usage import OneLineParser
 from fsdp_matrix.verdicts import Verdict
@@ -377,6 +377,12 @@ def render(
     records: List[Record],
 ) -> Tuple[str, int]:
     """The whole answer as text, and how many cases and platform rules it claims."""
+    if paste.errors_left_out:
+        print(
+            f"triage: {len(paste.errors) + paste.errors_left_out} distinct exception lines: matched the first and the "
+            f"last {MAX_ERRORS // 2}, {paste.errors_left_out} between them left out",
+            file=sys.stderr,
+        )
     answer = build(matrix, paste, versions, versions_from, records)
     return render_text(answer), len(answer.claims) + len(answer.also) + len(answer.platform)
 
@@ -413,6 +419,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     paste = parse(_read(args.file))
     if not paste.text:
         raise TriageError("the paste is empty: give a file, or pipe the traceback into stdin")
+    if paste.errors_left_out:
+        print(
+            f"triage: {len(paste.errors) + paste.errors_left_out} distinct exception lines: matched the first and the "
+            f"last {MAX_ERRORS // 2}, {paste.errors_left_out} between them left out",
+            file=sys.stderr,
+        )
     answer = build(matrix, paste, versions, versions_from, records)
     if args.results is not None:
         lost = f", {len(skipped)} lines skipped (not records; first: {skipped[0]})" if skipped else ""
