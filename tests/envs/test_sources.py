@@ -320,3 +320,12 @@ def test_refs_with_a_slash_and_paths_with_an_at_sign(toy, tmp_path: Path) -> Non
     assert (sources.parse_source("peft", str(odd)).repo, sources.parse_source("peft", str(odd)).ref) == (str(odd), None)
     pin = sources.parse_source("peft", f"{odd}@main")
     assert (pin.repo, pin.ref) == (str(odd), "main")
+
+
+def test_a_folder_inside_a_repository_is_not_a_source(toy, tmp_path: Path) -> None:
+    """``--pin peft=<checkout>/repros`` was built as the enclosing repository's HEAD + dirty hash from the folder's
+    files, then failed as 'not a Python project'."""
+    repo, _ = toy
+    with pytest.raises(EnvError, match="not the top of a git repository") as info:
+        sources.resolve(sources.parse_source("toypkg", str(repo / "toypkg")), tmp_path)
+    assert "\n" not in str(info.value)
