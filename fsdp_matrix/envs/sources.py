@@ -312,6 +312,9 @@ def resolve(pin: SourcePin, cache: Optional[Path] = None) -> Resolved:
         raise EnvError(f"{pin.package} source {redact_url(pin.repo)}: not a git repository")
     dirty: Optional[str] = None
     files: List[str] = []
+    top = git(repo, "rev-parse", "--show-toplevel", check=False) if pin.local else ""
+    if top and Path(top).resolve() != Path(repo).resolve():
+        raise EnvError(f"{pin.package} source {repo}: not the top of a git repository (that is {top})")
     if pin.ref is None and pin.local and git(repo, "rev-parse", "--is-bare-repository") == "false":
         commit = rev(repo, "HEAD")
         if git(repo, "status", "--porcelain", "--untracked-files=normal"):
