@@ -85,14 +85,24 @@ def _host_has_gpu() -> bool:
 
 
 def _env_error_records(
-    session: nox.Session, combo: Combo, results: Path, device: str, world_size: int, message: str, versions, pytest_args
+    session: nox.Session,
+    combo: Combo,
+    results: Path,
+    device: str,
+    world_size: int,
+    message: str,
+    versions,
+    pytest_args,
+    built=None,
 ) -> None:
-    """A combo whose env cannot be built still gets one record per cell the run asked for (--cases, -k), saying why."""
+    """A combo whose env cannot be built still gets one record per cell the run asked for (--cases, -k), saying why;
+    ``built``: the resolved sources it was to be built from, named in every record."""
     try:
         cells, note = failed.selected_cells(MATRIX, device, world_size, pytest_args)
     except MatrixError as exc:
         session.error(f"--cases: {exc}")
-    failed.write_env_errors(MATRIX, combo.id, results, cells, message, versions)
+    shown = {n: s.to_record() for n, s in built.items()} if isinstance(built, dict) else None
+    failed.write_env_errors(MATRIX, combo.id, results, cells, message, versions, shown)
     session.log(f"env {combo.id}: {len(cells)} env-error records in {results}" + (f" ({note})" if note else ""))
 
 
@@ -166,6 +176,7 @@ def _run_combo(
             report.message,
             {**combo.pins.model_dump(), **{k: v for k, v in report.versions.items() if v}},
             rest,
+            built,
         )
         first = report.message.splitlines()[0] if report.message else ""
         if isinstance(built, dict) and built and report.message.startswith(("install failed", "import failed")):
