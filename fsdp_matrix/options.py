@@ -83,11 +83,15 @@ class LaunchOptions(BaseModel):
     @field_validator("cases", mode="before")
     @classmethod
     def _split_cases(cls, value: Any) -> Any:
-        if value is None or isinstance(value, str):
-            value = [] if value is None else [value]
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = [value]
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             ids = [c.strip() for text in value for c in text.split(",") if c.strip()]
-            return ids or None
+            if not ids:  # a blank or comma-only value (an unset variable in a script) is no selection of every case
+                raise ValueError("names no case: give case ids, comma-separated, or leave it out")
+            return ids
         return value
 
     @field_validator("torchrun_args")
