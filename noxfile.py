@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import nox
+from packaging.utils import canonicalize_name
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -40,6 +41,7 @@ from fsdp_matrix import envs  # noqa: E402
 from fsdp_matrix.envs import failed, sources  # noqa: E402
 from fsdp_matrix.errors import EnvError, MatrixError  # noqa: E402
 from fsdp_matrix.matrix import Combo, load_matrix  # noqa: E402
+from fsdp_matrix.usage import flat  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_venv = "yes"
@@ -84,25 +86,50 @@ def _host_has_gpu() -> bool:
 
 
 def _env_error_records(
-    session: nox.Session, combo: Combo, results: Path, device: str, world_size: int, message: str, versions, pytest_args
+    session: nox.Session,
+    combo: Combo,
+    results: Path,
+    device: str,
+    world_size: int,
+    message: str,
+    versions,
+    pytest_args,
+    built=None,
 ) -> None:
-    """A combo whose env cannot be built still gets one record per cell the run asked for (--cases, -k), saying why."""
+    """A combo whose env cannot be built still gets one record per cell the run asked for (--cases, -k), saying why;
+    ``built``: the resolved sources it was to be built from, named in every record."""
     try:
         cells, note = failed.selected_cells(MATRIX, device, world_size, pytest_args)
     except MatrixError as exc:
         session.error(f"--cases: {exc}")
-    failed.write_env_errors(MATRIX, combo.id, results, cells, message, versions)
+    shown = {n: s.to_record() for n, s in built.items()} if isinstance(built, dict) else None
+    failed.write_env_errors(MATRIX, combo.id, results, cells, message, versions, shown)
     session.log(f"env {combo.id}: {len(cells)} env-error records in {results}" + (f" ({note})" if note else ""))
 
 
-def _prepare(session: nox.Session, combo: Combo, device: str, extra=(), pins=()) -> envs.EnvReport:
-    start = time.monotonic()
-    # --pin NAME=PATH_OR_URL[@REF]: the source replaces the combo's pin, resolved with the other pins (not --no-deps);
-    # a combo's own sources (the main combo's default branches) come first, so that --pin overrides them
+def _sources(session: nox.Session, combo: Combo, pins=()):
+    """The packages built from source: the combo's own (the main combo's default branches), then ``--pin``'s, which
+    override them. A ``--pin`` that does not parse or resolve is a usage error: one line, exit 2, before any env is
+    built or any record written (such records would stand for the release combo). The combo's own sources failing
+    (the git host unreachable) is the env's error: an EnvReport."""
     try:
-        built = sources.resolve_pins([f"{k}={v}" for k, v in combo.sources.items()] + list(pins))
+        asked = sources.resolve_pins(list(pins))
+    except EnvError as exc:
+        print(f"nox -s {session.name} -- --pin: {flat(exc)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    own = [f"{k}={v}" for k, v in combo.sources.items() if canonicalize_name(k) not in asked]
+    try:
+        return {**sources.resolve_pins(own), **asked}
     except EnvError as exc:
         return envs.EnvReport(False, str(exc))
+
+
+def _prepare(session: nox.Session, combo: Combo, device: str, extra=(), built=None) -> envs.EnvReport:
+    start = time.monotonic()
+    # a source replaces the combo's pin, resolved with the other pins (not --no-deps)
+    built = _sources(session, combo) if built is None else built
+    if isinstance(built, envs.EnvReport):
+        return built
     if built:
         session.log(f"env {combo.id}: {sources.overlay_line(combo.pins.model_dump(), built)}")
     report = envs.prepare(
@@ -137,7 +164,8 @@ def _run_combo(
         session.skip(f"{combo.id} is not tagged 'cpu' or 'torch' (this run is on {device})")
     results = Path(opts.results or results_root) / combo.id
     world_size = int(opts.world_size or 2)
-    report = _prepare(session, combo, device, extra, opts.pin)
+    built = _sources(session, combo, opts.pin)
+    report = _prepare(session, combo, device, extra, built)
     if not report.ok:
         # the pins stand in for what is installed: the record says what this combo was meant to be
         _env_error_records(
@@ -149,11 +177,11 @@ def _run_combo(
             report.message,
             {**combo.pins.model_dump(), **{k: v for k, v in report.versions.items() if v}},
             rest,
+            built,
         )
         first = report.message.splitlines()[0] if report.message else ""
-        if (opts.pin or combo.sources) and report.message.startswith(("install failed", "import failed")):
-            texts = [f"{k}={v}" for k, v in combo.sources.items()] + list(opts.pin)
-            first = sources.failure_line(sources.resolve_pins(texts), report.message)
+        if isinstance(built, dict) and built and report.message.startswith(("install failed", "import failed")):
+            first = sources.failure_line(built, report.message)
         session.error(f"env-error for {combo.id}: {first}")
     from fsdp_matrix import options
 

@@ -92,7 +92,8 @@ def _pep508(value: str) -> str:
 
 def _source(value: str) -> str:
     # a git URL (git+https://host/pkg@main, git+file:///clone@REF) or a path; checked against its package above
-    if not value.strip() or value.lstrip().startswith("-"):
+    if not value.strip() or value.lstrip().startswith("-") or any(c < " " or c == "\x7f" for c in value):
+        # a control character (a NUL, a newline) is no URL or path, and git or the OS refuses it later, mid-run
         raise ValueError(f"{value!r}: expected a git URL or path, e.g. git+https://github.com/huggingface/peft@main")
     return value
 

@@ -33,6 +33,8 @@ from typing import (
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fsdp_matrix.errors import EnvError
+from fsdp_matrix.paths import writable_folder
 from fsdp_matrix.rules import RULE_PACKAGES
 from fsdp_matrix.usage import OneLineParser
 
@@ -81,11 +83,15 @@ class LaunchOptions(BaseModel):
     @field_validator("cases", mode="before")
     @classmethod
     def _split_cases(cls, value: Any) -> Any:
-        if value is None or isinstance(value, str):
-            value = [] if value is None else [value]
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = [value]
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             ids = [c.strip() for text in value for c in text.split(",") if c.strip()]
-            return ids or None
+            if not ids:  # a blank or comma-only value (an unset variable in a script) is no selection of every case
+                raise ValueError("names no case: give case ids, comma-separated, or leave it out")
+            return ids
         return value
 
     @field_validator("torchrun_args")
@@ -262,7 +268,15 @@ def from_namespace(ns: Any, names: Iterable[str] = FIELDS) -> LaunchOptions:
         raw = getattr(ns, name, None)
         if raw is not None:
             values[name] = check(name, raw)
-    return LaunchOptions(**values)
+    opts = LaunchOptions(**values)
+    if opts.shared_dir is not None:
+        # every node checks its own mount before the first launch: a folder a rank cannot write made every
+        # checkpoint cell a false REGRESSION on every node
+        try:
+            writable_folder(opts.shared_dir)
+        except EnvError as exc:
+            raise OptionError(str(exc)) from None
+    return opts
 
 
 def to_argv(opts: BaseModel, names: Optional[Sequence[str]] = None) -> List[str]:

@@ -38,3 +38,19 @@ def writable_file(path: Path, what: str = "--json") -> Path:
     if not existed:
         path.unlink()
     return path
+
+
+def writable_folder(path: Path, what: str = "--shared-dir") -> Path:
+    """Check that ``path`` is an existing directory this process can create a file in (a probe file, removed at
+    once): an access check alone misses read-only mounts and immutable folders."""
+    if not path.exists():
+        raise EnvError(f"{what} {path}: no such directory")
+    if not path.is_dir():
+        raise EnvError(f"{what} {path}: not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".fsdp-matrix-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise EnvError(f"{what} {path}: cannot write there: {exc.strerror or exc}") from None
+    return path

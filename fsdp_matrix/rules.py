@@ -84,7 +84,7 @@ class ErrorSignature(Strict):
 class HangExpectation(Strict):
     """The cell is known to hang: it gets a short timeout of its own, and a rank's stack must show where."""
 
-    timeout_s: float = Field(gt=0, le=3600)
+    timeout_s: float = Field(gt=0, le=3600, strict=True)
     """Seconds the cell may run before it is declared hung (instead of the launch's cell timeout), so a known hang
     costs seconds, not minutes."""
     stack: Optional[str] = None

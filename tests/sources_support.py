@@ -14,9 +14,15 @@ and a release branch off c0: ``v0.1.1`` (docs backport, still the bug) and ``v0.
 
 from __future__ import annotations
 
+import base64
+import http.server
+import shutil
 import subprocess
+import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Iterator, List, Tuple
 
 PYPROJECT = """[build-system]
 requires = ["setuptools>=61"]
@@ -84,3 +90,46 @@ def make_toy_repo(repo: Path) -> Dict[str, str]:
     git(repo, "tag", "v0.1.3rc1")
     git(repo, "checkout", "-q", "main")
     return shas
+
+
+@contextmanager
+def auth_git_server(repo: Path, user: str, token: str) -> Iterator[Tuple[str, List[str]]]:
+    """A bare clone of ``repo`` served over git's dumb HTTP protocol that answers 401 unless the request carries
+    ``user:token`` as HTTP basic auth: yields (its URL, the Authorization headers received)."""
+    served = Path(tempfile.mkdtemp(prefix="httpgit-"))
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(served / "toy.git")], check=True)
+    subprocess.run(["git", "-C", str(served / "toy.git"), "update-server-info"], check=True)
+    wanted = "Basic " + base64.b64encode(f"{user}:{token}".encode()).decode()
+    seen: List[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, directory=str(served), **kwargs)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            seen.append(self.headers.get("Authorization") or "")
+            if seen[-1] != wanted:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="toy"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            super().do_GET()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/toy.git", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(served, ignore_errors=True)
+
+
+def files_holding(root: Path, needle: bytes) -> List[str]:
+    """Every file under ``root`` whose bytes hold ``needle`` (a leaked token)."""
+    return sorted(str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink() and needle in p.read_bytes())

@@ -169,6 +169,20 @@ DEFECT16 = {
         "cases[0](lora-requires-grad).requires[0].min_world_size",
     ),
     "empty-grid": (_case(lambda c: c["grids"].append({})), "cases[0](lora-requires-grad).grids[2]: an empty grid"),
+    # a NUL passed validate, then ended `nox -s "matrix(badnul)"` in ValueError: embedded null byte
+    "sources-nul": (
+        _edit(lambda d: d["combos"][0].update(sources={"peft": "git+file:///x\0@main"})),
+        "combos[0](current).sources",
+    ),
+    "sources-newline": (
+        _edit(lambda d: d["combos"][0].update(sources={"peft": "git+file:///x\n@main"})),
+        "combos[0](current).sources",
+    ),
+    # true read as a one-second hang timeout
+    "hang-timeout-bool": (
+        _case(lambda c: c["expect"][0].update(error=None, hang={"timeout_s": True}) or c["expect"][0].pop("error")),
+        "timeout_s",
+    ),
 }
 
 

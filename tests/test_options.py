@@ -47,6 +47,23 @@ def test_run_refuses_a_bad_number_in_one_line(tmp_path, option, value):
     assert not (results / "cells.jsonl").exists(), "junk records written"
 
 
+@pytest.mark.parametrize(
+    "where, said", [("afile", "not a directory"), ("missing", "no such directory"), ("/proc/self", "cannot write")]
+)
+def test_run_refuses_a_shared_dir_it_cannot_write_before_any_launch(tmp_path, where, said):
+    """An unwritable --shared-dir made every checkpoint cell a REGRESSION on every node (PermissionError on one,
+    "Connection closed by peer" on the others), labelled as a change of the library."""
+    (tmp_path / "afile").write_text("x")
+    folder = where if where.startswith("/") else str(tmp_path / where)
+    results = tmp_path / "res"
+    cmd = [sys.executable, "-m", "fsdp_matrix", "run", "--matrix", str(FAULTS), "--cases", "healthy"]
+    proc = subprocess.run(
+        [*cmd, "--results", str(results), "--shared-dir", folder], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    assert proc.returncode == 2 and said in _one_line(proc, f"--shared-dir {folder}")
+    assert not (results / "cells.jsonl").exists(), "records written"
+
+
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_pytest_refuses_a_bad_world_size(value):
     repros = REPO / "tests" / "test_repros.py"

@@ -304,3 +304,24 @@ def test_a_utf16_or_nul_paste_is_matched_and_nothing_of_it_reaches_the_terminal_
     assert triage_cli.main([str(path), "--versions", "peft=0.13.2,torch=2.13.0"]) == 0
     out = capsys.readouterr().out
     assert "1. lora-requires-grad" in out and "\x1b" not in out and "\x07" not in out and "PWNED" not in out
+
+
+@pytest.mark.timeout(120)
+def test_an_endless_paste_is_read_up_to_a_bound_and_the_cut_is_said(capsys):
+    """``triage /dev/zero`` (or ``- < /dev/zero``) read until a MemoryError; reading only head and tail, it would
+    never end: the stream is read up to ``MAX_READ``, then the cut is said in one line."""
+
+    class Endless:
+        def __init__(self) -> None:
+            self.given = 0
+
+        def read(self, size: int = -1) -> bytes:
+            size = size if size > 0 else 1 << 20
+            self.given += size
+            return b"\0" * size
+
+    stream = Endless()
+    text = triage_cli._head_and_tail(stream)
+    assert len(text) <= MAX_BYTES and stream.given <= triage_cli.MAX_READ + MAX_BYTES
+    err = capsys.readouterr().err.strip()
+    assert "read its first" in err and len(err.splitlines()) == 1, err

@@ -22,6 +22,7 @@ from fsdp_matrix import options
 from fsdp_matrix.bisect import commits
 from fsdp_matrix.bisect.installers import DatedInstaller, days_between, parse_pins
 from fsdp_matrix.bisect.releases import release_candidates
+from fsdp_matrix.bisect.runner import stopped_by_signal
 from fsdp_matrix.bisect.search import CellAnswer, Installer, SearchResult, Step, bisect_cells, install_bound
 from fsdp_matrix.bisect.wiring import Bisection, StepOptions, add_step_arguments, bisection_from
 from fsdp_matrix.cells import Cell, find_cell, unmet_requirement
@@ -250,6 +251,10 @@ def render(q: Question, answer: Answer, json_path: Optional[Path]) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    return stopped_by_signal("fsdp-matrix bisect", lambda: _main(argv))
+
+
+def _main(argv: List[str]) -> int:
     if any(a == "--git" or a.startswith("--git=") for a in argv):
         return commits.main(argv)  # the commit bisect: --git REPO --good REF --bad REF
     p = parser()

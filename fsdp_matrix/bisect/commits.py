@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,6 +40,7 @@ from fsdp_matrix.envs.sources import (
     git,
     parse_source,
     pr_number,
+    redact_url,
     repository,
     resolve,
     resolve_pins,
@@ -45,10 +48,13 @@ from fsdp_matrix.envs.sources import (
 )
 from fsdp_matrix.errors import EnvError, MatrixError
 from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.paths import usable_dir, writable_file
 from fsdp_matrix.progress import Heartbeat
 from fsdp_matrix.usage import OneLineParser, flat
 
 _SEP = "\x1f"
+_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+"""A distribution name (PEP 508)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,11 @@ class CommitInstaller:
         held = (
             self.context if self.context is not None else {**self.base.combo.pins.model_dump(), **self.base.overrides}
         )
-        pins = {**held, **{n: f"git-{s.key.split('@', 1)[1][:20]}" for n, s in self.held.items()}}
+        # the whole key of a held source: a working tree edited between runs names another env (and results)
+        pins = {
+            **held,
+            **{n: f"git-{s.commit[:20]}" + (f"+{s.dirty}" if s.dirty else "") for n, s in self.held.items()},
+        }
         pins[self.pin.package] = f"git-{src.commit[:12]}"
         extra = list(self.base.combo.extra)
         sources = {**self.held, self.pin.package: src}
@@ -261,10 +271,23 @@ def load(req: CommitRequest) -> Line:
     package = canonicalize_name(req.package)
     if package in REFUSED:
         raise EnvError(f"--package {package}: building {package} from source is refused ({REFUSED[package]})")
-    cache = req.step.cache
-    cache.mkdir(parents=True, exist_ok=True)
+    if not _NAME.match(req.package):
+        raise EnvError(f"--package {req.package!r}: not a package name")
+    cache = usable_dir(req.step.cache)
+    if req.json:
+        writable_file(req.json)
+    releases, held = _held_pins(req.pins, cache)
+    if package in held or package in releases:
+        raise EnvError(f"--pin {package}: {package} is the package being bisected (--good .. --bad)")
     pin = parse_source(package, req.git)
     repo = repository(pin, cache / "sources")
+    if not git(repo, "rev-parse", "--git-dir", check=False):
+        raise EnvError(f"--git {redact_url(req.git)}: not a git repository")
+    good, bad = rev(repo, req.good), rev(repo, req.bad)
+    if good == bad:
+        raise EnvError(f"--good {req.good} and --bad {req.bad} are the same commit ({good[:10]}): nothing to bisect")
+    if _is_ancestor(repo, bad, good):
+        raise EnvError(f"--good {req.good} comes after --bad {req.bad}: swap them")
     matrix = load_matrix(req.step.matrix)
     combo = matrix.combo(req.combo) if req.combo else matrix.newest("cpu")
     found = [find_cell(matrix, ref, req.step.device, req.step.world_size) for ref in req.cells]
@@ -272,19 +295,29 @@ def load(req: CommitRequest) -> Line:
     sizes = {c.world_size for c in found}
     if len(sizes) > 1:
         raise EnvError(f"cells {', '.join(cells)}: one launch per step needs one world size, got {sorted(sizes)}")
-    good = rev(repo, req.good)
     merge_base, line = first_parent_line(repo, req.good, req.bad)
     commits = {c.sha: c for c in describe(repo, list(dict.fromkeys([good, *line])))}
-    releases = parse_pins([t for t in req.pins if "==" in t])
-    held = resolve_pins([t for t in req.pins if "==" not in t], cache / "sources")
-    if package in held or package in releases:
-        raise EnvError(f"--pin {package}: {package} is the package being bisected (--good .. --bad)")
     wired = bisection_from(
         req.step, combo, package=package, pins=releases, world_size=sizes.pop(), say=lambda text: None,
         label=lambda sha: f"{package} {sha[:10]}",
     )  # fmt: skip
     installer = CommitInstaller(wired.installer, pin, cache / "sources", held=held)
     return Line(req, package, combo.id, cells, good, merge_base, line, commits, installer, wired.runner)
+
+
+def _is_ancestor(repo: Path, older: str, newer: str) -> bool:
+    proc = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", older, newer], capture_output=True)
+    return proc.returncode == 0
+
+
+def _held_pins(pins: Sequence[str], cache: Path) -> Tuple[Dict[str, str], Dict[str, Resolved]]:
+    """``--pin``'s releases and sources held at one commit; a package pinned twice (two sources, or a release and a
+    source) is refused, as the last would otherwise win without a word."""
+    releases = parse_pins([t for t in pins if "==" in t])
+    held = resolve_pins([t for t in pins if "==" not in t], cache / "sources")
+    for name in sorted(set(releases) & set(held)):
+        raise EnvError(f"--pin {name}: {name} pinned twice (a release and a source); give one")
+    return releases, held
 
 
 def _hooks(q: Line, beat: Heartbeat, steps: List[Step]) -> Dict[str, Any]:
@@ -438,7 +471,7 @@ def to_json(q: Line, found: Found, firsts: Mapping[str, Optional[Commit]], start
         "cell": cells[0],
         "combo": q.combo,
         "package": q.package,
-        "repo": req.git,
+        "repo": redact_url(req.git),
         "good": req.good,
         "bad": req.bad,
         "merge_base": q.merge_base,

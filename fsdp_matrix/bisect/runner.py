@@ -15,6 +15,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -214,3 +215,28 @@ def _kill_launch(proc: subprocess.Popen, results: Path) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     procs.kill_all(procs.marked(procs.launch_ids_under(results)))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is: it takes Ctrl-C's path, so every ``finally`` that ends a launch
+    runs (``LaunchRunner._launch``)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def stopped_by_signal(prog: str, run: Callable[[], int]) -> int:
+    """``run()``, with Ctrl-C and SIGTERM ending the running launch and the command in one line (exit 130 / 143)
+    instead of a traceback, or of a launch left running unsupervised."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    try:
+        return run()
+    except KeyboardInterrupt as exc:
+        what, code = ("terminated (SIGTERM)", 143) if isinstance(exc, Terminated) else ("interrupted (Ctrl-C)", 130)
+        print(f"{prog}: {what}; the running launch was stopped (the cache keeps every finished step)", file=sys.stderr)
+        return code
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)

@@ -199,6 +199,8 @@ def _reused(
     state = inspect_env(python, list(pins) + list(sources))
     wrong = _problems(state, pins) + _missing(state, sources)
     if not wrong:
+        # the stamp keys on the commit: this run's url and ref may differ from those that built the env
+        write_env_sources(venv, sources, state["versions"])
         return EnvReport(True, "", state["versions"], 0.0, time.monotonic() - start, reused=True)
     # something changed the env behind the stamp's back (a hand install, an old interrupted run): reinstall
     print(f"[env {label or venv.name}] stamp says current, but {'; '.join(wrong)}: reinstalling", flush=True)

@@ -74,10 +74,12 @@ def write_env_errors(
     cells: Sequence[Cell],
     message: str,
     versions: Mapping[str, Optional[str]],
+    sources: Optional[Mapping[str, Mapping]] = None,
 ) -> int:
-    """One env-error record per cell, judged against the rule for ``versions``; returns how many were written."""
+    """One env-error record per cell, judged against the rule for ``versions``; returns how many were written.
+    ``sources``: the packages the env was to build from source (default: what this interpreter's env says)."""
     observed = env_error(message)
-    sources = env_sources(versions=versions)
+    sources = dict(sources) if sources is not None else env_sources(versions=versions)
     for cell in cells:
         expected = expected_for(matrix.case(cell.case), cell, dict(versions))
         append(results, make_record(cell, expected, observed, versions, 0.0, combo, "env-error", sources))

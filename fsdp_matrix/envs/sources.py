@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -44,6 +44,14 @@ SOURCES_FILE = "fsdp-matrix-sources.json"
 """Written into an env next to its stamp: which packages came from which source (read back by records)."""
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*@\s*(\S+)\s*$")
 _PR = re.compile(r"\(#(\d+)\)\s*$")
+_HIDDEN = "***"
+"""What a URL shows in place of its credentials."""
+_HELPER = (
+    '!f() { test "$1" = get && printf "username=%s\\npassword=%s\\n" '
+    '"$FSDP_MATRIX_GIT_USERNAME" "$FSDP_MATRIX_GIT_PASSWORD"; }; f'
+)
+"""A git credential helper that answers from the environment of the one git command that needs it (see
+https://git-scm.com/docs/gitcredentials#_custom_helpers): the credentials are never written to a config file."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ class Resolved:
     package: str
     """Canonical package name."""
     url: str
-    """The repository as given (a path or URL)."""
+    """The repository as given (a path or URL), its credentials redacted (``redact_url``)."""
     ref: Optional[str]
     """The ref asked for; None for a working tree."""
     commit: str
@@ -99,19 +107,63 @@ class Resolved:
         return self.commit[:7] + ("+dirty" if self.dirty else "")
 
 
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown or stored: ``https://user:TOKEN@host/x`` -> ``https://***@host/x``. Every URL of a
+    source goes through here before a record, a report, a log line, a JSON answer or an env file holds it. An ssh
+    user without a password (``ssh://git@host``) is no secret and is kept; a path is returned as it is."""
+    parts = urlsplit(url) if "://" in url else None
+    if parts is None or "@" not in parts.netloc:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    if parts.scheme.endswith("ssh") and ":" not in user:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{_HIDDEN}@{host}"))
+
+
+def credentials(url: str) -> Tuple[str, Dict[str, str]]:
+    """(``url`` without its credentials, the environment that hands them to git's credential helper). A redacted
+    URL (``***@``) carries none: git then asks the user's own helpers, as for any URL."""
+    parts = urlsplit(url) if "://" in url else None
+    if parts is None or "@" not in parts.netloc or redact_url(url) == url:
+        return url, {}
+    user, _, host = parts.netloc.rpartition("@")
+    clean = urlunsplit(parts._replace(netloc=host))
+    name, _, password = user.partition(":")
+    if name == _HIDDEN:
+        return clean, {}
+    # GIT_CONFIG_COUNT: config for this one command (git >= 2.31); the empty helper first drops configured ones
+    env = {"GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "credential.helper", "GIT_CONFIG_VALUE_0": ""}
+    env.update({"GIT_CONFIG_KEY_1": "credential.helper", "GIT_CONFIG_VALUE_1": _HELPER, "GIT_TERMINAL_PROMPT": "0"})
+    env.update({"FSDP_MATRIX_GIT_USERNAME": unquote(name), "FSDP_MATRIX_GIT_PASSWORD": unquote(password)})
+    return clean, env
+
+
 def is_source(text: str) -> bool:
     """True when a pin's value is a source (path, URL, direct reference), not a version."""
     text = text.strip()
     return "://" in text or "/" in text or text.startswith((".", "~")) or bool(_REQ.match(text))
 
 
-def _split_ref(text: str) -> Tuple[str, Optional[str]]:
-    # the ref follows the last '@' of the path part (user@host in ssh URLs comes before the path)
-    scheme, sep, rest = text.rpartition("://")
-    head, at, ref = rest.rpartition("@")
-    if at and "/" not in ref and head:
-        return scheme + sep + head, ref
-    return text, None
+def _split_remote(url: str) -> Tuple[str, Optional[str]]:
+    # the ref follows the last '@' of the path part (user@host comes before the path); a ref may hold '/'
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    head, at, ref = path.rpartition("@")
+    if at and head and ref:
+        return f"{scheme}{sep}{netloc}{slash}{head}", ref
+    return url, None
+
+
+def _split_local(where: str, base: Path) -> Tuple[Optional[Path], Optional[str]]:
+    """(the path, the ref) of ``PATH[@REF]``: a ref (``fix/x`` too) follows an '@' only where what comes before it
+    exists, so that a folder whose name holds '@' is a path; (None, None) when no reading names an existing path."""
+    tails = [i for i, c in enumerate(where) if c == "@"]
+    for head, ref in [(where, None)] + [(where[:i], where[i + 1 :]) for i in reversed(tails)]:
+        if head and (ref is None or ref):
+            path = (base / Path(head).expanduser()).resolve()
+            if path.exists():
+                return path, ref
+    return None, None
 
 
 def parse_source(package: str, text: str, base: Optional[Path] = None) -> SourcePin:
@@ -125,17 +177,18 @@ def parse_source(package: str, text: str, base: Optional[Path] = None) -> Source
         if canonicalize_name(match.group(1)) != name:
             raise EnvError(f"pin {package}: the direct reference names {match.group(1)!r}")
         text = match.group(2)
+    shown = redact_url(text)
     if name in REFUSED:
-        raise EnvError(f"pin {package}={text}: {package} from source is refused ({REFUSED[name]}); pin a release")
-    where, ref = _split_ref(text.strip())
-    where = where.removeprefix("git+")
+        raise EnvError(f"pin {package}={shown}: {package} from source is refused ({REFUSED[name]}); pin a release")
+    where = text.strip().removeprefix("git+")
     if where.startswith("file://"):
         where = unquote(urlparse(where).path)
     elif re.match(r"^[a-z+]+://", where):
-        return SourcePin(name, where, ref)
-    path = (Path(base or Path.cwd()) / Path(where).expanduser()).resolve()
-    if not path.exists():
-        raise EnvError(f"pin {package}={text}: no such path {path}")
+        return SourcePin(name, *_split_remote(where))
+    path, ref = _split_local(where, Path(base or Path.cwd()))
+    if path is None:
+        missing = (Path(base or Path.cwd()) / Path(where.partition("@")[0] or where).expanduser()).resolve()
+        raise EnvError(f"pin {package}={shown}: no such path {missing}")
     return SourcePin(name, str(path), ref)
 
 
@@ -150,9 +203,13 @@ def parse_pin_arg(text: str, base: Optional[Path] = None) -> Tuple[str, SourcePi
     return canonicalize_name(name.strip()), parse_source(name.strip(), value.strip(), base)
 
 
-def git(repo: Path | str, *args: str, check: bool = True, text: bool = True) -> str:
-    """stdout of ``git -C repo ARGS``; EnvError with git's last line when it fails."""
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=text, timeout=600)
+def git(
+    repo: Path | str, *args: str, check: bool = True, text: bool = True, env: Optional[Mapping[str, str]] = None
+) -> str:
+    """stdout of ``git -C repo ARGS`` (``env``: added to the environment); EnvError with git's last line when it
+    fails."""
+    full = {**os.environ, **env} if env else None
+    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=text, timeout=600, env=full)
     if check and proc.returncode != 0:
         err = (proc.stderr or "").strip().splitlines() if text else []
         raise EnvError(f"git {' '.join(args[:3])} in {repo}: {err[-1] if err else f'exit {proc.returncode}'}")
@@ -167,12 +224,14 @@ def repository(pin: SourcePin, cache: Path) -> Path:
     """A local git dir for the pin: the path itself, or a mirror of a remote URL under the cache (fetched again)."""
     if pin.local:
         return Path(pin.repo)
-    mirror = cache / "git" / hashlib.sha256(pin.repo.encode()).hexdigest()[:16]
+    # the mirror's config holds the URL without credentials; they reach git through its credential helper
+    url, env = credentials(pin.repo)
+    mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
     if (mirror / "HEAD").exists():
-        git(mirror, "fetch", "--quiet", "--prune", "--tags", "origin")
+        git(mirror, "fetch", "--quiet", "--prune", "--tags", "origin", env=env)
     else:
         mirror.parent.mkdir(parents=True, exist_ok=True)
-        git(mirror.parent, "clone", "--quiet", "--mirror", pin.repo, str(mirror))
+        git(mirror.parent, "clone", "--quiet", "--mirror", url, str(mirror), env=env)
     return mirror
 
 
@@ -250,9 +309,12 @@ def resolve(pin: SourcePin, cache: Optional[Path] = None) -> Resolved:
     cache = cache or default_cache()
     repo = repository(pin, cache)
     if not git(repo, "rev-parse", "--git-dir", check=False):
-        raise EnvError(f"{pin.package} source {pin.repo}: not a git repository")
+        raise EnvError(f"{pin.package} source {redact_url(pin.repo)}: not a git repository")
     dirty: Optional[str] = None
     files: List[str] = []
+    top = git(repo, "rev-parse", "--show-toplevel", check=False) if pin.local else ""
+    if top and Path(top).resolve() != Path(repo).resolve():
+        raise EnvError(f"{pin.package} source {repo}: not the top of a git repository (that is {top})")
     if pin.ref is None and pin.local and git(repo, "rev-parse", "--is-bare-repository") == "false":
         commit = rev(repo, "HEAD")
         if git(repo, "status", "--porcelain", "--untracked-files=normal"):
@@ -267,7 +329,8 @@ def resolve(pin: SourcePin, cache: Optional[Path] = None) -> Resolved:
             _copy_tree(repo, files, snapshot)
         else:
             _archive(repo, commit, snapshot)
-    return Resolved(pin.package, pin.repo, pin.ref, commit, dirty, release_base(repo, commit), str(snapshot))
+    base = release_base(repo, commit)
+    return Resolved(pin.package, redact_url(pin.repo), pin.ref, commit, dirty, base, str(snapshot))
 
 
 def write_env_sources(venv: Path, resolved: Mapping[str, Resolved], versions: Mapping[str, Optional[str]]) -> None:
@@ -293,6 +356,8 @@ def env_sources(prefix: Optional[Path] = None, versions: Optional[Mapping[str, O
     for name, entry in data.items() if isinstance(data, dict) else ():
         if versions is None or versions.get(name) == entry.get("version"):
             out[name] = {k: v for k, v in entry.items() if k != "version"}
+            if isinstance(out[name].get("url"), str):  # an env file written before URLs were redacted
+                out[name]["url"] = redact_url(out[name]["url"])
     return out
 
 
@@ -320,9 +385,11 @@ def pr_number(subject: str) -> Optional[int]:
 
 def resolve_pins(texts: List[str], cache: Optional[Path] = None) -> Dict[str, Resolved]:
     """``--pin NAME=PATH_OR_URL[@REF]`` (repeatable) resolved once per run: the same commit for every combo."""
+    parsed = [parse_pin_arg(text) for text in texts]  # every pin parses before any is cloned
     out: Dict[str, Resolved] = {}
-    for text in texts:
-        name, pin = parse_pin_arg(text)
+    for name, pin in parsed:
+        if name in out:
+            raise EnvError(f"--pin {name}: {name} pinned twice; give one source")
         out[name] = resolve(pin, cache)
     return out
 

@@ -34,7 +34,7 @@ from fsdp_matrix.triage.match import (
     reproducing_cells,
     rule_versions,
 )
-from fsdp_matrix.triage.parse import MAX_BYTES, Paste, decode, parse
+from fsdp_matrix.triage.parse import MAX_BYTES, MAX_ERRORS, Paste, decode, parse
 from fsdp_matrix.triage.versions import fixed_in, observed_range, older_than_observed, workarounds
 from fsdp_matrix.usage import OneLineParser
 from fsdp_matrix.verdicts import Verdict
@@ -49,17 +49,28 @@ class TriageError(MatrixError):
     """The paste or an option cannot be read."""
 
 
+MAX_READ = 64 * 1024 * 1024
+"""How much of a paste is read at most (``/dev/zero`` never ends): its head and tail are kept of that much."""
+
+
 def _head_and_tail(stream, limit: int = MAX_BYTES):
     """The stream's first and last ``limit / 2`` characters (or bytes), read in chunks: a traceback's start and its
-    exception line, without holding a whole log of many ranks in memory."""
+    exception line, without holding a whole log of many ranks in memory. At most ``MAX_READ`` is read; a longer
+    paste is cut there, and one line says so."""
     half = limit // 2
     head = stream.read(half)
     tail = head[:0]
+    taken = len(head)
     while True:
         chunk = stream.read(half)
         if not chunk:
             return head + tail
         tail = (tail + chunk)[-half:]
+        taken += len(chunk)
+        if taken >= MAX_READ:
+            print(f"triage: the paste is larger than {MAX_READ >> 20} MiB: read its first {MAX_READ >> 20} MiB only",
+                  file=sys.stderr)  # fmt: skip
+            return head + tail
 
 
 def _read(source: Optional[str]) -> str:
@@ -366,6 +377,12 @@ def render(
     records: List[Record],
 ) -> Tuple[str, int]:
     """The whole answer as text, and how many cases and platform rules it claims."""
+    if paste.errors_left_out:
+        print(
+            f"triage: {len(paste.errors) + paste.errors_left_out} distinct exception lines: matched the first and the "
+            f"last {MAX_ERRORS // 2}, {paste.errors_left_out} between them left out",
+            file=sys.stderr,
+        )
     answer = build(matrix, paste, versions, versions_from, records)
     return render_text(answer), len(answer.claims) + len(answer.also) + len(answer.platform)
 
@@ -402,6 +419,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     paste = parse(_read(args.file))
     if not paste.text:
         raise TriageError("the paste is empty: give a file, or pipe the traceback into stdin")
+    if paste.errors_left_out:
+        print(
+            f"triage: {len(paste.errors) + paste.errors_left_out} distinct exception lines: matched the first and the "
+            f"last {MAX_ERRORS // 2}, {paste.errors_left_out} between them left out",
+            file=sys.stderr,
+        )
     answer = build(matrix, paste, versions, versions_from, records)
     if args.results is not None:
         lost = f", {len(skipped)} lines skipped (not records; first: {skipped[0]})" if skipped else ""

@@ -9,8 +9,9 @@ checkout, with the exception class qualified by its module or not. Nothing here 
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Deque, Dict, List, Optional
 
 PACKAGE_ROOTS = (
     "torch",
@@ -58,6 +59,9 @@ _EXC = re.compile(
 )
 MAX_BYTES = 2 * 1024 * 1024
 """How much of a paste is read: a log of many ranks repeats itself, and the error is near its end or its start."""
+MAX_ERRORS = 200
+"""Distinct exception lines matched against the rules: the first and the last half of it (a run's first failure and
+its final exception); every one costs a search per rule, and a long log of many ranks can hold tens of thousands."""
 _WRAPPED_LINES = 5
 """How many lines after an exception line may continue its wrapped message."""
 _TRACE_LINE = re.compile(r"^\s*(Traceback \(most recent call last\)|File\s|During handling|The above exception|\^+|~+)")
@@ -104,6 +108,8 @@ class Paste:
     """Frames in paste order; the last one is nearest to where the error was raised."""
     lines: List[str] = field(default_factory=list)
     """The cleaned lines, each once: a title or a sentence that quotes a message without its class."""
+    errors_left_out: int = 0
+    """Distinct exception lines beyond ``MAX_ERRORS``, between the first and the last kept."""
 
     @property
     def modules(self) -> List[str]:
@@ -194,6 +200,7 @@ def parse(text: str) -> Paste:
     the frame above the exception line that follows it."""
     lines = clean_lines(bounded(text))
     errors: List[PastedError] = []
+    later: Deque[PastedError] = deque(maxlen=MAX_ERRORS - MAX_ERRORS // 2)
     said = set()
     frames: List[Frame] = []
     seen: Dict[str, Optional[Frame]] = {}
@@ -217,5 +224,7 @@ def parse(text: str) -> Paste:
         err = _exception_at(lines, i, last if 0 < i - last_at <= _RAISE_GAP else None)
         if err and (err.type, err.message) not in said:
             said.add((err.type, err.message))
-            errors.append(err)
-    return Paste(text=" ".join(" ".join(unique).split()), errors=errors, frames=frames, lines=[x for x in unique if x])
+            (errors if len(errors) < MAX_ERRORS // 2 else later).append(err)
+    left_out = max(0, len(said) - MAX_ERRORS)
+    text = " ".join(" ".join(unique).split())
+    return Paste(text, errors + list(later), frames, [x for x in unique if x], left_out)

@@ -210,3 +210,114 @@ def test_a_held_source_of_the_bisected_package_is_refused_in_one_line(toy) -> No
     assert proc.stderr.strip().splitlines() == [
         "fsdp-matrix bisect: --pin toypkg: toypkg is the package being bisected (--good .. --bad)"
     ]
+
+
+def test_the_json_answer_shows_the_repository_without_its_credentials() -> None:
+    """``bisect --git 'http://user:TOKEN@host/peft.git'`` wrote the token into ``--json``'s ``repo``."""
+    from types import SimpleNamespace
+
+    from fsdp_matrix.bisect.commits import CommitRequest, Found, to_json
+
+    req = CommitRequest(["c"], "peft", "http://user:s3cr3tTOKEN@127.0.0.1:8765/peft.git", "a", "b")
+    line = SimpleNamespace(
+        cells=["c"], request=req, installer=SimpleNamespace(base=SimpleNamespace(log=[])), combo="current",
+        package="peft", merge_base="a" * 40, line=["a" * 40],
+    )  # fmt: skip
+    data = to_json(line, Found(), {}, 0.0)  # type: ignore[arg-type]
+    assert data["repo"] == "http://***@127.0.0.1:8765/peft.git"
+    assert "s3cr3tTOKEN" not in json.dumps(data, default=str)
+
+
+def test_a_held_working_tree_names_the_step_env_by_its_dirty_hash_too(toy, tmp_path) -> None:
+    """Two states of a held working tree named the same step env (the dirty hash was cut off), so a re-run after an
+    edit answered from the records of the old tree."""
+    from dataclasses import replace
+
+    from fsdp_matrix.bisect.commits import CommitInstaller
+    from fsdp_matrix.bisect.search import Prepared
+    from fsdp_matrix.envs.sources import SourcePin, resolve_pins
+
+    root, shas, _ = toy
+    repo = root / "toypkg"
+    asked = []
+
+    class Base:
+        combo = load_matrix(root / "matrix.yaml").combo("toy")
+        overrides: Dict[str, str] = {}
+
+        def install(self, pins, extra, sources=None, imports=()):
+            asked.append(dict(pins))
+            return Prepared(tmp_path)
+
+    held = resolve_pins([f"accelerate={repo}@v0.1.0"], tmp_path / "src")["accelerate"]
+    for dirty in ("1" * 16, "2" * 16):
+        pin = SourcePin("toypkg", str(repo))
+        held_now = {"accelerate": replace(held, dirty=dirty)}
+        assert CommitInstaller(Base(), pin, tmp_path / "src", held=held_now).prepare(shas["c4"]).ok
+    assert asked[0]["accelerate"] != asked[1]["accelerate"]
+    assert asked[0]["toypkg"] == asked[1]["toypkg"]
+
+
+def _commit_main(root: Path, cells: List[str], *extra: str) -> int:
+    from fsdp_matrix.bisect import commits
+
+    argv = [cells[0], "--package", "toypkg", "--git", str(root / "toypkg"), "--matrix", str(root / "matrix.yaml")]
+    return commits.main(argv + ["--combo", "toy", *extra])
+
+
+@pytest.fixture
+def nothing_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsdp_matrix.bisect.commits import CommitInstaller
+
+    def refuse(self, candidate: str):
+        raise AssertionError(f"{candidate} was installed")
+
+    monkeypatch.setattr(CommitInstaller, "prepare", refuse)
+
+
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (["--good", "v0.2.0", "--bad", "v0.2.0"], "--good v0.2.0 and --bad v0.2.0 are the same commit"),
+        (["--good", "v0.2.0", "--bad", "v0.1.0"], "--good v0.2.0 comes after --bad v0.1.0: swap them"),
+        (["--good", "v0.1.0", "--bad", "v0.2.0", "--timeout", "-1"], "give a number of seconds above 0"),
+        (["--good", "v0.1.0", "--bad", "v0.2.0", "--timeout", "nan"], "give a number of seconds above 0"),
+        (["--bad", "v0.2.0"], "the following arguments are required: --good"),
+    ],
+)
+def test_bad_commit_bisect_arguments_are_one_line_before_anything_is_installed(
+    toy, nothing_installed, capsys, extra, line
+) -> None:
+    """good == bad and reversed refs were installed and run before the answer said nothing could be compared."""
+    root, _, cells = toy
+    try:
+        code = _commit_main(root, cells, "--cache", str(root / "args-cache"), *extra)
+    except SystemExit as exc:  # argparse's refusals
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and line in err and len(err.splitlines()) == 1, err
+
+
+def test_unusable_cache_json_and_twice_pinned_packages_are_one_line_up_front(toy, nothing_installed, capsys) -> None:
+    """``--cache FILE`` was a FileExistsError traceback, ``--json DIR`` an IsADirectoryError after the whole
+    bisect, and a second ``--pin`` of one package replaced the first without a word."""
+    root, _, cells = toy
+    afile = root / "afile"
+    afile.write_text("x")
+    ends = ["--good", "v0.1.0", "--bad", "v0.2.0"]
+    toy_repo = root / "toypkg"
+    for extra, line in (
+        (["--cache", str(afile)], f"--cache {afile}: cannot be used as a directory"),
+        (["--cache", str(root / "c2"), "--json", str(root)], f"--json {root}: is a directory"),
+        (
+            ["--cache", str(root / "c2"), "--pin", f"accelerate={toy_repo}@v0.1.0", "--pin", f"accelerate={toy_repo}"],
+            "--pin accelerate: accelerate pinned twice",
+        ),
+        (
+            ["--cache", str(root / "c2"), "--pin", "accelerate==1.0.0", "--pin", f"accelerate={toy_repo}"],
+            "--pin accelerate: accelerate pinned twice",
+        ),
+    ):
+        assert _commit_main(root, cells, *ends, *extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert line in err and len(err.splitlines()) == 1 and "Traceback" not in err, err

@@ -133,3 +133,37 @@ def test_failed_env_with_an_unknown_case_is_one_line(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out, out[-3000:]
     assert "--cases: no case 'nope'" in out and not (tmp_path / "res").exists(), out[-3000:]
+
+
+@needs_nox
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("pin", ["peft={tmp}/missing", "peft=", "torch={root}", "peft={root}@no-such-ref-xyz"])
+def test_a_pin_that_cannot_be_resolved_is_a_usage_error_that_writes_no_record(tmp_path: Path, pin: str) -> None:
+    """Every unresolvable ``--pin`` appended env-error records under the release combo, with the release's versions
+    and no sources: they superseded its good records in the report and diff."""
+    res = tmp_path / "res"
+    pin = pin.format(tmp=tmp_path, root=ROOT)
+    where = ["--results", str(res), "--device=cpu", "--cases=disable-adapter"]
+    proc = run_nox(tmp_path, "-s", "matrix(current)", "--", "--pin", pin, *where)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out and recorded(res / "current") == [], out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("nox -s matrix(current) -- --pin")]
+    assert len(errors) == 1, out[-3000:]
+
+
+@needs_nox
+@pytest.mark.timeout(600)
+def test_an_env_that_fails_to_build_from_a_resolved_source_names_the_source_in_its_records(tmp_path: Path) -> None:
+    """The env-error records of a source pin carried no ``sources``: they read as the release combo's."""
+    from tests.sources_support import make_toy_repo
+
+    shas = make_toy_repo(tmp_path / "toypkg")
+    res = tmp_path / "res"
+    where = ["--results", str(res), "--device=cpu", "--cases=disable-adapter"]
+    proc = run_nox(tmp_path, "-s", "matrix(current)", "--", "--pin", f"peft={tmp_path / 'toypkg'}@v0.1.0", *where)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "env-error for current" in out, out[-3000:]
+    records = list(iter_records(res / "current"))
+    assert records and {r.verdict for r in records} == {"env-error"}, out[-3000:]
+    assert all((r.sources or {}).get("peft", {}).get("commit") == shas["c0"] for r in records), records[0].sources

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from fsdp_matrix import envs
 from fsdp_matrix.envs import sources
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.records import SCHEMA
-from tests.sources_support import FIXED, git, make_toy_repo
+from tests.sources_support import FIXED, auth_git_server, files_holding, git, make_toy_repo
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +237,95 @@ def test_a_source_build_is_judged_as_its_release_base_and_the_record_says_so(mon
     released = {"peft": {**main_after_013["peft"], "release": "0.14.0"}}
     monkeypatch.setattr(session_mod, "env_sources", lambda versions=None: released)
     assert session_mod.Session(matrix, None, tmp_path, versions).expected(cell).kind == "ok"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("http://user:s3cr3t@127.0.0.1:8765/peft.git", "http://***@127.0.0.1:8765/peft.git"),
+        ("https://s3cr3t@github.com/huggingface/peft", "https://***@github.com/huggingface/peft"),
+        ("git+https://u:p%40ss@host/x.git", "git+https://***@host/x.git"),
+        ("ssh://git@github.com/huggingface/peft", "ssh://git@github.com/huggingface/peft"),
+        ("ssh://git:s3cr3t@github.com/huggingface/peft", "ssh://***@github.com/huggingface/peft"),
+        ("https://github.com/huggingface/peft", "https://github.com/huggingface/peft"),
+        ("/home/me/peft@main", "/home/me/peft@main"),
+    ],
+)
+def test_credentials_in_a_url_are_redacted(url: str, shown: str) -> None:
+    assert sources.redact_url(url) == shown
+
+
+def test_a_token_in_a_pin_url_reaches_git_and_no_artifact(toy, tmp_path: Path) -> None:
+    """``--pin 'peft=git+http://user:TOKEN@host/peft.git@ref'`` wrote the token into the env's sources file, the
+    records and report (from that file), the nox log line and the source cache's git config."""
+    repo, shas = toy
+    token = "s3cr3tTOKEN"
+    cache = tmp_path / "cache"
+    with auth_git_server(repo, "user", token) as (url, seen):
+        text = "toypkg=git+" + url.replace("http://", f"http://user:{token}@") + "@v0.1.0"
+        got = sources.resolve_pins([text], cache)["toypkg"]
+        again = sources.resolve_pins([text], cache)["toypkg"]  # the mirror is fetched again, with the credentials
+    assert got.commit == again.commit == shas["c0"]
+    assert any(h.startswith("Basic ") for h in seen)  # the credentials did reach the server
+    assert got.url == url.replace("http://", "http://***@")
+    shown = [json.dumps(got.to_record()), sources.overlay_line({"toypkg": "0.1.0"}, {"toypkg": got})]
+    shown.append(sources.failure_line({"toypkg": got}, "install failed: x"))
+    assert not [line for line in shown if token in line]
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    sources.write_env_sources(venv, {"toypkg": got}, {"toypkg": "0.1.0"})
+    assert files_holding(tmp_path, token.encode()) == []
+
+
+def test_an_env_sources_file_of_an_earlier_version_is_read_redacted(tmp_path: Path) -> None:
+    entry = {"url": "https://u:s3cr3t@h/p.git", "ref": "main", "commit": "a" * 40, "version": "1.0"}
+    (tmp_path / sources.SOURCES_FILE).write_text(json.dumps({"peft": entry}))
+    assert sources.env_sources(tmp_path)["peft"]["url"] == "https://***@h/p.git"
+
+
+def test_a_reused_env_records_the_pin_of_this_run(toy, tmp_path: Path) -> None:
+    """A reused env kept the url and ref of the pin that built it in every later record."""
+    repo, shas = toy
+    venv = tmp_path / "venv"
+    subprocess.run(["uv", "venv", "--quiet", str(venv)], check=True, timeout=120)
+
+    def prepare(text: str) -> envs.EnvReport:
+        src = sources.resolve(sources.parse_source("toypkg", text), tmp_path / "src")
+        report = envs.prepare(venv, {}, sources={"toypkg": src}, imports=("toypkg",), label="toy")
+        assert report.ok, report.message
+        return report
+
+    assert not prepare(f"{repo}@v0.2.0").reused
+    assert prepare(f"{repo}@{shas['c5']}").reused  # the same commit: the env is reused
+    assert sources.env_sources(venv)["toypkg"]["ref"] == shas["c5"]
+
+
+def test_refs_with_a_slash_and_paths_with_an_at_sign(toy, tmp_path: Path) -> None:
+    """``PATH@fix/slash-branch`` was read as a path that does not exist: only a SHA of such a branch could be pinned."""
+    repo, shas = toy
+    git(repo, "branch", "-f", "fix/slash-branch", shas["c2"])
+    for text in (f"{repo}@fix/slash-branch", f"git+file://{repo}@fix/slash-branch"):
+        pin = sources.parse_source("toypkg", text)
+        assert (pin.repo, pin.ref) == (str(repo), "fix/slash-branch"), text
+    assert sources.resolve(pin, tmp_path).commit == shas["c2"]
+    for text, repo_url, ref in (
+        ("git+https://host/peft.git@refs/pull/7/head", "https://host/peft.git", "refs/pull/7/head"),
+        ("git+https://u:t@host/peft.git", "https://u:t@host/peft.git", None),
+        ("git+ssh://git@host/peft@feature/x", "ssh://git@host/peft", "feature/x"),
+    ):
+        pin = sources.parse_source("peft", text)
+        assert (pin.repo, pin.ref) == (repo_url, ref), text
+    odd = tmp_path / "we@ird"
+    odd.mkdir()
+    assert (sources.parse_source("peft", str(odd)).repo, sources.parse_source("peft", str(odd)).ref) == (str(odd), None)
+    pin = sources.parse_source("peft", f"{odd}@main")
+    assert (pin.repo, pin.ref) == (str(odd), "main")
+
+
+def test_a_folder_inside_a_repository_is_not_a_source(toy, tmp_path: Path) -> None:
+    """``--pin peft=<checkout>/repros`` was built as the enclosing repository's HEAD + dirty hash from the folder's
+    files, then failed as 'not a Python project'."""
+    repo, _ = toy
+    with pytest.raises(EnvError, match="not the top of a git repository") as info:
+        sources.resolve(sources.parse_source("toypkg", str(repo / "toypkg")), tmp_path)
+    assert "\n" not in str(info.value)

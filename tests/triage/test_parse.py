@@ -62,3 +62,17 @@ def test_a_paste_saved_as_utf16_or_with_a_bom_is_decoded_by_its_bom():
             "Cannot flatten integer dtype tensors"
         ], encoding
     assert parse_module.decode("plain ascii \xff".encode("latin-1")) == "plain ascii \ufffd"
+
+
+def test_a_log_of_many_distinct_errors_keeps_the_first_and_the_last_and_counts_the_rest():
+    """40k distinct exception lines took 291 s to triage: every one was matched against every rule. The first and
+    the last ``MAX_ERRORS / 2`` are kept (where a run's first failure and its final exception are); the rest are
+    counted, and triage says so."""
+    text = "".join(f"ValueError: distinct message number {i}\n" for i in range(40_000))
+    paste = parse(text)
+    kept = [e.message for e in paste.errors]
+    half = parse_module.MAX_ERRORS // 2
+    assert len(kept) == parse_module.MAX_ERRORS and paste.errors_left_out == 40_000 - parse_module.MAX_ERRORS
+    assert kept[0] == "distinct message number 0" and kept[-1] == "distinct message number 39999"
+    assert kept[half - 1] == f"distinct message number {half - 1}"
+    assert kept[half] == f"distinct message number {40_000 - half}"
