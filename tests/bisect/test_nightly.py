@@ -41,6 +41,21 @@ def night(path: Path, versions: Dict[str, str], verdicts: Dict[str, str], column
     return path
 
 
+@pytest.fixture(autouse=True)
+def reruns_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every flip repeats in its reruns tonight, and last night's commits give last night's verdict: confirmed (the
+    reruns themselves are tests/test_confirm.py's)."""
+    from fsdp_matrix.confirm import TONIGHT, confirm
+
+    def fake(flips, envs, args):
+        def rerun(ask):
+            return {f.cell: (f.new if ask.at == TONIGHT else f.old) for f in flips if f.column == ask.column}
+
+        return confirm(flips, rerun, [f.column for f in flips if nightly.moved(envs, f.column)], args.reruns)
+
+    monkeypatch.setattr(nightly, "confirm_flips", fake)
+
+
 @pytest.fixture
 def upgrades(monkeypatch: pytest.MonkeyPatch) -> List[Dict[str, Any]]:
     calls: List[Dict[str, Any]] = []
