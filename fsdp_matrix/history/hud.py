@@ -228,8 +228,9 @@ def _section(combo: str, rows: List[HudRow], hud: Hud) -> str:
     head = "".join(f"<th>{esc(n)}</th>" for n in hud.nights)
     body = "\n".join(_row(r, hud.nights) for r in rows)
     red = sum(1 for r in rows if r.since)
+    cells = f"{len(rows)} cell{'s' if len(rows) != 1 else ''}"
     return (
-        f'<section class="combo" data-combo="{esc(combo)}"><h2>{esc(combo)} <span class="sub">{len(rows)} cells, '
+        f'<section class="combo" data-combo="{esc(combo)}"><h2>{esc(combo)} <span class="sub">{cells}, '
         f'{red} red</span></h2><div class="ver">{esc(hud.versions.get(combo, ""))}</div>'
         f"<table><thead><tr><th>cell</th>{head}<th>red since</th><th>first changed (bisect)</th></tr></thead>"
         f"<tbody>\n{body}\n</tbody></table></section>"
