@@ -192,8 +192,7 @@ def night_envs(matrix: Matrix, old: Dict[str, Any], new: Dict[str, Any], args: a
             combo = None
         if combo is not None:
             combos[column] = combo
-    step = dataclasses.replace(StepOptions.from_args(args), world_size=args.world_size)
-    return NightEnvs(combos, _sources(new), _sources(old), step)
+    return NightEnvs(combos, _sources(new), _sources(old), StepOptions.from_args(args))
 
 
 def confirm_flips(flips: List[Flip], envs: NightEnvs, args: argparse.Namespace) -> Confirmed:
