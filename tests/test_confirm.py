@@ -154,7 +154,9 @@ def test_a_flaky_cell_is_recorded_flaky_and_only_the_broken_one_alerts_and_is_bi
     print(text)
     assert code == 1, "the broken cell alerts"
     assert upgrades == [["toy-broken"]], "only the confirmed flip is bisected"
-    assert "NEW REGRESSIONS (1):" in text and f"{cells['toy-broken']}: fix-holds" in text
+    assert "NEW REGRESSIONS (1):" in text
+    assert f"{cells['toy-broken']}: F fix-holds -> !R REGRESSION (confirmed)" in text
+    assert f"{cells['toy-flaky']}: F fix-holds -> !R REGRESSION (flaky)" in text
     assert "Flaky: reruns did not repeat the flip (no alert, not bisected) (1):" in text
     assert "2 flipped cells rerun (1 confirmed, 1 flaky): 2 fresh launches, 4 cell runs." in text
     marked = {k: r.confirmation for (_, k), r in latest(iter_records(results)).items()}
