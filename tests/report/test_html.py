@@ -166,3 +166,33 @@ def test_the_pane_data_is_packed_and_the_same_records_give_the_same_page():
     page = render_html(grid)
     packed = re.search(r'<script type="application/gzip\+base64" id="report-data">([^<]*)</script>', page)
     assert packed and re.fullmatch(r"[A-Za-z0-9+/=]+", packed.group(1))
+
+
+def test_a_matrix_sized_report_stays_small():
+    """13 combos x 300 cells, every failing cell with its own two ranks' tracebacks, 30 signatures repeated across
+    combos (paths differ per env), as a full CPU matrix has them: the page stays under 2 MB (one static pane per
+    entry made 17.5 MB of the real one)."""
+    import dataclasses
+
+    from fsdp_matrix.records import RankResult
+    from tests.report.samples import make_record
+
+    frames = "".join(
+        f'  File "/x/.nox/matrix-{{env}}/lib/site-packages/torch/m{n}.py", line {n}, in f\n' for n in range(40)
+    )
+    records = []
+    for combo in range(13):
+        for cell in range(300):
+            rec = make_record(f"c{cell}-ws2", "reproduced" if cell % 2 else "fix-holds", f"k{combo}", f"case{cell % 7}")
+            if cell % 2:
+                tb = (
+                    "Traceback (most recent call last):\n"
+                    + frames.format(env=combo)
+                    + f"ValueError: sig {cell // 2 % 30}\n"
+                )
+                ranks = [RankResult(rank=r, status="error", error_type="ValueError", traceback=tb) for r in (0, 1)]
+                rec = dataclasses.replace(rec, observed=dataclasses.replace(rec.observed, ranks=ranks))
+            records.append(rec)
+    page = render_html(build_grid(records))
+    assert len(pane_blob(page)["e"]) == 3900 and len(pane_blob(page)["t"]) == 30 + 1  # + the sample's message
+    assert len(page.encode()) < 2_000_000
