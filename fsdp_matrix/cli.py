@@ -23,6 +23,7 @@ COMMANDS = {
     "bisect": "fsdp_matrix.bisect.cli",
     "upgrade": "fsdp_matrix.bisect.upgrade",
     "nightly": "fsdp_matrix.bisect.nightly",
+    "history": "fsdp_matrix.history.cli",
     "export": "fsdp_matrix.export.cli",
     "bench": "fsdp_matrix.runner.bench",
     "triage": "fsdp_matrix.triage.cli",

@@ -25,8 +25,9 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import MatrixError, ResultsError
 
-SCHEMA = 4
-"""4: ``nodes`` (``world_size`` is the global world size, over every node), ``versions.trl`` (TRL, None where the
+SCHEMA = 5
+"""5: ``confirmation`` (the nightly's reruns of a cell whose verdict flipped: confirmed, or flaky).
+4: ``nodes`` (``world_size`` is the global world size, over every node), ``versions.trl`` (TRL, None where the
 env has none), ``RankResult.warnings`` (the warnings each rank's run() raised; rules may expect one, or its absence).
 3: ``Observed.env_removed`` (the caller's variables kept from the ranks). 2: ``sources`` (packages built from a git
 ref or a checkout). 1: none of these. Older records read as before (the new fields default to empty, and ``nodes``
@@ -105,6 +106,23 @@ class Observed:
 
 
 @dataclass(kw_only=True)
+class Confirmation:
+    """What the reruns of a flipped cell said before the flip could count (fsdp_matrix/confirm.py)."""
+
+    __pydantic_config__ = ConfigDict(strict=True)
+
+    status: str
+    """confirmed (every rerun repeated the flip), flaky (one did not: no alert, no bisect), not-the-sources (it
+    repeats at last night's commits too: the moved sources did not cause it), or unconfirmed (no rerun ran)."""
+    previous: Optional[str] = None
+    """The verdict the previous night recorded for this cell (None: no record)."""
+    reruns: List[Optional[str]] = field(default_factory=list)
+    """The verdict of each rerun in tonight's env, each in a fresh launch (None: the rerun left no record)."""
+    at_previous: List[Optional[str]] = field(default_factory=list)
+    """The verdict of each rerun at last night's commits, when the sources moved (empty otherwise)."""
+
+
+@dataclass(kw_only=True)
 class Record:
     """One line of cells.jsonl."""
 
@@ -145,6 +163,9 @@ class Record:
     still holds the installed version string; ``release`` is the release tag the rules judged the build as."""
     nodes: int = 1
     """Nodes the ranks were spread over (schema 4; an older record ran on one)."""
+    confirmation: Optional[Confirmation] = None
+    """The nightly's reruns of this cell when its verdict flipped since the previous night (schema 5; None: not a
+    flip, or not rerun). The nightly appends a copy of tonight's record with it filled in."""
     schema: int = SCHEMA
     """Record format version."""
 

@@ -149,13 +149,12 @@ def test_concurrent_appends_never_interleave(tmp_path):
 
 
 def test_schema_4_records_each_ranks_warnings_and_older_records_read_without_them(tmp_path):
-    assert records.SCHEMA == 4
     warned = {"category": "UserWarning", "message": "m", "filename": "f.py", "lineno": 3, "count": 2}
     rec = _record()
     rec.observed.ranks[0].warnings = [warned]
     records.append(tmp_path, rec)
     line = json.loads((tmp_path / "cells.jsonl").read_text())
-    assert line["schema"] == 4 and line["observed"]["ranks"][0]["warnings"] == [warned]
+    assert line["schema"] == records.SCHEMA and line["observed"]["ranks"][0]["warnings"] == [warned]
     del line["observed"]["ranks"][0]["warnings"]
     line["schema"] = 3
     (tmp_path / "old.jsonl").write_text(json.dumps(line) + "\n")
@@ -163,12 +162,28 @@ def test_schema_4_records_each_ranks_warnings_and_older_records_read_without_the
     assert old.observed.ranks[0].warnings == [] and old.schema == 3
 
 
+def test_schema_5_records_a_flips_confirmation_and_older_records_read_without_one(tmp_path):
+    assert records.SCHEMA == 5
+    rec = _record()
+    rec.confirmation = records.Confirmation(status="flaky", previous="fix-holds", reruns=["fix-holds", "fix-holds"])
+    records.append(tmp_path, rec)
+    line = json.loads((tmp_path / "cells.jsonl").read_text())
+    assert line["schema"] == 5 and line["confirmation"]["status"] == "flaky"
+    [back] = list(records.iter_records(tmp_path / "cells.jsonl"))
+    assert back.confirmation == rec.confirmation
+    del line["confirmation"]
+    line["schema"] = 4
+    (tmp_path / "old.jsonl").write_text(json.dumps(line) + "\n")
+    [old] = list(records.iter_records(tmp_path / "old.jsonl"))
+    assert old.confirmation is None and old.schema == 4
+
+
 def test_a_record_holds_the_global_world_size_and_the_node_count(tmp_path):
     from dataclasses import replace
 
     records.append(tmp_path, replace(_record(cell="c-ws4-n2"), world_size=4, nodes=2))
     line = json.loads((tmp_path / "cells.jsonl").read_text())
-    assert (line["world_size"], line["nodes"], line["schema"]) == (4, 2, 4)
+    assert (line["world_size"], line["nodes"], line["schema"]) == (4, 2, records.SCHEMA)
 
 
 def test_a_schema_3_record_without_nodes_ran_on_one_node(tmp_path):

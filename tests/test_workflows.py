@@ -173,7 +173,11 @@ def test_cpu_nightly_runs_the_torch_axis_newest_and_main_then_diff_upgrade_summa
     text = steps_text(report)
     assert "gh run download" in text and "python -m fsdp_matrix report results" in text
     # one entry point does diff -> upgrade -> step summary (tests/bisect/test_nightly.py drives it with two fake nights)
-    assert "python -m fsdp_matrix nightly previous/report.json results/report.json" in text
+    # NEW is the results dir: the nightly appends each rerun cell's confirmation to its records
+    assert "python -m fsdp_matrix nightly previous/report.json results" in text
+    # every night goes into the history DB, carried in the cache even when the nightly alerted, and the HUD is kept
+    assert "python -m fsdp_matrix history add results --db history.db" in text
+    assert "python -m fsdp_matrix history hud --db history.db -o hud.html" in text
     assert '--summary "$GITHUB_STEP_SUMMARY"' in text
     # the torch axis comes from a CPU index on CI: no CUDA torch download there
     assert wf["env"]["UV_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"

@@ -1,17 +1,22 @@
 """``python -m fsdp_matrix nightly PREVIOUS NEW [--summary PATH]``: the nightly's logic in one entry point.
 
 1. diff the two reports (``report.diff``): which cells changed verdict, and which combos' versions moved;
+1b. rerun every flipped cell before it counts (``confirm.py``): twice (``--reruns``) in a fresh launch in tonight's
+   env, and as often at last night's commits where the sources moved. A flip that does not repeat is flaky: listed
+   apart, no alert, and nothing below runs for it; when NEW is a results dir, each rerun cell's record is appended
+   again with its ``confirmation``, so tonight's records say which flips were flaky;
 2. for every combo whose versions moved (a floating ``newest`` picking up a release) and that has a cell whose
    verdict changed between two verdicts about the bug (not env-error, crash, hang or skipped), run the upgrade
    check from last night's versions to tonight's on the changed cells' cases: which package, and which release of
    it, changed each cell;
 3. for every combo built from source (the ``main`` combo: its records' ``sources``) whose commits moved and that has
-   such a changed cell, run the commit bisect (bisect/commits.py) of each moved package from last night's commit to
-   tonight's on the changed cells, the other packages held as tonight: which commit, and which PR, changed them;
+   such a changed cell (confirmed: it repeated tonight, and not at last night's commits), run the commit bisect
+   (bisect/commits.py) of each moved package from last night's commit to tonight's on the changed cells, the
+   other packages held as tonight: which commit, and which PR, changed them;
 4. write all of it to the step summary (``$GITHUB_STEP_SUMMARY``) and stdout.
 
-Exit 1 on an alert (as ``diff``: a new REGRESSION, or a passing cell that now needs attention), 2 when a report
-cannot be read.
+Exit 1 on an alert (as ``diff``: a new REGRESSION, or a passing cell that now needs attention, unless its reruns
+called it flaky), 2 when a report cannot be read.
 """
 
 from __future__ import annotations
@@ -21,15 +26,19 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix.bisect.wiring import add_step_arguments
+from fsdp_matrix.bisect.rerun import NightEnvs, moved, rerun_cells
+from fsdp_matrix.bisect.wiring import StepOptions, add_step_arguments
+from fsdp_matrix.confirm import CONFIRMED, RUNS, Confirmed, Flip, confirm, cost_note
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import PACKAGES, Combo, Matrix, Pins, load_matrix
 from fsdp_matrix.paths import writable_file
-from fsdp_matrix.report.diff import ReportInputError, compare, load_report, render
+from fsdp_matrix.records import RECORDS_FILE, append, iter_records, latest
+from fsdp_matrix.report.diff import ReportDiff, ReportInputError, compare, load_report, render, with_confirmation
+from fsdp_matrix.report.grid import LOCAL
 from fsdp_matrix.usage import OneLineParser, flat
 from fsdp_matrix.verdicts import ABOUT_THE_BUG
 
@@ -165,6 +174,57 @@ def upgrade_section(column: str, base: Combo, bumps: Dict[str, str], result: Dic
     return "\n".join(out) + "\n"
 
 
+def _reruns(text: str) -> int:
+    if not text.isdigit() or int(text) < 2:
+        raise argparse.ArgumentTypeError(f"a flip is confirmed by at least 2 reruns, not {text!r}")
+    return int(text)
+
+
+def night_envs(matrix: Matrix, old: Dict[str, Any], new: Dict[str, Any], args: argparse.Namespace) -> NightEnvs:
+    """What rebuilds each column's env for the reruns: its combo at tonight's versions, and both nights' sources."""
+    combos = {}
+    for column, versions in _versions(new).items():
+        # a source build's version names its commit ("0.22.0.dev0 @ abc1234"); its pin is replaced by the build
+        plain = {p: _public(str(v).split(" @ ")[0]) if v else v for p, v in versions.items()}
+        try:
+            combo = _base_combo(matrix, column, plain)
+        except ValueError:  # pydantic's ValidationError: a version that is no exact pin; nothing rebuilds it
+            combo = None
+        if combo is not None:
+            combos[column] = combo
+    return NightEnvs(combos, _sources(new), _sources(old), StepOptions.from_args(args))
+
+
+def confirm_flips(flips: List[Flip], envs: NightEnvs, args: argparse.Namespace) -> Confirmed:
+    """The real reruns (installs envs, launches cells); the nightly tests replace it or its ``rerun_cells``."""
+    columns = [c for c in {f.column for f in flips} if moved(envs, c)]
+    if flips:
+        print(f"nightly: {len(flips)} cells flipped: rerunning each {args.reruns} times before it counts", flush=True)
+    return confirm(flips, lambda ask: rerun_cells(ask, envs), columns, args.reruns)
+
+
+def _confirmed_diff(diff: ReportDiff, envs: NightEnvs, args: argparse.Namespace) -> Tuple[ReportDiff, Confirmed]:
+    """``diff`` with every flip rerun and marked; tonight's records (when NEW is a results dir) say so too."""
+    flips = [
+        Flip(c.column, c.cell, c.old, c.new)
+        for c in diff.regressions + diff.broken + diff.unexpected_fixes + diff.changed
+    ]
+    confirmed = confirm_flips(flips, envs, args)
+    if Path(args.new).is_dir() or str(args.new).endswith(".jsonl"):
+        _mark_records(Path(args.new), confirmed)
+    return with_confirmation(diff, {k: c.status for k, c in confirmed.flips.items()}), confirmed
+
+
+def _mark_records(results: Path, confirmed: Confirmed) -> None:
+    """Append, next to each rerun cell's newest record, a copy of it holding its confirmation (the newest wins)."""
+    files = [results] if results.is_file() else sorted(results.rglob(RECORDS_FILE))
+    for file in files:
+        for (combo, key), rec in latest(iter_records(file)).items():
+            found = confirmed.flips.get((combo or LOCAL, key))
+            if found is not None:
+                append(file.parent, dataclasses.replace(rec, confirmation=found))
+
+
 def nightly(args: argparse.Namespace) -> int:
     try:
         old, new = load_report(args.previous), load_report(args.new)
@@ -174,20 +234,22 @@ def nightly(args: argparse.Namespace) -> int:
     except (ReportInputError, MatrixError) as exc:
         print(f"nightly: {flat(exc)}", file=sys.stderr)
         return 2
-    diff = compare(old, new)
+    matrix = load_matrix(args.matrix)
+    envs = night_envs(matrix, old, new, args)
+    diff, confirmed = _confirmed_diff(compare(old, new), envs, args)
     text = render(diff, "last night", "tonight")
-    summary = ["## Changes since the previous night", "", "```", text.rstrip(), "```", ""]
+    summary = ["## Changes since the previous night", "", "```", text.rstrip(), "```", "", cost_note(confirmed), ""]
     print(text, flush=True)
     before, after = _versions(old), _versions(new)
-    # env-error, crash, hang and skipped say nothing about the bug: bisecting them would reinstall and fail again
+    # env-error, crash, hang and skipped say nothing about the bug: bisecting them would reinstall and fail again;
+    # and only a confirmed flip is bisected (a flaky one is a ghost)
     changes = [
         c
         for c in diff.regressions + diff.broken + diff.unexpected_fixes + diff.changed
-        if c.new in ABOUT_THE_BUG and (c.old is None or c.old in ABOUT_THE_BUG)
+        if c.new in ABOUT_THE_BUG and (c.old is None or c.old in ABOUT_THE_BUG) and c.confirmation == CONFIRMED
     ]
-    matrix = load_matrix(args.matrix)
     report: List[Dict[str, Any]] = []
-    src_before, src_after = _sources(old), _sources(new)
+    src_before, src_after = envs.last_night, envs.tonight
     raw = {c["id"]: c.get("versions") or {} for c in new["columns"]}
     for column in sorted(set(before) & set(after)):
         if src_after.get(column):
@@ -217,7 +279,8 @@ def nightly(args: argparse.Namespace) -> int:
         with open(args.summary, "a", encoding="utf-8") as fh:
             fh.write(out + "\n")
     if args.json:
-        args.json.write_text(json.dumps({"diff": text, "upgrades": report}, indent=1, default=str))
+        flips = [{"column": c, "cell": k, **dataclasses.asdict(v)} for (c, k), v in confirmed.flips.items()]
+        args.json.write_text(json.dumps({"diff": text, "confirmed": flips, "upgrades": report}, indent=1, default=str))
     return 1 if diff.alerts else 0
 
 
@@ -227,6 +290,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("new", type=Path, help="tonight's")
     p.add_argument("--summary", type=Path, help="append the Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--json", type=Path, help="write the diff and upgrade answers as JSON")
+    p.add_argument(
+        "--reruns", type=_reruns, default=RUNS, help=f"reruns of each flipped cell before it counts (default {RUNS})"
+    )
     # the step options, declared once (bisect/wiring.py)
     add_step_arguments(p, timeout=3600, world_size=2)
     args = p.parse_args(argv)

@@ -7,6 +7,10 @@ segfaults is as much a broken night as a REGRESSION. A line of NEW that is not a
 is unknown), and so are vanished records: a combo of OLD with no record in NEW (a combo missing, an empty results file,
 a report with no entries), or one that lost more than MAX_DROP of its records. An UNEXPECTED-FIX is listed on its
 own, without an alert: it means upstream fixed something, and matrix.yaml wants updating.
+
+The nightly reruns each flipped cell before it counts (fsdp_matrix/confirm.py): ``with_confirmation`` moves a flip
+its reruns did not repeat out of its group into ``flaky``, where it raises no alert. A record the previous night
+marked flaky is compared by the verdict its reruns settled on, not by the one-off verdict it recorded.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ import argparse
 import json
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from fsdp_matrix.confirm import FLAKY
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.records import RECORDS_FILE
 from fsdp_matrix.report.grid import load_grid
@@ -53,6 +58,8 @@ class Change:
     """Verdict in NEW; None when NEW has no record of it."""
     line: str = ""
     """NEW's ``expected … / observed …`` line (OLD's when the cell was removed)."""
+    confirmation: Optional[str] = None
+    """What its reruns said (confirm.py: confirmed, flaky, not-the-sources, unconfirmed); None: not rerun."""
 
 
 @dataclass
@@ -71,6 +78,8 @@ class ReportDiff:
     """Entries only NEW has (not counted above)."""
     removed: List[Change] = field(default_factory=list)
     """Entries only OLD has."""
+    flaky: List[Change] = field(default_factory=list)
+    """Flips whose reruns did not repeat them (``with_confirmation``): listed apart, no alert, nothing bisected."""
     versions: List[str] = field(default_factory=list)
     """Columns whose recorded versions changed, e.g. a nightly combo whose pins moved."""
     lost: List[str] = field(default_factory=list)
@@ -83,7 +92,13 @@ class ReportDiff:
     @property
     def empty(self) -> bool:
         return not (
-            self.regressions or self.broken or self.unexpected_fixes or self.changed or self.added or self.removed
+            self.regressions
+            or self.broken
+            or self.unexpected_fixes
+            or self.changed
+            or self.added
+            or self.removed
+            or self.flaky
         )
 
     @property
@@ -129,6 +144,27 @@ def _entries(report: Dict[str, Any]) -> Dict[Key, Dict[str, Any]]:
     return {(col, cell): summary for col, cells in report["entries"].items() for cell, summary in cells.items()}
 
 
+def _settled(summary: Optional[Dict[str, Any]]) -> Optional[str]:
+    """An entry's verdict; for one its reruns called flaky, the verdict its last rerun gave."""
+    if not summary:
+        return None
+    confirmation = summary.get("confirmation") or {}
+    reruns = [v for v in confirmation.get("reruns") or [] if v]
+    return reruns[-1] if confirmation.get("status") == FLAKY and reruns else summary.get("verdict")
+
+
+def with_confirmation(diff: ReportDiff, statuses: Dict[Key, str]) -> ReportDiff:
+    """``diff`` with each flip marked by its reruns' status, and the flaky ones moved into ``flaky``."""
+    out = ReportDiff(
+        added=diff.added, removed=diff.removed, versions=diff.versions, lost=diff.lost, unreadable=diff.unreadable
+    )
+    for name in ("regressions", "broken", "unexpected_fixes", "changed"):
+        for change in getattr(diff, name):
+            marked = replace(change, confirmation=statuses.get((change.column, change.cell)))
+            (out.flaky if marked.confirmation == FLAKY else getattr(out, name)).append(marked)
+    return out
+
+
 def _versions(report: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     return {c["id"]: c.get("versions") or {} for c in report.get("columns", [])}
 
@@ -159,7 +195,7 @@ def compare(old: Dict[str, Any], new: Dict[str, Any], max_drop: float = MAX_DROP
     before, after = _entries(old), _entries(new)
     diff = ReportDiff()
     for key in sorted(set(before) | set(after)):
-        was = before.get(key, {}).get("verdict")
+        was = _settled(before.get(key))
         now = after.get(key, {}).get("verdict")
         if was == now:
             continue
@@ -194,7 +230,10 @@ def _fmt(change: Change) -> str:
     was = f"{symbol(change.old)} {change.old}" if change.old else "(no record)"
     now = f"{symbol(change.new)} {change.new}" if change.new else "(no record)"
     line = " ".join(change.line.split())
-    return f"  [{change.column}] {change.cell}: {was} -> {now}" + (f"\n      {line}" if line and change.new else "")
+    mark = f" ({change.confirmation})" if change.confirmation else ""
+    return f"  [{change.column}] {change.cell}: {was} -> {now}{mark}" + (
+        f"\n      {line}" if line and change.new else ""
+    )
 
 
 def render(diff: ReportDiff, old_name: str = "OLD", new_name: str = "NEW") -> str:
@@ -208,6 +247,7 @@ def render(diff: ReportDiff, old_name: str = "OLD", new_name: str = "NEW") -> st
         ("Other verdict changes", diff.changed),
         ("Cells added", diff.added),
         ("Cells removed", diff.removed),
+        ("Flaky: reruns did not repeat the flip (no alert, not bisected)", diff.flaky),
     )
     for title, changes in groups:
         if changes:

@@ -1,28 +1,22 @@
 """The report as one self-contained HTML page: a colored grid of cells x combos and a details pane per entry.
 
-No script and no external asset: a grid entry links to ``#e-N`` and CSS ``:target`` shows that entry's pane, so the
-page works from a CI artifact or a mail attachment. Every string from a record goes through ``esc`` (html.escape with
-quotes): error messages carry ``<``, ``>``, ``&``, quotes and backticks.
+No external asset, no server: the page works from a CI artifact or a mail attachment. The grid, the combo counts and
+the needs-attention list are plain HTML; a grid entry links to ``#e-N``, and a small inline script draws that
+entry's pane from one JSON blob in which each distinct traceback is stored once (report/panes.py), which keeps the
+page of a full matrix small. Every string from a record in the HTML goes through ``esc`` (html.escape with quotes):
+error messages carry ``<``, ``>``, ``&``, quotes and backticks.
 """
 
 from __future__ import annotations
 
 import html
-import json
 import re
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Tuple
 
-from fsdp_matrix.clip import clip
-from fsdp_matrix.expectations import Expected
-from fsdp_matrix.records import Record
-from fsdp_matrix.report.failure import rank_heading
-from fsdp_matrix.report.grid import Column, Grid, Row
-from fsdp_matrix.report.style import CODES, MISSING, STYLES, legend, needs_attention, style, symbol
-
-TRACE_LIMIT = 8000
-"""Characters kept (the tail, where the error is) of each rank's traceback and stack dump."""
-
+from fsdp_matrix.report.grid import Grid
+from fsdp_matrix.report.panes import pane_data, script_elements
+from fsdp_matrix.report.style import CODES, MISSING, STYLES, legend, style, symbol
 
 CSS = """
 body { font: 13px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 16px 20px 45vh; color: #212121; }
@@ -52,18 +46,19 @@ table { border-collapse: collapse; }
 .counts td.n { text-align: right; } .counts td.n.zero { color: #ccc; }
 .counts td.ver { font: 12px ui-monospace, Menlo, Consolas, monospace; color: #424242; }
 .att li { margin: 3px 0; } .att a { text-decoration: none; }
-.att .sw { font: 600 12px ui-monospace, monospace; padding: 0 4px; border-radius: 3px; }
+.att .sw, .pane .sw { font: 600 12px ui-monospace, monospace; padding: 0 4px; border-radius: 3px; }
 .att code, .pane code { font: 12px ui-monospace, Menlo, Consolas, monospace; }
-.pane { display: none; position: fixed; left: 0; right: 0; bottom: 0; max-height: 42vh; overflow: auto;
+.pane { position: fixed; left: 0; right: 0; bottom: 0; max-height: 42vh; overflow: auto;
   background: #fff; border-top: 3px solid #424242; box-shadow: 0 -4px 14px rgba(0,0,0,.18); padding: 10px 20px;
   z-index: 5; }
-.pane:target { display: block; }
+.pane[hidden] { display: none; }
 .pane h3 { margin: 0 0 6px; font-size: 15px; } .pane .close { float: right; font-size: 18px; text-decoration: none; }
 .pane dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 6px 0; }
 .pane dt { color: #616161; } .pane dd { margin: 0; word-break: break-word; }
 .pane pre { background: #f7f7f7; border: 1px solid #e0e0e0; padding: 6px 8px; white-space: pre-wrap;
   font: 12px/1.35 ui-monospace, Menlo, Consolas, monospace; max-height: 30vh; overflow: auto; }
 .muted { color: #9e9e9e; }
+.v-unknown { background: #000; color: #ff0; }
 """
 
 
@@ -86,21 +81,8 @@ def _swatch(code: str) -> str:
     return f'<span class="sw" style="background:{look.background};color:{look.color}">{esc(symbol(code))}</span>'
 
 
-def _tooltip(col: Column, row: Row, rec: Optional[Record]) -> str:
-    if rec is None:
-        return f"{row.key}\n{col.label}: no record"
-    return f"{rec.verdict}: {row.key}\n{col.label}\n{rec.line}\n{col.versions_text()}"
-
-
 def render_html(grid: Grid) -> str:
-    anchors: Dict[Tuple[str, str], str] = {}
-    panes: List[str] = []
-    for row in grid.rows:
-        for col in grid.columns:
-            rec = grid.entry(col, row)
-            if rec is not None:
-                anchors[(col.id, row.key)] = f"e-{len(anchors) + 1}"
-                panes.append(_pane(anchors[(col.id, row.key)], col, row, rec))
+    anchors, data = pane_data(grid)
     items = grid.attention()
     generated = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     body = [
@@ -139,8 +121,7 @@ def render_html(grid: Grid) -> str:
             )
             + "</ul>"
         )
-    body += panes
-    body.append("</body></html>")
+    body += ['<section class="pane" id="pane" hidden></section>', script_elements(data), "</body></html>"]
     return "\n".join(body) + "\n"
 
 
@@ -174,15 +155,9 @@ def _grid_table(grid: Grid, anchors: Dict[Tuple[str, str], str]) -> str:
         for col in grid.columns:
             rec = grid.entry(col, row)
             code = rec.verdict if rec else MISSING
-            tip = esc(_tooltip(col, row, rec))
-            inner = (
-                f'<a href="#{anchors[(col.id, row.key)]}" title="{tip}">{esc(symbol(code))}</a>'
-                if rec
-                else f'<span title="{tip}">{esc(symbol(code))}</span>'
-            )
-            cls = _css_class(code) if code in STYLES else ""
-            look = "" if cls else f' style="background:{style(code).background};color:{style(code).color}"'
-            tds.append(f'<td class="v {cls}"{look}>{inner}</td>')
+            # no per-entry tooltip in the page: the script fills one from the pane data on first hover
+            inner = f'<a href="#{anchors[(col.id, row.key)]}">{esc(symbol(code))}</a>' if rec else esc(symbol(code))
+            tds.append(f'<td class="v {_css_class(code) if code in STYLES else "v-unknown"}">{inner}</td>')
         out.append(f'<tr><th class="cell" title="{esc(row.key)}">{esc(row.cell)}</th>{"".join(tds)}</tr>')
     out.append("</tbody></table>")
     return "\n".join(out)
@@ -200,75 +175,4 @@ def _counts_table(grid: Grid) -> str:
             + f'</td>{nums}<td class="ver">{esc(col.versions_text())}</td></tr>'
         )
     out.append("</tbody></table>")
-    return "\n".join(out)
-
-
-def _expected_text(rec: Record) -> str:
-    try:
-        exp = Expected.from_json(rec.expected)
-    except TypeError:
-        return json.dumps(rec.expected, default=str)
-    which = f"platform {exp.platform}" if exp.platform else f"rule {exp.rule}"
-    return exp.describe() + (f"  [{which}: {exp.source}]" if exp.source else "")
-
-
-def _tail(text: str) -> str:
-    return clip(text, TRACE_LIMIT, tail=True)
-
-
-def _when(stamp: float) -> str:
-    # a hand-edited or foreign record may hold NaN or a stamp out of the platform's range
-    try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
-    except (ValueError, OverflowError, OSError):
-        return "unknown time"
-
-
-def _pane(anchor: str, col: Column, row: Row, rec: Record) -> str:
-    obs = rec.observed
-    fields = [
-        ("verdict", _swatch(rec.verdict) + " " + esc(rec.verdict)),
-        ("combo", f"{col.number} <code>{esc(col.id)}</code> {esc(col.label) if col.label != col.id else ''}"),
-        ("line", f"<code>{esc(rec.line)}</code>"),
-        ("expected", esc(_expected_text(rec))),
-        (
-            "observed",
-            esc(obs.status)
-            + (f" &middot; <code>{esc(obs.error_type)}</code>" if obs.error_type else "")
-            + (f" in <code>{esc(obs.location)}</code>" if obs.location else ""),
-        ),
-        ("versions", "<code>" + esc(" ".join(f"{k} {v or '-'}" for k, v in sorted(rec.versions.items()))) + "</code>"),
-        (
-            "run",
-            esc(
-                f"{rec.device}, world size {rec.world_size}"
-                + (f" on {rec.nodes} nodes" if rec.nodes > 1 else "")
-                + f", {rec.duration_s:.1f}s, host {rec.host}, "
-                f"run {rec.run_id or '-'}, at {_when(rec.finished_at)}"
-            ),
-        ),
-        ("params", "<code>" + esc(json.dumps(rec.params, sort_keys=True, default=str)) + "</code>"),
-    ]
-    if obs.checks:
-        fields.append(("checks", "<code>" + esc(json.dumps(obs.checks, sort_keys=True, default=str)) + "</code>"))
-    out = [
-        f'<section class="pane" id="{anchor}"><a class="close" href="#" title="close">&times;</a>',
-        f"<h3>{_swatch(rec.verdict)} <code>{esc(row.key)}</code> &middot; {esc(col.label)}</h3>",
-        "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in fields) + "</dl>",
-    ]
-    if obs.error_message:
-        out.append(f"<b>error message</b><pre>{esc(_tail(obs.error_message))}</pre>")
-    for rank in obs.ranks:
-        out.append(
-            f"<div><b>{esc(rank_heading(rank))}</b>"
-            + (f" &middot; <code>{esc(rank.error_type)}</code>" if rank.error_type else "")
-            + "</div>"
-        )
-        for name, text in (("traceback", rank.traceback), ("stacks", rank.stack)):
-            if text:
-                out.append(
-                    f"<details{' open' if needs_attention(rec.verdict) else ''}><summary>{name}</summary>"
-                    f"<pre>{esc(_tail(text))}</pre></details>"
-                )
-    out.append("</section>")
     return "\n".join(out)

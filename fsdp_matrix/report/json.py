@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import asdict
 from typing import Any, Dict
 
 from fsdp_matrix.clip import clip
@@ -26,6 +27,7 @@ def record_summary(rec: Record) -> Dict[str, Any]:
         "expected": rec.expected,
         "versions": rec.versions,
         **({"sources": rec.sources} if rec.sources else {}),
+        **({"confirmation": asdict(rec.confirmation)} if rec.confirmation else {}),
         "device": rec.device,
         "world_size": rec.world_size,
         "nodes": rec.nodes,

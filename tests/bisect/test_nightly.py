@@ -41,6 +41,21 @@ def night(path: Path, versions: Dict[str, str], verdicts: Dict[str, str], column
     return path
 
 
+@pytest.fixture(autouse=True)
+def reruns_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every flip repeats in its reruns tonight, and last night's commits give last night's verdict: confirmed (the
+    reruns themselves are tests/test_confirm.py's)."""
+    from fsdp_matrix.confirm import TONIGHT, confirm
+
+    def fake(flips, envs, args):
+        def rerun(ask):
+            return {f.cell: (f.new if ask.at == TONIGHT else f.old) for f in flips if f.column == ask.column}
+
+        return confirm(flips, rerun, [f.column for f in flips if nightly.moved(envs, f.column)], args.reruns)
+
+    monkeypatch.setattr(nightly, "confirm_flips", fake)
+
+
 @pytest.fixture
 def upgrades(monkeypatch: pytest.MonkeyPatch) -> List[Dict[str, Any]]:
     calls: List[Dict[str, Any]] = []
@@ -273,3 +288,38 @@ def test_two_nights_over_a_toy_repo_bisect_the_commits_for_real(tmp_path) -> Non
     result = json.loads((tmp_path / "n.json").read_text())["upgrades"][0]["commit_bisect"]
     assert result["first_changed"] == shas["c4"] and result["untestable"] == [shas["c3"]]
     assert result["installs"] <= install_bound(6)
+
+
+def test_a_flip_its_reruns_do_not_repeat_is_flaky_no_alert_no_upgrade_check(tmp_path, upgrades, monkeypatch) -> None:
+    from fsdp_matrix.confirm import confirm
+
+    def fake(flips, envs, args):
+        return confirm(flips, lambda ask: dict.fromkeys(ask.cells, "fix-holds"), [], args.reruns)
+
+    monkeypatch.setattr(nightly, "confirm_flips", fake)
+    old = night(tmp_path / "old.json", NIGHT1, {CELL_FIX: "fix-holds", CELL_SAME: "fix-holds"})
+    new = night(tmp_path / "new.json", {**NIGHT1, "peft": "0.22.1"}, {CELL_FIX: "REGRESSION", CELL_SAME: "fix-holds"})
+    code, summary = run(tmp_path, old, new)
+    assert code == 0 and upgrades == [], "a flaky flip rings nobody and sends no bisect"
+    assert "NEW REGRESSIONS" not in summary
+    assert "Flaky: reruns did not repeat the flip (no alert, not bisected) (1):" in summary
+    assert "REGRESSION (flaky)" in summary
+    assert "1 flipped cells rerun (1 flaky): 2 fresh launches, 2 cell runs." in summary
+    saved = json.loads((tmp_path / "n.json").read_text())
+    assert saved["confirmed"] == [
+        {
+            "column": "newest",
+            "cell": CELL_FIX,
+            "status": "flaky",
+            "previous": "fix-holds",
+            "reruns": ["fix-holds", "fix-holds"],
+            "at_previous": [],
+        }
+    ]
+
+
+def test_reruns_below_two_are_refused_in_one_line(tmp_path, upgrades, capsys) -> None:
+    old = night(tmp_path / "old.json", NIGHT1, {CELL_FIX: "fix-holds"})
+    with pytest.raises(SystemExit) as exc:
+        nightly.main([str(old), str(old), "--reruns", "1"])
+    assert exc.value.code == 2 and "at least 2 reruns" in capsys.readouterr().err

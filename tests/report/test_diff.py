@@ -170,3 +170,30 @@ def test_records_that_drop_beyond_the_threshold_are_an_alert(tmp_path, capsys):
     assert diff.main([str(old_dir), str(_results(tmp_path, "new5", old[3:]))]) == 1
     assert "cur: records dropped from 8 to 5" in capsys.readouterr().out
     assert diff.main([str(old_dir), str(_results(tmp_path, "new5b", old[3:])), "--max-drop", "0.5"]) == 0
+
+
+def test_with_confirmation_moves_a_flaky_flip_apart_and_it_is_no_alert(tmp_path):
+    new = [make_record("a-ws2", "REGRESSION"), make_record("b-ws2", "crash"), make_record("c-ws2", "REGRESSION")]
+    got = diff.compare(
+        diff.load_report(_results(tmp_path, "old", BASE)), diff.load_report(_results(tmp_path, "new", new))
+    )
+    assert len(got.alerts) == 2
+    marked = diff.with_confirmation(got, {("cur", "dora/a-ws2"): "confirmed", ("cur", "dora/b-ws2"): "flaky"})
+    assert [c.cell for c in marked.flaky] == ["dora/b-ws2"] and not marked.broken
+    assert [(c.cell, c.confirmation) for c in marked.regressions] == [("dora/a-ws2", "confirmed")]
+    assert len(marked.alerts) == 1
+    text = diff.render(marked)
+    assert "Flaky: reruns did not repeat the flip (no alert, not bisected) (1):" in text
+    assert "dora/a-ws2: F fix-holds -> !R REGRESSION (confirmed)" in text
+
+
+def test_a_cell_flaky_last_night_is_compared_by_the_verdict_its_reruns_settled_on(tmp_path, capsys):
+    """Last night's one-off crash (reruns: fix-holds) is no change when the cell passes tonight."""
+    from fsdp_matrix.records import Confirmation
+
+    flaky = make_record("a-ws2", "crash")
+    flaky.confirmation = Confirmation(status="flaky", previous="fix-holds", reruns=["fix-holds", "fix-holds"])
+    old = _report_json(tmp_path, "old", [flaky, *BASE[1:]])
+    assert json.loads(old.read_text())["entries"]["cur"]["dora/a-ws2"]["confirmation"]["status"] == "flaky"
+    assert diff.main([str(old), str(_results(tmp_path, "new", BASE))]) == 0
+    assert "No verdict changed." in capsys.readouterr().out

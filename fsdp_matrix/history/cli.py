@@ -1,0 +1,92 @@
+"""``python -m fsdp_matrix history add RESULTS --db FILE`` and ``history hud --db FILE -o hud.html``.
+
+``add`` writes one night's records (the newest record of every cell under RESULTS, with the confirmations the
+nightly appended) into the DB, with what the night's bisects named when given ``--nightly nightly.json``. A night
+already in the DB is not written again (exit 0, said on stderr). ``hud`` writes the static HUD page of the last
+``--nights`` nights. Exit 2 on unusable input, in one line.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from fsdp_matrix.errors import MatrixError
+from fsdp_matrix.history.db import HistoryError, Night, add_night, culprits_from_nightly
+from fsdp_matrix.history.hud import load_hud, render_hud
+from fsdp_matrix.paths import writable_file
+from fsdp_matrix.records import Skipped, iter_records, latest
+from fsdp_matrix.usage import OneLineParser, flat
+
+
+def _night(results: Path, name: Optional[str], nightly: Optional[Path]) -> Night:
+    if not results.exists():
+        raise HistoryError(f"{results}: no such results dir or cells.jsonl")
+    skipped: List[Skipped] = []
+    records = list(latest(iter_records(results, skipped)).values())
+    if not records:
+        raise HistoryError(
+            f"{results}: no cell records" + (f" ({len(skipped)} lines are not records)" if skipped else "")
+        )
+    for skip in skipped:
+        print(f"history: {skip}", file=sys.stderr)
+    night = Night(name or "", records, str(results))
+    if not name:
+        night.night = dt.datetime.fromtimestamp(night.ran_at, dt.timezone.utc).strftime("%Y-%m-%d")
+    if nightly is not None:
+        try:
+            night.culprits = culprits_from_nightly(json.loads(nightly.read_text(encoding="utf-8")))
+        except (OSError, ValueError, AttributeError) as exc:
+            raise HistoryError(f"--nightly {nightly}: not a nightly --json file: {exc}") from None
+    return night
+
+
+def add_main(args) -> int:
+    night = _night(args.results, args.night, args.nightly)
+    why = add_night(args.db, night)
+    if why:
+        print(f"history add: {why}: not written again", file=sys.stderr)
+        return 0
+    print(
+        f"history add: night {night.night}: {len(night.records)} cells, "
+        f"{len(night.culprits)} bisect answers -> {args.db}"
+    )
+    return 0
+
+
+def hud_main(args) -> int:
+    if not args.db.is_file():
+        raise HistoryError(f"--db {args.db}: no such file")
+    writable_file(args.out, "-o")
+    hud = load_hud(args.db, args.nights)
+    args.out.write_text(render_hud(hud, str(args.db)), encoding="utf-8")
+    red = sum(1 for r in hud.rows if r.since)
+    print(f"history hud: {len(hud.nights)} nights, {len(hud.rows)} cells, {red} red -> {args.out}")
+    return 0
+
+
+def parser() -> OneLineParser:
+    p = OneLineParser(prog="python -m fsdp_matrix history", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    add = sub.add_parser("add", help="add one night's records to the DB")
+    add.add_argument("results", type=Path, help="the night's results dir (every cells.jsonl under it)")
+    add.add_argument("--db", type=Path, required=True, help="the history DB (created when missing)")
+    add.add_argument("--night", help="the night's id (default: the UTC date its first record was written)")
+    add.add_argument("--nightly", type=Path, help="the night's nightly --json: what its bisects named")
+    hud = sub.add_parser("hud", help="write the HUD page")
+    hud.add_argument("--db", type=Path, required=True, help="the history DB")
+    hud.add_argument("-o", "--out", type=Path, default=Path("hud.html"), help="the page to write (default hud.html)")
+    hud.add_argument("--nights", type=int, default=14, help="nights shown as columns (default 14)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return add_main(args) if args.what == "add" else hud_main(args)
+    except (HistoryError, MatrixError, OSError) as exc:
+        print(f"history {args.what}: {flat(exc)}", file=sys.stderr)
+        return 2
