@@ -13,7 +13,8 @@ from typing import List, Optional
 from fsdp_matrix.bisect import commits
 from fsdp_matrix.cells import expand
 from fsdp_matrix.gate.bisects import Bisect, bisect_changes
-from fsdp_matrix.gate.changes import CellChange, Confirm, ConfirmContext, as_seen, changed_cells
+from fsdp_matrix.gate.changes import CellChange, Confirm, ConfirmContext, changed_cells
+from fsdp_matrix.gate.confirming import rerun_changes
 from fsdp_matrix.gate.refs import Refs, resolve_refs
 from fsdp_matrix.gate.request import GateRequest
 from fsdp_matrix.gate.runs import AtCommit, CellRuns, LaunchCellRuns
@@ -68,7 +69,7 @@ def run_gate(
     req: GateRequest,
     *,
     runs: Optional[CellRuns] = None,
-    confirm: Confirm = as_seen,
+    confirm: Confirm = rerun_changes,
     bisect: Bisect = commits.run,
 ) -> GateResult:
     """The whole gate; MatrixError or EnvError (one line) for bad input, found before anything is installed."""

@@ -46,7 +46,11 @@ def test_a_pr_that_breaks_a_fix_fails_and_names_the_commit(toy, tmp_path) -> Non
     # the base is the merge base with main (m0), not main's tip (m1), and the head's cells ran there
     assert (data["base"], data["head"], data["base_ref"]) == (shas["m0"], shas["p3"], "main")
     assert data["commits"] == [shas["p1"], shas["p2"], shas["p3"]]
-    assert [(c[1], c[3]) for c in runs.calls] == [(shas["m0"], False), (shas["p3"], False)]
+    # each end ran once from the cache's point of view, then the confirm step reran the changed cells in fresh
+    # launches: twice at the head, then twice at the base (the sources moved between them)
+    fresh = [(shas["p3"], True)] * 2 + [(shas["m0"], True)] * 2
+    assert [(c[1], c[3]) for c in runs.calls] == [(shas["m0"], False), (shas["p3"], False), *fresh]
+    assert data["flaky"] == []
     changed = {c["cell"]: c for c in data["changed"]}
     assert set(changed) == {cells["toy-fix"], cells["toy-quirk"]}
     fix, quirk = changed[cells["toy-fix"]], changed[cells["toy-quirk"]]
@@ -170,3 +174,36 @@ def test_a_head_that_does_not_build_fails_and_a_base_that_does_not_cannot_be_jud
     assert [sha for _, sha, _, _ in runs.calls] == [shas["m0"]]  # nothing to compare the head against: not run
     assert data["problems"] == [f"toy: the base {shas['m0'][:10]} cannot be run: no module named setuptools"]
     assert "**cannot judge**" in md
+
+
+class _FlakyOnce(ToyRuns):
+    """The toy's runs, except that the first run of ``cell`` at ``sha`` fails once (a rank lost under load), and
+    every later run of it does what the toy commit does."""
+
+    def __init__(self, repo: Path, sha: str, cell: str) -> None:
+        super().__init__(repo)
+        self.sha, self.cell, self.failed = sha, cell, False
+
+    def run(self, combo, sha, cells, fresh=False):
+        got = super().run(combo, sha, cells, fresh)
+        if sha == self.sha and self.cell in got.cells and not self.failed:
+            self.failed = True
+            got.cells[self.cell] = Seen(None, "rank 1 was killed (SIGKILL): out of memory")
+        return got
+
+
+def test_the_default_confirm_step_reruns_changes_and_only_the_repeating_one_fails_and_is_bisected(
+    toy, tmp_path
+) -> None:
+    """Real confirm step (fsdp_matrix.confirm through gate/confirming.py), fake cells: the head p1 breaks nothing,
+    but its first run of toy-quirk is lost once; toy-fix really breaks at p2. Only toy-fix alerts and is bisected;
+    toy-quirk's flip did not repeat in its fresh reruns, so it is flaky."""
+    root, shas, _, cells = toy
+    runs = _FlakyOnce(root / "toypkg", shas["p2"], cells["toy-quirk"])
+    code, data, md, asked, _ = gate(toy, tmp_path, "pr~1", "--base", "pr~3", runs=runs)
+    assert code == 1
+    assert [c["cell"] for c in data["flaky"]] == [cells["toy-quirk"]]
+    assert [c["cell"] for c in data["changed"] if c["fails"]] == [cells["toy-fix"]]
+    assert asked and all(cells["toy-quirk"] not in a.cells for a in asked)  # nothing bisected for the flaky cell
+    assert [c for c in runs.calls if c[3]] and data["reruns"] == 8  # 2 cells x (2 at head + 2 at base)
+    assert "### Flaky (did not repeat: no alert, not bisected)" in md
