@@ -310,38 +310,27 @@ def tests(session: nox.Session, combo: str) -> None:
         session.error(f"env-error for {combo}: {report.message}")
     results = HERE / "results" / "tests" / combo
     shutil.rmtree(results, ignore_errors=True)
-    first = combo == next(c.id for c in MATRIX.combos if "tests" in c.tags)
-    if first:
+    cells = str(HERE / "tests" / "test_repros.py")
+    common = ["--results", str(results), "--combo", combo, "--device", "cpu", "-p", "no:cacheprovider"]
+    # the cells that pin their own layout (4 ranks, 2 nodes x 2 ranks: launches of their own, ~80 s a combo
+    # here) run in `nox -s matrix`, the heavy end-to-end tests in `nox -s heavy`: CI's 20 minutes cannot hold them;
+    # --durations=15: the budget stays visible in CI's output
+    common += ["-m", "not layout and not heavy", "--durations=15"]
+    if combo == next(c.id for c in MATRIX.combos if "tests" in c.tags):
         session.run("ruff", "check", str(HERE))
         session.run("ruff", "format", "--check", str(HERE))
-    target = [str(HERE / "tests")] if first else [str(HERE / "tests" / "test_repros.py")]
-    session.run(
-        "python",
-        "-m",
-        "pytest",
-        *target,
-        "--results",
-        str(results),
-        "--combo",
-        combo,
-        "--device",
-        "cpu",
-        "-p",
-        "no:cacheprovider",
-        # the cells that pin their own layout (4 ranks, 2 nodes x 2 ranks: launches of their own, ~80 s a combo
-        # here) run in `nox -s matrix`, the heavy end-to-end tests in `nox -s heavy`: CI's 20 minutes cannot hold them
-        "-m",
-        "not layout and not heavy",
-        # the budget stays visible in CI's output
-        "--durations=15",
-        *session.posargs,
-    )
+        # much of the harness's tests is waiting (hang timeouts, killed runs, launches starting): one worker per
+        # core; a file stays on one worker, so its module fixtures run once (pytest-xdist's loadfile)
+        harness = ["--ignore", cells, "-n", "auto", "--dist", "loadfile"]
+        session.run("python", "-m", "pytest", str(HERE / "tests"), *harness, *common, *session.posargs)
+    # the cells: one pytest process, so that they share one batched launch (fsdp_matrix/pytest_plugin.py)
+    session.run("python", "-m", "pytest", cells, *common, *session.posargs)
 
 
 @nox.session
 def heavy(session: nox.Session) -> None:
     """The end-to-end tests too long for `nox -s tests` (pytest's ``heavy`` marker): real release bisects, the
-    commit bisect over a toy repo. The nightly CPU workflow runs it."""
+    commit bisect over a toy repo, the chaos test's long tier. The nightly CPU workflow runs it."""
     spec = MATRIX.combo("old")
     report = _prepare(session, spec, "cpu", TEST_TOOLS)
     if not report.ok:

@@ -8,6 +8,8 @@ counted over that graph (each node once), and only a document under ``MAX_NODES`
 
 from __future__ import annotations
 
+import functools
+import pickle
 from pathlib import Path
 from typing import Any, Dict
 
@@ -95,6 +97,19 @@ def _yaml_error(path: Path, text: str, exc: yaml.YAMLError) -> str:
 
 def load_yaml(path: Path, text: str) -> Any:
     """The data of one YAML document, or MatrixConfigError (one line naming ``path``)."""
+    # a fresh copy each time: callers may change what they get
+    return pickle.loads(_pickled(path, text))
+
+
+@functools.lru_cache(maxsize=8)
+def _pickled(path: Path, text: str) -> bytes:
+    """A text read again in this process (matrix.yaml, by the pytest plugin, ``explain`` and ``export`` after it, a
+    test) skips PyYAML's pure-Python parse: about a second for the repo's matrix.yaml on a 2-core machine. An error
+    is not kept: the same text raises the same error again."""
+    return pickle.dumps(_load(path, text), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _load(path: Path, text: str) -> Any:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_BYTES:
         raise MatrixConfigError(f"{path}: {size} bytes, more than the {MAX_BYTES} bytes a matrix file may have")

@@ -13,6 +13,9 @@ Faults: SIGKILL of the run at random points (seeded: the seed is printed; ``FSDP
 schedule, ``FSDP_MATRIX_CHAOS_KILLS`` sets how many), a torn final line in cells.jsonl, a rank SIGKILLed mid-cell, a
 rank hung in C code holding the GIL, and the run SIGKILLed while a rank hangs in C code. The cells are the matrix's
 no-split-modules cells (pure Python, cheap) and fault cells from tests/runner/fault_cells.py.
+
+Two tiers (``TIERS``): ``nox -s tests`` runs every kind of fault with 4 random kills over the no-split-modules cells
+that train without the Trainer; ``nox -s heavy`` (marker ``heavy``) runs 10 random kills over all 12 of them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -42,10 +46,26 @@ from fsdp_matrix.runner.session import resumable
 
 HERE = Path(__file__).resolve().parent
 SEED = int(os.environ.get("FSDP_MATRIX_CHAOS_SEED") or random.SystemRandom().randrange(2**31))
-KILLS = int(os.environ.get("FSDP_MATRIX_CHAOS_KILLS") or 10)
-"""10 kills in two rounds keep the test inside `nox -s tests`'s budget; set FSDP_MATRIX_CHAOS_KILLS for a longer run."""
-KILLS_PER_ROUND = 5
-"""SIGKILLs before a round's resume runs to completion (each round starts from an empty results folder)."""
+
+
+@dataclass(frozen=True)
+class Tier:
+    """How hard one chaos run pushes: the random kills, and over which cells."""
+
+    kills: int
+    """SIGKILLs of the run at random points, in rounds of ``per_round``."""
+    per_round: int
+    """SIGKILLs before a round's resume runs to completion (each round starts from an empty results folder)."""
+    trainer_cells: bool
+    """Also the no-split-modules cells that go through the transformers Trainer (their ranks import it: slower)."""
+
+
+TIERS = {
+    "tests": Tier(kills=int(os.environ.get("FSDP_MATRIX_CHAOS_KILLS") or 4), per_round=2, trainer_cells=False),
+    "heavy": Tier(kills=10, per_round=5, trainer_cells=True),
+}
+"""``nox -s tests``'s budget holds 4 kills in two rounds over 8 cells (FSDP_MATRIX_CHAOS_KILLS sets more);
+``nox -s heavy`` kills 10 times over all 12."""
 CELL_TIMEOUT_S = 10
 """Per-cell timeout of the runs: bounds the injected C hang; generous for the cheap cells on a loaded machine."""
 GONE_WITHIN_S = 30.0
@@ -208,24 +228,16 @@ def _cmd(proc: psutil.Process) -> str:
         return "?"
 
 
-@pytest.mark.timeout(3600)
-def test_chaos(tmp_path, capsys):
-    start = time.monotonic()
-    rng = random.Random(SEED)
-    with capsys.disabled():
-        print(f"\nchaos: seed {SEED}, {KILLS} SIGKILLs of the run at random points")
-    chaos = Chaos(tmp_path)
-    cells = chaos.nosplit
-
-    # ---- fault: SIGKILL of the run at random points, across runs ------------------------------------------------
+def _random_kills(chaos: Chaos, rng: random.Random, tier: Tier, cells: List[str]) -> Path:
+    """SIGKILL of the run at random points, across runs, each round resumed to completion; the last round's results."""
     window = 15.0  # seconds; then the time a resume took to complete, so kills land across a whole run
     rounds = 0
-    while chaos.faults["SIGKILL of the run"] < KILLS:
+    while chaos.faults["SIGKILL of the run"] < tier.kills:
         rounds += 1
-        assert rounds <= KILLS, "kills keep missing their runs"
-        results = tmp_path / f"round{rounds}"
-        for _ in range(KILLS_PER_ROUND):
-            if chaos.faults["SIGKILL of the run"] >= KILLS:
+        assert rounds <= 2 * tier.kills, "kills keep missing their runs"
+        results = chaos.root / f"round{rounds}"
+        for _ in range(tier.per_round):
+            if chaos.faults["SIGKILL of the run"] >= tier.kills:
                 break
             proc = chaos.start(results, cells)
             began = time.monotonic()
@@ -239,16 +251,18 @@ def test_chaos(tmp_path, capsys):
         began = time.monotonic()
         chaos.complete(results, cells)
         window = max(window, time.monotonic() - began + 2.0)
+    return results
 
-    # ---- fault: a torn final line in cells.jsonl ----------------------------------------------------------------
+
+def _torn_line_then_rank_killed(chaos: Chaos, results: Path, cells: List[str]) -> List[str]:
+    """A torn final line in cells.jsonl, then a run that resumes it and loses a rank to SIGKILL mid-cell."""
     file = results / records.RECORDS_FILE
     lines = file.read_bytes().splitlines(keepends=True)
-    file.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    torn = lines[-1][: len(lines[-1]) // 2]
+    file.write_bytes(b"".join(lines[:-1]) + torn)
     chaos.faults["torn final line"] += 1
     chaos.seen[results] = {(r.run_id, r.key, r.finished_at) for r in records.iter_records(file, [])}  # not a loss
-    chaos.complete(results, cells)  # the torn cell runs again; its record must not be glued onto the fragment
-
-    # ---- fault: a rank SIGKILLed mid-cell -----------------------------------------------------------------------
+    # the torn cell runs again first (its record must not be glued onto the fragment), then the sleepy one
     cells = cells + [SLEEPY]
     proc = chaos.start(results, cells)
     pid, created = chaos.rank_event(results, 1, SLEEPY, proc)
@@ -258,11 +272,17 @@ def test_chaos(tmp_path, capsys):
     rank.kill()
     chaos.faults["rank SIGKILLed mid-cell"] += 1
     assert proc.wait(timeout=RUN_TIMEOUT_S) == 1, chaos.log()
-    crash = [r for r in chaos.settle(results) if r.key == SLEEPY][-1]
+    after = chaos.settle(results)
+    crash = [r for r in after if r.key == SLEEPY][-1]
     assert crash.verdict == "crash" and "SIGKILL" in crash.observed.error_message, crash.observed
+    assert file.read_bytes().startswith(b"".join(lines[:-1]) + torn + b"\n"), "a record was glued onto the fragment"
     chaos.complete(results, cells)
+    return cells
 
-    # ---- fault: a rank hung in C code (holding the GIL) ---------------------------------------------------------
+
+def _hangs_in_c(chaos: Chaos, results: Path, cells: List[str]) -> None:
+    """A rank hung in C code (holding the GIL); then a run that resumes that cell and is SIGKILLed while another
+    cell's rank hangs in C."""
     cells = cells + HANG_C[:1]
     proc = chaos.start(results, cells)
     chaos.faults["rank hung in C code"] += 1
@@ -270,9 +290,7 @@ def test_chaos(tmp_path, capsys):
     hang = [r for r in chaos.settle(results) if r.key == HANG_C[0]][-1]
     assert hang.verdict == "hang", hang.observed
     assert "fault_cells.py" in next(r.stack for r in hang.observed.ranks if r.rank == 1)
-    chaos.complete(results, cells)
-
-    # ---- fault: SIGKILL of the run while a rank hangs in C code -------------------------------------------------
+    # the hang is transient: this run's resume trains HANG_C[0], then is killed inside HANG_C[1]'s hang
     cells = cells + HANG_C[1:]
     proc = chaos.start(results, cells)
     chaos.rank_event(results, 1, HANG_C[1], proc)
@@ -282,14 +300,25 @@ def test_chaos(tmp_path, capsys):
     chaos.settle(results)
     chaos.complete(results, cells)
 
-    # ---- fault: a kill during an env install ----------------------------------------------------------------------
-    # (added by the envs work: kill envs.prepare mid-install, then resume to completion with chaos.complete(...)
-    # and count it in chaos.faults, like the faults above)
 
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("tier", [pytest.param("tests"), pytest.param("heavy", marks=pytest.mark.heavy)])
+def test_chaos(tmp_path, capsys, tier):
+    start = time.monotonic()
+    rng = random.Random(SEED)
+    spec = TIERS[tier]
+    with capsys.disabled():
+        print(f"\nchaos ({tier}): seed {SEED}, {spec.kills} SIGKILLs of the run at random points")
+    chaos = Chaos(tmp_path)
+    cells = [c for c in chaos.nosplit if spec.trainer_cells or "entry_trainer" not in c]
+    results = _random_kills(chaos, rng, spec, cells)
+    cells = _torn_line_then_rank_killed(chaos, results, cells)
+    _hangs_in_c(chaos, results, cells)
+    # ---- fault: a kill during an env install: tests/envs/test_chaos.py (envs.prepare killed mid-install, then again)
     figures = chaos.figures(time.monotonic() - start)
     with capsys.disabled():
         print(figures)
-    assert not chaos.lost and chaos.orphans == 0 and not chaos.temp_left, figures
+    assert len(chaos.faults) >= 5 and not chaos.lost and chaos.orphans == 0 and not chaos.temp_left, figures
 
 
 # ---- hostile repros: one run, each hostile cell followed by a healthy probe ----------------------------

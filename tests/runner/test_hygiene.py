@@ -39,6 +39,8 @@ HOSTILE_SAMPLE = ["patch_adamw", "warn_error"]
 """One change the ranks must restart after, and one the worker undoes itself."""
 
 
+# nox -s heavy: tests/test_chaos.py's hostile test runs these two (and every other kind) in `nox -s tests`
+@pytest.mark.heavy
 def test_a_cell_that_leaves_global_state_changed_never_taints_the_next(tmp_path):
     """A monkeypatched ``torch.optim.AdamW.step`` or ``warnings.simplefilter("error")`` (and
     sys.path, anomaly mode, matmul precision, os.environ, cwd) left by one cell could flip the next healthy cell. The
