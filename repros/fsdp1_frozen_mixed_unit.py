@@ -1,22 +1,4 @@
-"""pytorch#91165 (PRs #104427, #104967): FSDP1 ``use_orig_params=True`` with frozen and trainable parameters in one
-unit trains, with a UserWarning, and with the gradient memory of an unfrozen model.
-
-``use_orig_params=True`` lets one FSDP1 unit hold frozen and trainable parameters (the issue asked for it), but the
-unit's ``FlatParameter`` then requires grad as a whole: its gradient is allocated for the frozen parameters too, so
-LoRA saves no gradient memory there. Since torch 2.1 a ``ModuleWrapPolicy`` / ``CustomPolicy`` says so when it wraps
-such a module: ``UserWarning: <module> has both parameters with requires_grad=True and False. We do not recommend
-wrapping such modules since the gradient memory usage will be higher than expected ...`` (with
-``use_orig_params=False`` the same check raises). The fix the warning asks for: put the frozen parameters in their
-own units, as PEFT's ``fsdp_auto_wrap_policy`` does (each trainable leaf its own unit).
-
-Axis ``policy`` (FSDP1, ``use_orig_params=True``):
-
-- ``module_wrap``: ``ModuleWrapPolicy({decoder layer class})``: LoRA inside the frozen layer's unit (the warning);
-- ``split``: the same as a ``CustomPolicy`` that also wraps every leaf whose weight requires grad (PEFT's split; a
-  functional policy, as PEFT's own, is not checked at all, so it could not show the warning's absence).
-
-3 steps and the usual checks. ``checks["fsdp_frozen_warnings"]`` lists the module names the warnings named.
-"""
+"""FSDP1 frozen and trainable parameters in one unit: https://github.com/pytorch/pytorch/issues/91165"""
 
 from __future__ import annotations
 

@@ -1,18 +1,4 @@
-"""bitsandbytes#1945 (and #1424): FSDP2 ``fully_shard`` on ``Linear4bit`` with bf16 quant storage changes the forward.
-
-With ``bnb_4bit_quant_storage=torch.bfloat16`` the packed NF4 nibbles live in a bf16-typed tensor, so FSDP2 can
-shard it. About 0.1% of those 16-bit words happen to be bf16 NaN bit patterns. The report (CUDA, NCCL) finds that
-FSDP2's unshard path canonicalizes every NaN to one quiet-NaN pattern, so ``matmul_4bit`` decodes other NF4 indices
-than were stored: the forward is wrong, silently, whatever the wrap granularity. No fix is released.
-
-The cell: the tiny Llama loaded in 4-bit with bf16 storage (transformers' bitsandbytes quantizer, as QLoRA users
-load), LoRA, FSDP2 per decoder layer then the root (``fsdp2``) or the root only (``fsdp2_root``), 3 steps with every
-check, the forward check against the unwrapped model included (workload/corruption.py: it names the first module
-whose output differs). Besides, a forward pre-hook on every ``Linear4bit`` compares the 16-bit words its weight holds
-inside the wrapped forward with the words it held before wrapping; ``checks["nan_words"]`` counts the stored words
-that are NaN patterns (the ones the report says are rewritten) and ``checks["changed_words"]`` those that changed. A
-changed word fails the cell, naming the module and the rank, even where the logits stay within tolerance.
-"""
+"""FSDP2 on Linear4bit with bf16 quant storage: https://github.com/bitsandbytes-foundation/bitsandbytes/issues/1945"""
 
 from __future__ import annotations
 

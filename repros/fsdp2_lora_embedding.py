@@ -1,21 +1,4 @@
-"""axolotl PR #3403: FSDP2 with LoRA on ``embed_tokens``, each LoRA submodule sharded on its own.
-
-axolotl shards every LoRA submodule with its own ``fully_shard`` before the decoder layers (so the trainable
-adapter never shares a unit with the frozen base). For ``lora.Embedding`` it called
-``fully_shard(module.lora_embedding_A[adapter])``, but ``lora_embedding_A``/``_B`` are ``ParameterDict``s: the item is
-an ``nn.Parameter``, and ``fully_shard`` takes only modules, so a LoRA on ``embed_tokens`` failed as soon as FSDP2
-wrapped the model (reported with ``lora_target_modules: [..., embed_tokens]``). PR #3403 (axolotl, 2026-03-05)
-shards the whole ``lora.Embedding`` layer instead (``fully_shard`` nests: the units already built stay).
-
-The cell: LoRA on q/v projections and ``embed_tokens`` of the tiny Llama; ``lora_shard`` says how the LoRA
-submodules are sharded before ``fully_shard`` per decoder layer and on the root:
-
-- ``none``: not separately (the embedding's LoRA is in the root unit);
-- ``per_param``: axolotl before PR #3403: ``lora_A``/``lora_B`` per module, and the embedding's parameters one by one;
-- ``module``: PR #3403: ``lora_A``/``lora_B`` per module, and the whole ``lora.Embedding`` layer.
-
-Then 3 steps and every check, the forward check against the unwrapped model included.
-"""
+"""FSDP2 with LoRA on embed_tokens, each LoRA module sharded: https://github.com/axolotl-ai-cloud/axolotl/pull/3403"""
 
 from __future__ import annotations
 

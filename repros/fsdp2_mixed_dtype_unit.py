@@ -1,17 +1,4 @@
-"""pytorch PR #154103 / accelerate#3985: an FSDP2 ``fully_shard`` unit whose parameters have different dtypes.
-
-FSDP2 checks at its lazy init that one unit's parameters share their original dtype: ``AssertionError: FSDP expects
-uniform original parameter dtype but got {torch.bfloat16, torch.float32}``. Up to torch 2.7 it checks every
-parameter, so a bf16 frozen base with PEFT's fp32-upcast LoRA (``autocast_adapter_dtype=True``, the default) in one
-unit raises. From torch 2.8 (PR #154103) it checks the trainable ones only, so that trains, but trainable bf16 next
-to trainable fp32 in one unit still raises (pytorch#156784): here a bf16 ``modules_to_save`` copy of ``lm_head``
-and the fp32 LoRA, both in the root unit. accelerate 1.14.0 (PR #3985) upcasts the trainable parameters before
-``fully_shard`` when mixed precision is on.
-
-Axes: ``autocast`` 1/0; ``mts`` none / lm_head (``modules_to_save=["lm_head"]``); ``wrap`` fsdp2 (per decoder
-layer, then the root: the lm_head copy is in the root unit, the LoRA weights in the layer units) / fsdp2_root (only
-the root: everything in one unit). A fix holds when training passes every check and the frozen base stayed bf16.
-"""
+"""An FSDP2 unit whose parameters have different dtypes: https://github.com/pytorch/pytorch/pull/154103"""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""accelerate#3983: FSDP2 QLoRA through accelerate with bitsandbytes' default uint8 ``bnb_4bit_quant_storage``.
-
-The report (torch 2.8.0, accelerate 1.12-era): ``fully_shard`` turns each frozen uint8 ``Params4bit`` into an
-``nn.Parameter`` with the default ``requires_grad=True`` (``RuntimeError: only Tensors of floating point dtype can
-require gradients``, pytorch#177844), or, where that is bypassed, trains with a corrupted quant state (loss 0.0,
-grad norm nan). accelerate PR #3987 (1.14.0) passes the non-floating frozen ``Params4bit`` to ``fully_shard`` as
-``ignored_params``, with a UserWarning, so they stay whole on every rank.
-
-The cell: a tiny Llama loaded in 4-bit through transformers' bitsandbytes quantizer (``storage``: ``uint8``, the
-default, or ``bf16``, the documented workaround), LoRA, ``Accelerator`` with an FSDP2 plugin and ``prepare`` (on CPU
-through the shim of workload/cpu_shim.py), 3 steps. Besides the usual checks, the loss of the first step must equal
-the unwrapped model's loss on the same batch (a corrupted quant state changes it), and the checks record what
-accelerate did with the 4-bit weights (sharded as DTensors or left whole) and its warning.
-"""
+"""FSDP2 QLoRA through accelerate, uint8 4-bit storage: https://github.com/huggingface/accelerate/issues/3983"""
 
 from __future__ import annotations
 

@@ -1,18 +1,4 @@
-"""transformers#30228 (pytorch#123962, pytorch#100069, trl#1726): ``generate()`` on an FSDP1-wrapped PEFT model.
-
-FSDP1 gathers a unit's parameters only in its ``forward``. ``PeftModelForCausalLM.generate`` calls the inner
-transformers model's ``generate``, which never enters the root FSDP unit's forward, so the root's own parameters
-(the embedding, the final norm, ``lm_head``: everything outside the decoder-layer units) are still 1-D shards, and the
-embedding raises ``RuntimeError: 'weight' must be 2-D``. torch does not plan to change this for FSDP1 (pytorch#123962);
-the workaround in the threads is ``FSDP.summon_full_params(model, writeback=False, recurse=False)`` around
-``generate`` (the root's parameters only; the decoder layers still gather in their own forward), or with
-``recurse=True`` (every parameter, on every rank).
-
-Axes: ``orig`` (``use_orig_params``; the report has False), ``workaround`` none / summon_root / summon_all. The
-model: LoRA (``init_lora_weights=False``, so the adapter changes the output) on the tiny llama, FSDP1 per decoder
-layer, trained 3 steps with the usual checks. A fix holds when greedy generation returns exactly the tokens of the
-same model trained the same way unsharded.
-"""
+"""generate() on an FSDP1-wrapped PEFT model: https://github.com/huggingface/transformers/issues/30228"""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""transformers#42417 (trl#4550): ``generate()`` on a ``fully_shard``-ed PEFT model while its root is resharded.
-
-``PeftModelForCausalLM.generate`` calls the inner transformers model's ``generate``, so the root FSDP2 module (the
-PeftModel) never runs its pre-forward hook: the root's own parameters (embeddings, norm, lm_head) stay sharded
-DTensors, and the embedding raises ``aten.embedding.default got mixed torch.Tensor and DTensor``. A plain forward
-right before generate leaves the root unsharded and hides it. transformers 5.0.0 (PR #42436) registers ``generate``
-with ``register_fsdp_forward_method`` in the Trainer; outside the Trainer that call is the workaround.
-
-Axes: ``adapter`` lora (``init_lora_weights=False``, so it changes the output) / none (the bare model: control);
-``workaround`` none / register; ``state`` fresh / trained (3 steps with the training checks) / after_forward (one
-forward first). A fix holds when greedy generation returns exactly the tokens of the same model unsharded.
-"""
+"""generate() on a fully_shard-ed PEFT model: https://github.com/huggingface/transformers/issues/42417"""
 
 from __future__ import annotations
 

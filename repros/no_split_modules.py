@@ -1,13 +1,4 @@
-"""peft#2166: ``fsdp_auto_wrap_policy`` on a model without ``_no_split_modules``.
-
-With FSDP_TRANSFORMER_CLS_TO_WRAP unset, ``"".split(",")`` gives ``[""]`` and the class lookup for ``""`` fails:
-``Could not find the transformer layer class to wrap in the model.`` (``Exception``, later ``TypeError``); fixed in
-PEFT 0.14.0 (PR #2167). When the policy comes back, the cell wraps with it under FSDP1 and trains, so a fix only
-holds if training works. ``cls_env`` ``bogus`` sets the variable to a class the model lacks, which raises by design.
-
-``entry: trainer``: the same models through the transformers Trainer, which calls PEFT's policy itself for a PEFT
-model (``_fsdp_qlora_plugin_updates``); ``bogus`` is then ``fsdp_config["transformer_layer_cls_to_wrap"]``.
-"""
+"""fsdp_auto_wrap_policy on a model without _no_split_modules: https://github.com/huggingface/peft/issues/2166"""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""LoRA with trainable tokens (``LoraConfig(trainable_token_indices=...)``) under FSDP: train, then take the adapter
-state dict the way accelerate and the Trainer save it (``get_peft_model_state_dict`` on the wrapped model).
-
-Before PEFT 0.17.0 (PR #2681) the trainable-tokens wrapper looked up its keys in the state dict with the module
-name FSDP1 gives it (``_fsdp_wrapped_module.`` prefix), while FSDP's full state dict keys have no prefix. Trainable
-tokens exist from PEFT 0.15.0. The token ids are taken from the training batch: a token that never occurs gets no
-gradient, and the checks would rightly fail it.
-"""
+"""LoRA with trainable tokens under FSDP: https://github.com/huggingface/peft/pull/2681"""
 
 from __future__ import annotations
 
