@@ -48,7 +48,7 @@ from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.entry import accelerate_setup, prepare_and_train
 from fsdp_matrix.workload.generation import check_same_tokens, greedy_generate, train_unsharded
-from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
+from fsdp_matrix.workload.hf_trainer import trainer_entry, trainer_setup, trainer_train_and_check
 from fsdp_matrix.workload.meta_init import build_rank0_model, has_meta, init_of
 from fsdp_matrix.workload.models import (
     DTYPES,
@@ -63,11 +63,19 @@ from fsdp_matrix.workload.models import (
     torch_dtype,
 )
 from fsdp_matrix.workload.params import UnknownAxisValue, axis, flag
-from fsdp_matrix.workload.recipe import MODELS, base_dtype_name, base_model, peft_model, wrap_and_train, wrap_cell
+from fsdp_matrix.workload.recipe import (
+    MODELS,
+    base_dtype_name,
+    base_model,
+    peft_model,
+    wrap_and_train,
+    wrap_cell,
+    wrap_cell_and_train,
+)
 from fsdp_matrix.workload.tinynets import build_tinynet
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.trl_trainer import trl_entry
-from fsdp_matrix.workload.wrapping import WRAPS, decoder_layer_policy, fsdp1, fsdp2, fully_shard, wrap
+from fsdp_matrix.workload.wrapping import WRAPS, decoder_layer_policy, device_mesh, fsdp1, fsdp2, fully_shard, wrap
 
 __all__ = [
     # the cell's context, the standalone entry point, the failure a check raises
@@ -80,6 +88,7 @@ __all__ = [
     "base_dtype_name",
     "base_model",
     "wrap_cell",
+    "wrap_cell_and_train",
     # axis values, read so that an unknown one fails naming it
     "axis",
     "flag",
@@ -115,10 +124,12 @@ __all__ = [
     "fsdp2",
     "decoder_layer_policy",
     "fully_shard",
+    "device_mesh",
     "DTensor",
     "accelerate_setup",
     "prepare_and_train",
     "trainer_setup",
+    "trainer_entry",
     "train_unsharded",
     "greedy_generate",
     "check_same_tokens",

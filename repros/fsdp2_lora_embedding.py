@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import torch
-from peft import get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 
 from fsdp_matrix.case import (
     TARGET_MODULES,
     RankContext,
+    add_adapter,
     axis,
     build_model,
+    device_mesh,
     fsdp2,
     fully_shard,
-    lora_config,
     main,
     synthetic_batch,
     take_reference,
@@ -53,12 +51,11 @@ def shard_lora_modules(model: nn.Module, how: str, mesh) -> int:
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     base = build_model(axis(params, "model", ("llama",), default="llama"), "fp32", ctx)
-    torch.manual_seed(ctx.seed)
-    model = get_peft_model(base, lora_config(target_modules=[*TARGET_MODULES, "embed_tokens"]))
+    model = add_adapter(base, "lora", ctx.seed, target_modules=[*TARGET_MODULES, "embed_tokens"])
     trainable = trainable_names(model)
     reference = take_reference(model, synthetic_batch(ctx))
     how = axis(params, "lora_shard", LORA_SHARD)
-    calls = 0 if how == "none" else shard_lora_modules(model, how, init_device_mesh(ctx.device.type, (ctx.world_size,)))
+    calls = 0 if how == "none" else shard_lora_modules(model, how, device_mesh(ctx))
     checks = train_and_check(fsdp2(model, ctx), ctx, trainable=trainable, reference=reference)
     checks["lora_fully_shard_calls"] = calls
     checks["embedding_lora"] = sorted(n for n in trainable if "lora_embedding" in n)

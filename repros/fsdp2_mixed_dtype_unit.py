@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import torch
-from peft import get_peft_model
-from torch.distributed.device_mesh import init_device_mesh
 
 from fsdp_matrix.case import (
     CheckFailed,
     RankContext,
+    add_adapter,
     axis,
     base_dtype_name,
     base_model,
     flag,
     fsdp2,
-    fully_shard,
-    has_autocast_option,
-    lora_config,
     main,
     train_and_check,
     trainable_names,
@@ -31,20 +27,14 @@ def _dtypes(model: torch.nn.Module, trainable: bool) -> list:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    base = base_model(params, ctx)
-    config = lora_config(modules_to_save=["lm_head"] if axis(params, "mts", ("none", "lm_head")) == "lm_head" else None)
-    autocast = flag(params, "autocast")
+    mts = ["lm_head"] if axis(params, "mts", ("none", "lm_head")) == "lm_head" else None
     # asking for the upcast on a PEFT without the option raises TypeError, as PEFT does; no upcast is what it did
-    kwargs = {"autocast_adapter_dtype": autocast} if autocast or has_autocast_option() else {}
-    torch.manual_seed(ctx.seed)
-    model = get_peft_model(base, config, **kwargs)
+    model = add_adapter(
+        base_model(params, ctx), "lora", ctx.seed, autocast=flag(params, "autocast"), modules_to_save=mts
+    )
     built = {"trainable_dtypes": _dtypes(model, True), "frozen_dtypes": _dtypes(model, False)}
     trainable = trainable_names(model)
-    kind = axis(params, "wrap", ("fsdp2", "fsdp2_root"))
-    if kind == "fsdp2":
-        fsdp2(model, ctx)
-    else:
-        fully_shard(model, mesh=init_device_mesh(ctx.device.type, (ctx.world_size,)))
+    fsdp2(model, ctx, per_layer=axis(params, "wrap", ("fsdp2", "fsdp2_root")) == "fsdp2")
     checks = {**built, **train_and_check(model, ctx, trainable=trainable)}
     checks["frozen_dtypes_after"] = _dtypes(model, False)
     want = [base_dtype_name(params)]

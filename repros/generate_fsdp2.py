@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import torch
-from peft import get_peft_model
 from torch import nn
 
 from fsdp_matrix.case import (
     RankContext,
+    add_adapter,
     axis,
     base_model,
     check_same_tokens,
     fsdp2,
     greedy_generate,
-    lora_config,
     main,
     synthetic_batch,
     train_and_check,
@@ -34,9 +33,7 @@ def _build(params: dict, ctx: RankContext) -> nn.Module:
     model = base_model(params, ctx)
     if axis(params, "adapter", ("lora", "none")) == "none":
         return model
-    torch.manual_seed(ctx.seed)
-    config = lora_config(init_lora_weights=False)
-    return get_peft_model(model, config)
+    return add_adapter(model, "lora", ctx.seed, init_lora_weights=False)
 
 
 def run(params: dict, ctx: RankContext) -> dict:
@@ -60,9 +57,8 @@ def run(params: dict, ctx: RankContext) -> dict:
         if state == "after_forward":
             model(input_ids=batch)
         expected = greedy_generate(reference, prompt)
-        root_types = sorted({type(p).__name__ for p in model.parameters()})
+        checks["param_types_before_generate"] = sorted({type(p).__name__ for p in model.parameters()})
         tokens = greedy_generate(model, prompt)
-    checks["param_types_before_generate"] = root_types
     return check_same_tokens(checks, tokens, expected, PROMPT, "generate under FSDP2")
 
 
