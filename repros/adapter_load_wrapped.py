@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from torch import nn
-from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
 from fsdp_matrix.case import (
     TOLERANCE,
     Failures,
     RankContext,
     adapter_key,
+    fsdp1_full_state_dict,
     gathered_adapter,
     is_adapter,
     logits,
@@ -40,11 +38,7 @@ def source_adapter(params: dict, ctx: RankContext) -> nn.Module:
 
 def load_into_wrapped(wrapped: nn.Module, state: dict):
     """``set_peft_model_state_dict(wrapped, state)``; FSDP1 under ``FULL_STATE_DICT``, as accelerate does."""
-    if isinstance(wrapped, FullyShardedDataParallel):
-        scope = FullyShardedDataParallel.state_dict_type(wrapped, StateDictType.FULL_STATE_DICT)
-    else:
-        scope = contextlib.nullcontext()
-    with scope:
+    with fsdp1_full_state_dict(wrapped):
         return set_peft_model_state_dict(wrapped, state)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 from torch import distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
@@ -13,6 +11,7 @@ from fsdp_matrix.case import (
     CheckFailed,
     RankContext,
     axis,
+    caught_warnings,
     cell_dir,
     check_saved,
     flag,
@@ -55,8 +54,7 @@ def save_without_gathering(wrapped: nn.Module, ctx: RankContext, out) -> list:
     """``save_pretrained`` on the inner PEFT model on every rank, rank 0 writing; returns rank 0's peft warnings
     about LoRA shapes."""
     inner = wrapped.module if isinstance(wrapped, FullyShardedDataParallel) else wrapped
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caught_warnings() as caught:
         on_every_rank(lambda: inner.save_pretrained(str(out), is_main_process=ctx.is_main))
     found = [
         f"{w.category.__name__}: {str(w.message).splitlines()[0][:200]}"

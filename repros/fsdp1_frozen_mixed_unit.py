@@ -10,6 +10,7 @@ from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 from fsdp_matrix.case import (
     RankContext,
     axis,
+    caught_warnings,
     decoder_layer_class,
     fsdp1,
     main,
@@ -37,17 +38,12 @@ def policy_for(model: nn.Module, kind: str):
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    import warnings
-
     model = peft_model({"adapter": "lora", "model": "llama", **params}, ctx)
     trainable = trainable_names(model)
     policy = policy_for(model, axis(params, "policy", POLICIES))
-    # the worker records every warning of run() for the rule; this copy only names the modules in the checks
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    # replayed to the worker, which records every warning of run() for the rule; this copy names the modules
+    with caught_warnings(replay=True) as caught:
         wrapped = fsdp1(model, policy, True, ctx)
-    for w in caught:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)  # back to the worker's record
     checks = train_and_check(wrapped, ctx, trainable=trainable)
     checks["fsdp_frozen_warnings"] = sorted({m.group(1) for w in caught for m in [WARNING.search(str(w.message))] if m})
     return checks

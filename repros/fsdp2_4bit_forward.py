@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Dict
 
 import torch
-from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 
 from fsdp_matrix.case import (
     CheckFailed,
@@ -14,7 +12,7 @@ from fsdp_matrix.case import (
     RankContext,
     axis,
     fsdp2,
-    fully_shard,
+    linear4bit_layers,
     main,
     peft_model,
     synthetic_batch,
@@ -24,12 +22,6 @@ from fsdp_matrix.case import (
 )
 
 CASE = "fsdp2-4bit-forward"
-
-
-def _linear4bit(model: nn.Module) -> Dict[str, nn.Module]:
-    import bitsandbytes as bnb
-
-    return {n: m for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
 
 
 def _words(weight: torch.Tensor) -> torch.Tensor:
@@ -46,7 +38,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     params = {"adapter": "qlora", "dtype": "bf16", "storage": "bf16", "model": "llama", **params}
     model = peft_model(params, ctx)
-    layers = _linear4bit(model)
+    layers = linear4bit_layers(model)
     if not layers:
         raise CheckFailed("no Linear4bit layer was built: nothing to check")
     before = {n: _words(m.weight) for n, m in layers.items()}
@@ -63,10 +55,7 @@ def run(params: dict, ctx: RankContext) -> dict:
 
     trainable = trainable_names(model)
     reference = take_reference(model, synthetic_batch(ctx))
-    if axis(params, "wrap", ("fsdp2", "fsdp2_root")) == "fsdp2":
-        wrapped = fsdp2(model, ctx)
-    else:
-        wrapped = fully_shard(model, mesh=init_device_mesh(ctx.device.type, (ctx.world_size,))) or model
+    wrapped = fsdp2(model, ctx, per_layer=axis(params, "wrap", ("fsdp2", "fsdp2_root")) == "fsdp2")
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in layers.items()]
     try:
         checks = train_and_check(wrapped, ctx, trainable=trainable, reference=reference)

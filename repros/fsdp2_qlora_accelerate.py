@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
@@ -12,6 +11,8 @@ from fsdp_matrix.case import (
     DTensor,
     RankContext,
     axis,
+    caught_warnings,
+    linear4bit_layers,
     main,
     peft_model,
     prepare_and_train,
@@ -28,19 +29,11 @@ reduction order may differ (observed equal to 5 digits in fp32)."""
 
 def four_bit_weights(model: torch.nn.Module) -> dict:
     """How the bitsandbytes 4-bit base weights came out of ``prepare``: sharded (DTensor) or whole, and their dtype."""
-    from bitsandbytes.nn import Linear4bit
-
-    sharded, whole, dtypes = 0, 0, set()
-    for module in model.modules():
-        if isinstance(module, Linear4bit):
-            weight = module.weight
-            sharded += isinstance(weight, DTensor)
-            whole += not isinstance(weight, DTensor)
-            dtypes.add(str(weight.dtype))
+    weights = [m.weight for m in linear4bit_layers(model).values()]
     return {
-        "linear4bit_weights_sharded": sharded,
-        "linear4bit_weights_whole": whole,
-        "linear4bit_dtypes": sorted(dtypes),
+        "linear4bit_weights_sharded": sum(isinstance(w, DTensor) for w in weights),
+        "linear4bit_weights_whole": sum(not isinstance(w, DTensor) for w in weights),
+        "linear4bit_dtypes": sorted({str(w.dtype) for w in weights}),
     }
 
 
@@ -52,8 +45,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     batch = synthetic_batch(ctx)
     with torch.no_grad():
         unwrapped_loss = float(model(input_ids=batch, labels=batch).loss)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caught_warnings() as caught:
         checks = prepare_and_train(model, params, ctx, trainable, inspect=four_bit_weights)
     checks["accelerate_warnings"] = sorted(
         {str(w.message).splitlines()[0][:200] for w in caught if "Params4bit" in str(w.message)}

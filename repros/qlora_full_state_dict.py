@@ -9,15 +9,12 @@ from fsdp_matrix.case import (
     CheckFailed,
     RankContext,
     axis,
-    clean_name,
     flag,
-    full_parameters,
+    gathered_parameters,
     main,
     peft_model,
-    train_and_check,
     trainable_names,
-    wrap_cell,
-    wrapper_kind,
+    wrap_cell_and_train,
 )
 
 CASE = "qlora-full-state-dict"
@@ -25,8 +22,7 @@ CASE = "qlora-full-state-dict"
 
 def _check_adapters(state: dict, expected: dict, rank: int) -> int:
     wrong = []
-    for name, raw in expected.items():
-        key = clean_name(name)
+    for key, raw in expected.items():
         value = state.get(key)
         if value is None:
             wrong.append(f"{key} missing")
@@ -47,10 +43,8 @@ def run(params: dict, ctx: RankContext) -> dict:
     offload = flag(params, "offload")
     model = peft_model(params, ctx)
     trainable = trainable_names(model)
-    wrapped = wrap_cell(model, params, ctx)
-    checks = train_and_check(wrapped, ctx, trainable=trainable)
-    expected = full_parameters(wrapped, wrapper_kind(wrapped), None)
-    expected = {n: v for n, v in expected.items() if clean_name(n) in set(trainable)}
+    wrapped, checks = wrap_cell_and_train(model, params, ctx)
+    expected = gathered_parameters(wrapped, trainable)
     # the report's call: a full, CPU-offloaded state dict of the whole FSDP QLoRA model
     state = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
     checks["state_dict_keys"] = len(state)

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import torch
 from peft import get_peft_model, get_peft_model_state_dict
-from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
 from fsdp_matrix.case import (
     CheckFailed,
     RankContext,
     base_model,
-    clean_name,
-    full_parameters,
+    fsdp1_full_state_dict,
+    gathered_parameters,
     lora_config,
     main,
     synthetic_batch,
-    train_and_check,
     trainable_names,
-    wrap_cell,
-    wrapper_kind,
+    wrap_cell_and_train,
 )
 
 CASE = "trainable-tokens"
@@ -26,12 +23,7 @@ CASE = "trainable-tokens"
 
 def adapter_state_dict(model: torch.nn.Module) -> dict:
     """``get_peft_model_state_dict`` of a wrapped model over its full state dict, as accelerate's FSDP save does."""
-    if wrapper_kind(model) == "fsdp1":
-        # offload_to_cpu=False: on CPU the offload path frees storage the state dict still uses
-        config = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
-        with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
-            state = get_peft_model_state_dict(model)
-    else:
+    with fsdp1_full_state_dict(model):
         state = get_peft_model_state_dict(model)
     return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
 
@@ -43,10 +35,9 @@ def run(params: dict, ctx: RankContext) -> dict:
     torch.manual_seed(ctx.seed)  # the same adapter on every rank
     model = get_peft_model(base_model(params, ctx), config)
     trainable = trainable_names(model)
-    wrapped = wrap_cell(model, params, ctx)
-    checks = train_and_check(wrapped, ctx, trainable=trainable)
+    wrapped, checks = wrap_cell_and_train(model, params, ctx)
     saved = adapter_state_dict(wrapped)
-    trained = {clean_name(n): t for n, t in full_parameters(wrapped, wrapper_kind(wrapped)).items()}
+    trained = gathered_parameters(wrapped)
     # PEFT's saved keys drop the adapter name: ...lora_A.default.weight -> ...lora_A.weight
     missing = [n for n in trainable if n.replace(".default", "") not in saved]
     differ = [
