@@ -27,6 +27,7 @@ from fsdp_matrix.workload.checkpoint import (
     adapter_key,
     cell_dir,
     check_saved,
+    fsdp1_full_state_dict,
     full_shapes,
     gathered_adapter,
     logits,
@@ -39,8 +40,10 @@ from fsdp_matrix.workload.checks import (
     DTensor,
     Failures,
     TrainingChecks,
+    caught_warnings,
     clean_name,
     full_parameters,
+    gathered_parameters,
     trainable_names,
     wrapper_kind,
 )
@@ -48,7 +51,7 @@ from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.entry import accelerate_setup, prepare_and_train
 from fsdp_matrix.workload.generation import check_same_tokens, greedy_generate, train_unsharded
-from fsdp_matrix.workload.hf_trainer import trainer_setup, trainer_train_and_check
+from fsdp_matrix.workload.hf_trainer import trainer_entry, trainer_setup, trainer_train_and_check
 from fsdp_matrix.workload.launcher import accelerate_launch_env, fsdp_launch_config
 from fsdp_matrix.workload.meta_init import build_rank0_model, has_meta, init_of
 from fsdp_matrix.workload.models import (
@@ -59,16 +62,25 @@ from fsdp_matrix.workload.models import (
     build_model,
     decoder_layer_class,
     decoder_layers,
+    linear4bit_layers,
     save_model_files,
     save_once,
     torch_dtype,
 )
 from fsdp_matrix.workload.params import UnknownAxisValue, axis, flag
-from fsdp_matrix.workload.recipe import MODELS, base_dtype_name, base_model, peft_model, wrap_and_train, wrap_cell
+from fsdp_matrix.workload.recipe import (
+    MODELS,
+    base_dtype_name,
+    base_model,
+    peft_model,
+    wrap_and_train,
+    wrap_cell,
+    wrap_cell_and_train,
+)
 from fsdp_matrix.workload.tinynets import build_tinynet
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.trl_trainer import trl_entry
-from fsdp_matrix.workload.wrapping import WRAPS, decoder_layer_policy, fsdp1, fsdp2, fully_shard, wrap
+from fsdp_matrix.workload.wrapping import WRAPS, decoder_layer_policy, device_mesh, fsdp1, fsdp2, fully_shard, wrap
 
 __all__ = [
     # the cell's context, the standalone entry point, the failure a check raises
@@ -81,6 +93,7 @@ __all__ = [
     "base_dtype_name",
     "base_model",
     "wrap_cell",
+    "wrap_cell_and_train",
     # axis values, read so that an unknown one fails naming it
     "axis",
     "flag",
@@ -95,6 +108,7 @@ __all__ = [
     "torch_dtype",
     "decoder_layers",
     "decoder_layer_class",
+    "linear4bit_layers",
     "TINY_SHAPE",
     "VOCAB",
     # the init axis: rank 0 loads, the other ranks start on meta (meta_init.py)
@@ -119,10 +133,12 @@ __all__ = [
     "fsdp2",
     "decoder_layer_policy",
     "fully_shard",
+    "device_mesh",
     "DTensor",
     "accelerate_setup",
     "prepare_and_train",
     "trainer_setup",
+    "trainer_entry",
     "train_unsharded",
     "greedy_generate",
     "check_same_tokens",
@@ -138,10 +154,13 @@ __all__ = [
     "Failures",
     "clean_name",
     "full_parameters",
+    "gathered_parameters",
+    "caught_warnings",
     # checkpoints
     "cell_dir",
     "check_saved",
     "full_shapes",
+    "fsdp1_full_state_dict",
     "gathered_adapter",
     "logits",
     "adapter_key",

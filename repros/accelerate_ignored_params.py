@@ -1,14 +1,4 @@
-"""accelerate#3923: accelerate 1.11.0-1.12.x pass ``ignored_params`` to ``fully_shard`` even when nothing is ignored.
-
-PR #3731 (accelerate 1.11.0) put ``ignored_params`` into every FSDP2 ``fully_shard`` call; ``fully_shard`` takes
-that keyword only from torch 2.7 on, so FSDP2 through accelerate on torch 2.6 fails in ``prepare`` with ``TypeError:
-fully_shard() got an unexpected keyword argument 'ignored_params'`` (reported with LoRA through ``accelerate launch
---use_fsdp``). PR #3924 (accelerate 1.13.0) passes it only on torch >= 2.7 and when modules are to be ignored.
-
-The cell: LoRA on the tiny Llama, ``Accelerator`` with an FSDP2 plugin and ``prepare`` (on CPU through the shim of
-workload/cpu_shim.py), 3 steps and the usual checks. A spy on ``torch.distributed.fsdp.fully_shard`` records the
-keywords accelerate passed (``checks["fully_shard_keywords"]``).
-"""
+"""accelerate 1.11-1.12 pass ignored_params to fully_shard: https://github.com/huggingface/accelerate/issues/3923"""
 
 from __future__ import annotations
 

@@ -1,31 +1,17 @@
-"""``set_peft_model_state_dict`` into a model that is already FSDP-wrapped (peft PR #3212's prefix check).
-
-This is how accelerate restores an adapter-only FSDP checkpoint (``load_fsdp_model(..., adapter_only=True)``, which
-the Trainer uses on resume): the adapter state dict goes into the FSDP1 root under ``FULL_STATE_DICT``, or, before
-accelerate 1.15 (PR #4206), straight into the FSDP2 model. peft 0.20.0's PR #3212 strips the ``base_model.model.``
-prefix unless some parameter name starts with it; the FSDP1 root's names start with ``_fsdp_wrapped_module.``, so
-every key comes back unexpected and nothing is loaded, without an error (observed).
-
-The cell builds a source PEFT model whose adapter tensors are set to seeded random values, takes its adapter state
-dict (``get_peft_model_state_dict``, full tensors), builds a fresh PEFT model, wraps it, loads the state dict into
-the wrapped model, and checks: every adapter tensor of the wrapped model, gathered, equals the source's, and the
-wrapped model's logits equal the source model's. CheckFailed names each tensor that did not load.
-"""
+"""set_peft_model_state_dict into an FSDP-wrapped model: https://github.com/huggingface/peft/pull/3212"""
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from torch import nn
-from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
 from fsdp_matrix.case import (
     TOLERANCE,
     Failures,
     RankContext,
     adapter_key,
+    fsdp1_full_state_dict,
     gathered_adapter,
     is_adapter,
     logits,
@@ -52,11 +38,7 @@ def source_adapter(params: dict, ctx: RankContext) -> nn.Module:
 
 def load_into_wrapped(wrapped: nn.Module, state: dict):
     """``set_peft_model_state_dict(wrapped, state)``; FSDP1 under ``FULL_STATE_DICT``, as accelerate does."""
-    if isinstance(wrapped, FullyShardedDataParallel):
-        scope = FullyShardedDataParallel.state_dict_type(wrapped, StateDictType.FULL_STATE_DICT)
-    else:
-        scope = contextlib.nullcontext()
-    with scope:
+    with fsdp1_full_state_dict(wrapped):
         return set_peft_model_state_dict(wrapped, state)
 
 

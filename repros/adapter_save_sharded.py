@@ -1,28 +1,6 @@
-"""peft PR #3251: ``save_pretrained`` called on the PEFT model inside FSDP, without gathering the shards first.
-
-A user (or a library) unwraps the FSDP model (``model.module``, ``accelerator.unwrap_model``) and calls
-``save_pretrained`` on what it gets, with no ``FULL_STATE_DICT`` context and no state dict of its own. Nothing raises
-where the adapter is written wrong: the file looks valid and a loader fails later (vLLM, transformers). PR #3251
-(peft 0.21.0) adds a ``PeftWarning`` for LoRA tensors of impossible shape; the shards are still written.
-
-Axis ``wrap`` (how the trained model is sharded when it is saved; ``use_orig_params=True``):
-
-- ``root_only``: FSDP1 with no auto-wrap policy: the whole model is one unit, and outside its forward every LoRA
-  weight is this rank's 1-D slice of the flat parameter. This is what PR #3251 warns about.
-- ``peft_policy``: PEFT's ``fsdp_auto_wrap_policy`` (what the Trainer uses for PEFT models): nested FSDP1 units,
-  whose ``state_dict`` hooks gather each unit, so this path writes full tensors on older peft (observed). peft
-  0.21's structural key selection (PR #3490) does not see through the nested ``_fsdp_wrapped_module`` names and
-  selects nothing (observed). The same path with the decoder-layer policy and with FSDP2 is in the
-  ``checkpoint-roundtrip`` case (``save: unwrapped_save_pretrained``).
-
-After 3 training steps (the usual checks), every rank calls ``save_pretrained`` on the inner model (rank 0 writes),
-then every rank reads the written file back: each adapter tensor must be there, with its full shape and the trained
-values. CheckFailed names each tensor that is not, with both shapes, and says whether peft warned.
-"""
+"""save_pretrained inside FSDP without gathering: https://github.com/huggingface/peft/pull/3251"""
 
 from __future__ import annotations
-
-import warnings
 
 from torch import distributed as dist
 from torch import nn
@@ -33,6 +11,7 @@ from fsdp_matrix.case import (
     CheckFailed,
     RankContext,
     axis,
+    caught_warnings,
     cell_dir,
     check_saved,
     flag,
@@ -75,8 +54,7 @@ def save_without_gathering(wrapped: nn.Module, ctx: RankContext, out) -> list:
     """``save_pretrained`` on the inner PEFT model on every rank, rank 0 writing; returns rank 0's peft warnings
     about LoRA shapes."""
     inner = wrapped.module if isinstance(wrapped, FullyShardedDataParallel) else wrapped
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caught_warnings() as caught:
         on_every_rank(lambda: inner.save_pretrained(str(out), is_main_process=ctx.is_main))
     found = [
         f"{w.category.__name__}: {str(w.message).splitlines()[0][:200]}"

@@ -1,17 +1,4 @@
-"""peft#1442 / peft#2977: disabling the adapter while the FSDP1 root unit that holds the LoRA weights is unsharded.
-
-With ``use_orig_params=True`` and the LoRA weights in the root unit (no auto-wrap), FSDP1 exposes them as non-leaf
-views of the flat parameter during the root's forward. ``disable_adapter()`` / ``disable_adapter_layers()`` called
-there (a reference pass inside the wrapped model's forward, as in DPO, or PEFT's own FSDP training test) set
-``requires_grad`` on them: ``RuntimeError: you can only change requires_grad flags of leaf variables``. PEFT 0.19.0
-(PR #3001) sets requires_grad on leaf parameters only.
-
-Axes: ``wrap`` root (FSDP1, no auto-wrap policy) / decoder_layer / peft_policy / fsdp2; ``call`` in_forward (inside
-the wrapped model's forward) / after_forward (between forward and backward) / idle (before the step's forward);
-``api`` ctx (``with model.disable_adapter()``) / layers (``disable_adapter_layers()`` + ``enable_adapter_layers()``).
-A fix holds when the disabled passes give exactly the base model's logits, the trained adapter changes the enabled
-logits, and training passes every check (requires_grad restored included).
-"""
+"""disable_adapter() under FSDP1 with the LoRA unit unsharded: https://github.com/huggingface/peft/issues/2977"""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""peft#1984: DoRA under FSDP1 with PEFT's wrap policy and use_orig_params=True.
-
-``lora_A`` is its own FSDP unit, so outside that unit's forward its weight is a 1-D shard, and DoRA reads
-``lora_A.weight.shape[1]``: ``IndexError: tuple index out of range``. Needs world size >= 2 (at 1 FSDP1 falls
-back to NO_SHARD and the weight keeps its shape). Workarounds: use_orig_params=False, FSDP2.
-"""
+"""DoRA under FSDP1 with PEFT's wrap policy: https://github.com/huggingface/peft/issues/1984"""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""transformers#34702: PEFT's FSDP SFT example (TRL's SFTTrainer) fails at the first optimizer step with ``expected
-dtype float for `end` but got dtype c10::BFloat16``.
-
-The example's recipe: a bf16 base (4-bit with bf16 quant storage for QLoRA), ``mixed_precision: bf16``, FSDP1 with
-``use_orig_params: false``. Under FSDP mixed precision accelerate upcasts every trainable low-precision FlatParameter
-to fp32 when it wraps (``Upcasted low precision parameters ... because mixed precision turned on in FSDP``); with
-``use_orig_params=False`` the gradient still reaches the optimizer as bf16, and AdamW's ``exp_avg.lerp_(grad, ...)``
-(torch's single-tensor AdamW, the Trainer's ``adamw_torch``, as in the report) refuses to mix them. Adapters that PEFT
-already upcast to fp32 (``autocast_adapter_dtype``, PEFT >= 0.12) are not upcast again, so whether it happens depends
-on the adapter's dtype when FSDP wraps it.
-"""
+"""FSDP1 bf16 mixed precision through TRL: https://github.com/huggingface/transformers/issues/34702"""
 
 from __future__ import annotations
 

@@ -1,26 +1,10 @@
-"""bitsandbytes#1945 (and #1424): FSDP2 ``fully_shard`` on ``Linear4bit`` with bf16 quant storage changes the forward.
-
-With ``bnb_4bit_quant_storage=torch.bfloat16`` the packed NF4 nibbles live in a bf16-typed tensor, so FSDP2 can
-shard it. About 0.1% of those 16-bit words happen to be bf16 NaN bit patterns. The report (CUDA, NCCL) finds that
-FSDP2's unshard path canonicalizes every NaN to one quiet-NaN pattern, so ``matmul_4bit`` decodes other NF4 indices
-than were stored: the forward is wrong, silently, whatever the wrap granularity. No fix is released.
-
-The cell: the tiny Llama loaded in 4-bit with bf16 storage (transformers' bitsandbytes quantizer, as QLoRA users
-load), LoRA, FSDP2 per decoder layer then the root (``fsdp2``) or the root only (``fsdp2_root``), 3 steps with every
-check, the forward check against the unwrapped model included (workload/corruption.py: it names the first module
-whose output differs). Besides, a forward pre-hook on every ``Linear4bit`` compares the 16-bit words its weight holds
-inside the wrapped forward with the words it held before wrapping; ``checks["nan_words"]`` counts the stored words
-that are NaN patterns (the ones the report says are rewritten) and ``checks["changed_words"]`` those that changed. A
-changed word fails the cell, naming the module and the rank, even where the logits stay within tolerance.
-"""
+"""FSDP2 on Linear4bit with bf16 quant storage: https://github.com/bitsandbytes-foundation/bitsandbytes/issues/1945"""
 
 from __future__ import annotations
 
 from typing import Dict
 
 import torch
-from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 
 from fsdp_matrix.case import (
     CheckFailed,
@@ -28,7 +12,7 @@ from fsdp_matrix.case import (
     RankContext,
     axis,
     fsdp2,
-    fully_shard,
+    linear4bit_layers,
     main,
     peft_model,
     synthetic_batch,
@@ -38,12 +22,6 @@ from fsdp_matrix.case import (
 )
 
 CASE = "fsdp2-4bit-forward"
-
-
-def _linear4bit(model: nn.Module) -> Dict[str, nn.Module]:
-    import bitsandbytes as bnb
-
-    return {n: m for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
 
 
 def _words(weight: torch.Tensor) -> torch.Tensor:
@@ -60,7 +38,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     params = {"adapter": "qlora", "dtype": "bf16", "storage": "bf16", "model": "llama", **params}
     model = peft_model(params, ctx)
-    layers = _linear4bit(model)
+    layers = linear4bit_layers(model)
     if not layers:
         raise CheckFailed("no Linear4bit layer was built: nothing to check")
     before = {n: _words(m.weight) for n, m in layers.items()}
@@ -77,10 +55,7 @@ def run(params: dict, ctx: RankContext) -> dict:
 
     trainable = trainable_names(model)
     reference = take_reference(model, synthetic_batch(ctx))
-    if axis(params, "wrap", ("fsdp2", "fsdp2_root")) == "fsdp2":
-        wrapped = fsdp2(model, ctx)
-    else:
-        wrapped = fully_shard(model, mesh=init_device_mesh(ctx.device.type, (ctx.world_size,))) or model
+    wrapped = fsdp2(model, ctx, per_layer=axis(params, "wrap", ("fsdp2", "fsdp2_root")) == "fsdp2")
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in layers.items()]
     try:
         checks = train_and_check(wrapped, ctx, trainable=trainable, reference=reference)

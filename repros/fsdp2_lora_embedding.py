@@ -1,38 +1,19 @@
-"""axolotl PR #3403: FSDP2 with LoRA on ``embed_tokens``, each LoRA submodule sharded on its own.
-
-axolotl shards every LoRA submodule with its own ``fully_shard`` before the decoder layers (so the trainable
-adapter never shares a unit with the frozen base). For ``lora.Embedding`` it called
-``fully_shard(module.lora_embedding_A[adapter])``, but ``lora_embedding_A``/``_B`` are ``ParameterDict``s: the item is
-an ``nn.Parameter``, and ``fully_shard`` takes only modules, so a LoRA on ``embed_tokens`` failed as soon as FSDP2
-wrapped the model (reported with ``lora_target_modules: [..., embed_tokens]``). PR #3403 (axolotl, 2026-03-05)
-shards the whole ``lora.Embedding`` layer instead (``fully_shard`` nests: the units already built stay).
-
-The cell: LoRA on q/v projections and ``embed_tokens`` of the tiny Llama; ``lora_shard`` says how the LoRA
-submodules are sharded before ``fully_shard`` per decoder layer and on the root:
-
-- ``none``: not separately (the embedding's LoRA is in the root unit);
-- ``per_param``: axolotl before PR #3403: ``lora_A``/``lora_B`` per module, and the embedding's parameters one by one;
-- ``module``: PR #3403: ``lora_A``/``lora_B`` per module, and the whole ``lora.Embedding`` layer.
-
-Then 3 steps and every check, the forward check against the unwrapped model included.
-"""
+"""FSDP2 with LoRA on embed_tokens, each LoRA module sharded: https://github.com/axolotl-ai-cloud/axolotl/pull/3403"""
 
 from __future__ import annotations
 
-import torch
-from peft import get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 
 from fsdp_matrix.case import (
     TARGET_MODULES,
     RankContext,
+    add_adapter,
     axis,
     build_model,
+    device_mesh,
     fsdp2,
     fully_shard,
-    lora_config,
     main,
     synthetic_batch,
     take_reference,
@@ -70,12 +51,11 @@ def shard_lora_modules(model: nn.Module, how: str, mesh) -> int:
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     base = build_model(axis(params, "model", ("llama",), default="llama"), "fp32", ctx)
-    torch.manual_seed(ctx.seed)
-    model = get_peft_model(base, lora_config(target_modules=[*TARGET_MODULES, "embed_tokens"]))
+    model = add_adapter(base, "lora", ctx.seed, target_modules=[*TARGET_MODULES, "embed_tokens"])
     trainable = trainable_names(model)
     reference = take_reference(model, synthetic_batch(ctx))
     how = axis(params, "lora_shard", LORA_SHARD)
-    calls = 0 if how == "none" else shard_lora_modules(model, how, init_device_mesh(ctx.device.type, (ctx.world_size,)))
+    calls = 0 if how == "none" else shard_lora_modules(model, how, device_mesh(ctx))
     checks = train_and_check(fsdp2(model, ctx), ctx, trainable=trainable, reference=reference)
     checks["lora_fully_shard_calls"] = calls
     checks["embedding_lora"] = sorted(n for n in trainable if "lora_embedding" in n)

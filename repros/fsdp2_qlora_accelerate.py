@@ -1,22 +1,8 @@
-"""accelerate#3983: FSDP2 QLoRA through accelerate with bitsandbytes' default uint8 ``bnb_4bit_quant_storage``.
-
-The report (torch 2.8.0, accelerate 1.12-era): ``fully_shard`` turns each frozen uint8 ``Params4bit`` into an
-``nn.Parameter`` with the default ``requires_grad=True`` (``RuntimeError: only Tensors of floating point dtype can
-require gradients``, pytorch#177844), or, where that is bypassed, trains with a corrupted quant state (loss 0.0,
-grad norm nan). accelerate PR #3987 (1.14.0) passes the non-floating frozen ``Params4bit`` to ``fully_shard`` as
-``ignored_params``, with a UserWarning, so they stay whole on every rank.
-
-The cell: a tiny Llama loaded in 4-bit through transformers' bitsandbytes quantizer (``storage``: ``uint8``, the
-default, or ``bf16``, the documented workaround), LoRA, ``Accelerator`` with an FSDP2 plugin and ``prepare`` (on CPU
-through the shim of workload/cpu_shim.py), 3 steps. Besides the usual checks, the loss of the first step must equal
-the unwrapped model's loss on the same batch (a corrupted quant state changes it), and the checks record what
-accelerate did with the 4-bit weights (sharded as DTensors or left whole) and its warning.
-"""
+"""FSDP2 QLoRA through accelerate, uint8 4-bit storage: https://github.com/huggingface/accelerate/issues/3983"""
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
@@ -25,6 +11,8 @@ from fsdp_matrix.case import (
     DTensor,
     RankContext,
     axis,
+    caught_warnings,
+    linear4bit_layers,
     main,
     peft_model,
     prepare_and_train,
@@ -41,19 +29,11 @@ reduction order may differ (observed equal to 5 digits in fp32)."""
 
 def four_bit_weights(model: torch.nn.Module) -> dict:
     """How the bitsandbytes 4-bit base weights came out of ``prepare``: sharded (DTensor) or whole, and their dtype."""
-    from bitsandbytes.nn import Linear4bit
-
-    sharded, whole, dtypes = 0, 0, set()
-    for module in model.modules():
-        if isinstance(module, Linear4bit):
-            weight = module.weight
-            sharded += isinstance(weight, DTensor)
-            whole += not isinstance(weight, DTensor)
-            dtypes.add(str(weight.dtype))
+    weights = [m.weight for m in linear4bit_layers(model).values()]
     return {
-        "linear4bit_weights_sharded": sharded,
-        "linear4bit_weights_whole": whole,
-        "linear4bit_dtypes": sorted(dtypes),
+        "linear4bit_weights_sharded": sum(isinstance(w, DTensor) for w in weights),
+        "linear4bit_weights_whole": sum(not isinstance(w, DTensor) for w in weights),
+        "linear4bit_dtypes": sorted({str(w.dtype) for w in weights}),
     }
 
 
@@ -65,8 +45,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     batch = synthetic_batch(ctx)
     with torch.no_grad():
         unwrapped_loss = float(model(input_ids=batch, labels=batch).loss)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caught_warnings() as caught:
         checks = prepare_and_train(model, params, ctx, trainable, inspect=four_bit_weights)
     checks["accelerate_warnings"] = sorted(
         {str(w.message).splitlines()[0][:200] for w in caught if "Params4bit" in str(w.message)}

@@ -1,25 +1,4 @@
-"""peft#1577, transformers#33930, transformers#42489: reentrant gradient checkpointing on a PEFT model whose inputs
-are frozen: ``RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn``.
-
-With LoRA only inside the decoder layers, the hidden states that enter each checkpointed layer come from a frozen
-embedding and do not require grad. torch's reentrant checkpoint then builds no graph through the layer ("None of
-the inputs have requires_grad=True. Gradients will be None"), the loss has no ``grad_fn``, and ``backward`` raises.
-``get_peft_model`` hooks the embedding output itself (``enable_input_require_grads``) only when checkpointing is
-already on when it runs; checkpointing turned on afterwards (by the user, or by the Trainer's
-``gradient_checkpointing=True``) is the report. Workarounds: ``model.enable_input_require_grads()``, or
-``gradient_checkpointing_kwargs={"use_reentrant": False}``.
-
-Unlike ``gradient-checkpointing`` (peft#1910, which always hooks the inputs), this case varies the hook:
-
-- ``gc``: ``hf_reentrant`` / ``hf_nonreentrant``: transformers' checkpointing with ``use_reentrant`` True / False;
-- ``inputs``: ``peft``: checkpointing turned on before ``get_peft_model`` (PEFT hooks the inputs); ``manual``:
-  turned on after it, then ``enable_input_require_grads()`` (the workaround); ``none``: turned on after it, nothing
-  else (the report). Through the Trainer, the Trainer turns checkpointing on itself (``gradient_checkpointing=True``
-  in ``TrainingArguments``), after PEFT, so ``inputs`` is ``none`` or ``manual`` there.
-
-A fix holds when training passes every check and the attention of every decoder layer was recomputed once per step
-in backward (checkpointing was really on).
-"""
+"""Reentrant gradient checkpointing with frozen inputs: https://github.com/huggingface/peft/issues/1577"""
 
 from __future__ import annotations
 

@@ -1,42 +1,24 @@
-"""transformers#30228 (pytorch#123962, pytorch#100069, trl#1726): ``generate()`` on an FSDP1-wrapped PEFT model.
-
-FSDP1 gathers a unit's parameters only in its ``forward``. ``PeftModelForCausalLM.generate`` calls the inner
-transformers model's ``generate``, which never enters the root FSDP unit's forward, so the root's own parameters
-(the embedding, the final norm, ``lm_head``: everything outside the decoder-layer units) are still 1-D shards, and the
-embedding raises ``RuntimeError: 'weight' must be 2-D``. torch does not plan to change this for FSDP1 (pytorch#123962);
-the workaround in the threads is ``FSDP.summon_full_params(model, writeback=False, recurse=False)`` around
-``generate`` (the root's parameters only; the decoder layers still gather in their own forward), or with
-``recurse=True`` (every parameter, on every rank).
-
-Axes: ``orig`` (``use_orig_params``; the report has False), ``workaround`` none / summon_root / summon_all. The
-model: LoRA (``init_lora_weights=False``, so the adapter changes the output) on the tiny llama, FSDP1 per decoder
-layer, trained 3 steps with the usual checks. A fix holds when greedy generation returns exactly the tokens of the
-same model trained the same way unsharded.
-"""
+"""generate() on an FSDP1-wrapped PEFT model: https://github.com/huggingface/transformers/issues/30228"""
 
 from __future__ import annotations
 
 import contextlib
 
 import torch
-from peft import get_peft_model
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from fsdp_matrix.case import (
     RankContext,
+    add_adapter,
     axis,
     base_model,
     check_same_tokens,
-    flag,
     greedy_generate,
-    lora_config,
     main,
     synthetic_batch,
-    train_and_check,
     train_unsharded,
-    trainable_names,
-    wrap,
+    wrap_cell_and_train,
 )
 
 CASE = "generate-fsdp1"
@@ -45,36 +27,24 @@ PROMPT, STEPS = 6, 3
 
 
 def _build(params: dict, ctx: RankContext) -> nn.Module:
-    model = base_model(params, ctx)
-    torch.manual_seed(ctx.seed)
-    return get_peft_model(model, lora_config(init_lora_weights=False))
+    return add_adapter(base_model(params, ctx), "lora", ctx.seed, init_lora_weights=False)
 
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     workaround = axis(params, "workaround", tuple(WORKAROUNDS))
+    axis(params, "wrap", ("decoder_layer", "peft_policy"))  # the case is about FSDP1
     batch = synthetic_batch(ctx)
     prompt = batch[:, :PROMPT]
     reference = _build(params, ctx)
-    model = _build(params, ctx)
-    trainable = trainable_names(model)
-    how = axis(params, "wrap", ("decoder_layer", "peft_policy"))
-    wrapped = wrap(model, how, flag(params, "orig"), ctx)
-    if not isinstance(wrapped, FullyShardedDataParallel):
-        raise ValueError(f"{CASE} is about FSDP1: wrap decoder_layer or peft_policy, not {how!r}")
     train_unsharded(reference, batch, STEPS)
-    checks = train_and_check(wrapped, ctx, steps=STEPS, trainable=trainable)
+    wrapped, checks = wrap_cell_and_train(_build(params, ctx), params, ctx, steps=STEPS)
     reference.eval()
     wrapped.eval()
-    if workaround == "none":
-        gathered = contextlib.nullcontext()
-    else:
-        gathered = FullyShardedDataParallel.summon_full_params(
-            wrapped, writeback=False, recurse=workaround == "summon_all"
-        )
+    summon = FullyShardedDataParallel.summon_full_params(wrapped, writeback=False, recurse=workaround == "summon_all")
     with torch.no_grad():
         expected = greedy_generate(reference, prompt)
-        with gathered:
+        with contextlib.nullcontext() if workaround == "none" else summon:
             # the PeftModel under the FSDP root, as a user reaches it (wrapped.module.generate)
             tokens = greedy_generate(wrapped.module, prompt)
     return check_same_tokens(checks, tokens, expected, PROMPT, f"generate under FSDP1 on rank {ctx.rank}")

@@ -1,30 +1,18 @@
-"""transformers#42417 (trl#4550): ``generate()`` on a ``fully_shard``-ed PEFT model while its root is resharded.
-
-``PeftModelForCausalLM.generate`` calls the inner transformers model's ``generate``, so the root FSDP2 module (the
-PeftModel) never runs its pre-forward hook: the root's own parameters (embeddings, norm, lm_head) stay sharded
-DTensors, and the embedding raises ``aten.embedding.default got mixed torch.Tensor and DTensor``. A plain forward
-right before generate leaves the root unsharded and hides it. transformers 5.0.0 (PR #42436) registers ``generate``
-with ``register_fsdp_forward_method`` in the Trainer; outside the Trainer that call is the workaround.
-
-Axes: ``adapter`` lora (``init_lora_weights=False``, so it changes the output) / none (the bare model: control);
-``workaround`` none / register; ``state`` fresh / trained (3 steps with the training checks) / after_forward (one
-forward first). A fix holds when greedy generation returns exactly the tokens of the same model unsharded.
-"""
+"""generate() on a fully_shard-ed PEFT model: https://github.com/huggingface/transformers/issues/42417"""
 
 from __future__ import annotations
 
 import torch
-from peft import get_peft_model
 from torch import nn
 
 from fsdp_matrix.case import (
     RankContext,
+    add_adapter,
     axis,
     base_model,
     check_same_tokens,
     fsdp2,
     greedy_generate,
-    lora_config,
     main,
     synthetic_batch,
     train_and_check,
@@ -45,9 +33,7 @@ def _build(params: dict, ctx: RankContext) -> nn.Module:
     model = base_model(params, ctx)
     if axis(params, "adapter", ("lora", "none")) == "none":
         return model
-    torch.manual_seed(ctx.seed)
-    config = lora_config(init_lora_weights=False)
-    return get_peft_model(model, config)
+    return add_adapter(model, "lora", ctx.seed, init_lora_weights=False)
 
 
 def run(params: dict, ctx: RankContext) -> dict:
@@ -71,9 +57,8 @@ def run(params: dict, ctx: RankContext) -> dict:
         if state == "after_forward":
             model(input_ids=batch)
         expected = greedy_generate(reference, prompt)
-        root_types = sorted({type(p).__name__ for p in model.parameters()})
+        checks["param_types_before_generate"] = sorted({type(p).__name__ for p in model.parameters()})
         tokens = greedy_generate(model, prompt)
-    checks["param_types_before_generate"] = root_types
     return check_same_tokens(checks, tokens, expected, PROMPT, "generate under FSDP2")
 
 

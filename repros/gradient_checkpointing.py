@@ -1,18 +1,4 @@
-"""peft#1910 (DoRA + SFTTrainer + FSDP; trained after switching to ``use_reentrant=True``): LoRA/DoRA under FSDP with
-activation checkpointing.
-
-The ``gc`` axis: ``none``; ``hf_reentrant`` / ``hf_nonreentrant``: transformers' ``gradient_checkpointing_enable``
-(with ``enable_input_require_grads``) before ``get_peft_model``, as the Trainer does; ``torch_ac``: torch's
-``apply_activation_checkpointing`` with ``checkpoint_wrapper(NO_REENTRANT)`` on the decoder layers, as accelerate's
-``fsdp_activation_checkpointing`` does (after FSDP1 wrapping, before FSDP2 ``fully_shard``). ``cache``: the model
-config's ``use_cache`` (True is every transformers config's default). With ``torch_ac`` and ``use_cache=True`` the
-recompute appends to the KV cache a second time on some transformers releases and torch's checkpoint raises
-``CheckpointError: ... Recomputed values for the following tensors have different metadata``
-(transformers#28499, #34928 report the same error under FSDP).
-
-A fix holds when training passes every check, the decoder layers' attention really ran again in backward
-(checkpointing was on), and the first loss equals the unwrapped, uncheckpointed model's.
-"""
+"""LoRA/DoRA under FSDP with activation checkpointing: https://github.com/huggingface/peft/issues/1910"""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""LoRA injected into a model that is already sharded (get_peft_model after FSDP wrapping).
-
-Upstream: huggingface/peft PR #3578 ("Fix LoRA on FSDP2-sharded models: shape inference and module hooks"),
-reported from transformers' DistributedConfig(fsdp_size=...), which shards inside from_pretrained
-(huggingface/transformers#48204), so that get_peft_model only ever sees sharded weights. Under FSDP2 PEFT read
-the local Shard(0) shape of the base weight and built lora_B with out_features / world_size, and the forward
-failed with "The size of tensor a (...) must match the size of tensor b (...)".
-
-The same user order (shard first, then add the adapter) is run with FSDP1 (`wrap: decoder_layer`, both
-`use_orig_params`) and FSDP2 (`wrap: fsdp2`), then 3 training steps and the usual checks.
-
-    torchrun --nproc-per-node 2 repros/lora_after_shard.py --cell lora-fp32-fsdp2-llama-ws2
-"""
+"""LoRA injected into a model that is already sharded: https://github.com/huggingface/peft/pull/3578"""
 
 from __future__ import annotations
 

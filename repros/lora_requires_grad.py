@@ -1,9 +1,4 @@
-"""peft#1702: LoRA under FSDP1 with use_orig_params=False and frozen + trainable weights in one unit.
-
-Expected: ``ValueError: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False``` for
-orig0 + decoder_layer; use_orig_params=True, PEFT's wrap policy and FSDP2 train. bf16 cells keep the adapters in
-bf16 (``autocast_adapter_dtype=False``) so the dtype check (peft#2129) does not fire first.
-"""
+"""LoRA under FSDP1 with use_orig_params=False: https://github.com/huggingface/peft/issues/1702"""
 
 from __future__ import annotations
 

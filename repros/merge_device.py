@@ -1,11 +1,4 @@
-"""peft#2129, its second error: an adapter loaded with ``low_cpu_mem_usage=True`` onto a CUDA model.
-
-PEFT 0.13.0 loads the adapter weights with ``load_state_dict(..., assign=True)``, so they keep the state dict's
-device: with the weights read onto the CPU they stay there while the base model is on the GPU, and forward (or
-``merge_and_unload``) raises ``RuntimeError: Expected all tensors to be on the same device, but found at least two
-devices, cuda:0 and cpu!``. PEFT 0.13.1 (PR #2113) moves each adapter to its base layer's device after loading.
-CUDA only: on a CPU-only machine every tensor is on the CPU and the bug cannot show.
-"""
+"""An adapter loaded with low_cpu_mem_usage=True onto a CUDA model: https://github.com/huggingface/peft/issues/2129"""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""``merge_and_unload`` on a LoRA model while it is FSDP-wrapped (axolotl#3294, torchtune PR #506, unsloth#409).
-
-Users merge the adapter into the base weights at the end of an FSDP run, on the PEFT model inside the wrapper.
-Outside a unit's forward, FSDP1 (``use_orig_params=True``) exposes each weight as this rank's 1-D slice of the flat
-parameter: PEFT then merges ``lora_B.weight @ lora_A.weight`` computed from 1-D slices into the 1-D base slice, and
-nothing raises (observed). The fix users are given (torchtune PR #506) is to merge inside
-``FSDP.summon_full_params(model, writeback=True)``. FSDP2 keeps DTensors, on which the merge is done per shard.
-
-The cell: 3 training steps (the usual checks), the wrapped model's logits on a fixed batch, ``merge_and_unload()`` on
-the inner PEFT model (``gather``: ``none``, or ``summon`` = inside ``summon_full_params(writeback=True)``), then the
-logits of the same wrapped model again. Merging must not change the output: CheckFailed gives the difference and
-the merged ``q_proj`` weight's shape.
-"""
+"""merge_and_unload on a LoRA model inside FSDP: https://github.com/axolotl-ai-cloud/axolotl/issues/3294"""
 
 from __future__ import annotations
 

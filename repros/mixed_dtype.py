@@ -1,10 +1,4 @@
-"""peft#2129: LoRA on a bf16/fp16 base, and QLoRA on a 4-bit base, under FSDP.
-
-``autocast_adapter_dtype=True`` (PEFT's default) upcasts the adapters to fp32; an FSDP unit holding them with the
-half-precision base raises ``Must flatten tensors with uniform dtype``. A 4-bit base stored as uint8 (bitsandbytes'
-default) raises ``Cannot flatten integer dtype tensors``. Fixes: autocast off, ``bnb_4bit_quant_storage`` matching
-the compute dtype, PEFT's wrap policy, FSDP2.
-"""
+"""LoRA on a half-precision base, QLoRA on a 4-bit base, under FSDP: https://github.com/huggingface/peft/issues/2129"""
 
 from __future__ import annotations
 

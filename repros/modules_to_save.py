@@ -1,10 +1,4 @@
-"""LoRA with ``modules_to_save=["lm_head"]`` under FSDP: a full trainable copy of the head next to the frozen one.
-
-PEFT wraps ``lm_head`` in a ``ModulesToSaveWrapper``: ``original_module`` stays frozen, ``modules_to_save.default``
-is a trainable copy without any ``lora_`` in its name. Training must update the copy (and the LoRA weights) and
-leave the original head bit-identical; the checks go by ``requires_grad``, so they judge the copy as trainable.
-PEFT's FSDP docs list ``modules_to_save`` as untested with FSDP.
-"""
+"""LoRA with modules_to_save=["lm_head"] under FSDP: https://github.com/huggingface/peft/pull/2681"""
 
 from __future__ import annotations
 

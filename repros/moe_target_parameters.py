@@ -1,14 +1,4 @@
-"""peft#3080: LoRA on MoE expert ``nn.Parameter``s (``target_parameters``, PEFT >= 0.17.0) under FSDP1.
-
-PEFT's ``ParamWrapper`` never calls its ``lora_A``/``lora_B`` as modules: it reads their ``.weight`` and reshapes it
-per expert. With PEFT's wrap policy each of them is its own FSDP1 unit, so outside that unit's forward the weight is
-FSDP1's flat 1-D shard and ``reshape(num_experts, -1, ...)`` raises ``shape '[4, -1, ...]' is invalid``. PR #3102
-(gather the weights first) was closed unmerged.
-
-The model is a tiny MoE whose experts are 3-D parameters: Mixtral on transformers >= 5 (fused ``gate_up_proj`` /
-``down_proj``), GPT-OSS on transformers 4.55-4.x (Mixtral's experts are ``nn.Linear`` modules there). Older
-transformers have no such model, older PEFT no ``target_parameters``: both raise, and matrix.yaml skips them.
-"""
+"""LoRA on MoE expert parameters under FSDP1: https://github.com/huggingface/peft/issues/3080"""
 
 from __future__ import annotations
 

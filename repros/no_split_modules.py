@@ -1,34 +1,23 @@
-"""peft#2166: ``fsdp_auto_wrap_policy`` on a model without ``_no_split_modules``.
-
-With FSDP_TRANSFORMER_CLS_TO_WRAP unset, ``"".split(",")`` gives ``[""]`` and the class lookup for ``""`` fails:
-``Could not find the transformer layer class to wrap in the model.`` (``Exception``, later ``TypeError``); fixed in
-PEFT 0.14.0 (PR #2167). When the policy comes back, the cell wraps with it under FSDP1 and trains, so a fix only
-holds if training works. ``cls_env`` ``bogus`` sets the variable to a class the model lacks, which raises by design.
-
-``entry: trainer``: the same models through the transformers Trainer, which calls PEFT's policy itself for a PEFT
-model (``_fsdp_qlora_plugin_updates``); ``bogus`` is then ``fsdp_config["transformer_layer_cls_to_wrap"]``.
-"""
+"""fsdp_auto_wrap_policy on a model without _no_split_modules: https://github.com/huggingface/peft/issues/2166"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from unittest import mock
 
-import torch
-from peft import get_peft_model
 from peft.utils.other import fsdp_auto_wrap_policy
 
 from fsdp_matrix.case import (
     RankContext,
+    add_adapter,
     axis,
     build_tinynet,
     flag,
     fsdp1,
-    lora_config,
     main,
     train_and_check,
-    trainable_names,
-    trainer_setup,
-    trainer_train_and_check,
+    trainer_entry,
 )
 
 CASE = "no-split-modules"
@@ -36,39 +25,30 @@ ENV_VAR = "FSDP_TRANSFORMER_CLS_TO_WRAP"
 CLS_ENV = {"unset": None, "bogus": "NoSuchDecoderLayer"}
 
 
-def through_trainer(model, value, params: dict, ctx: RankContext) -> dict:
-    """The Trainer with ``fsdp="full_shard auto_wrap"``: for a PEFT model it builds PEFT's policy itself. The class
-    to wrap is given as its users give it, ``fsdp_config["transformer_layer_cls_to_wrap"]`` (the Trainer exports it
-    as the variable), or not at all."""
-    from unittest import mock
-
-    params = {**params, "wrap": "decoder_layer"}  # FSDP1, the Trainer's policy: the class is the cell's, or none
-    extra = {"transformer_layer_cls_to_wrap": [value]} if value else {}
-    trainable = trainable_names(model)
-    with mock.patch.dict(os.environ):  # the caller's (or an earlier cell's) class must not reach this cell
+@contextlib.contextmanager
+def class_to_wrap(value):
+    # the cell's alone: not the caller's (or an earlier cell's) class, and later cells see the caller's environment
+    with mock.patch.dict(os.environ):
         os.environ.pop(ENV_VAR, None)
-        with trainer_setup(model, params, ctx, fsdp_config=extra) as trainer:
-            return trainer_train_and_check(trainer, params, ctx, trainable)
+        if value is not None:
+            os.environ[ENV_VAR] = value
+        yield
 
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    model = build_tinynet(axis(params, "shape", ("plain", "hf_none")), ctx)
-    torch.manual_seed(ctx.seed)
-    model = get_peft_model(model, lora_config(task_type=None))
+    net = build_tinynet(axis(params, "shape", ("plain", "hf_none")), ctx)
+    model = add_adapter(net, "lora", ctx.seed, task_type=None)
     value = CLS_ENV[axis(params, "cls_env", tuple(CLS_ENV), default="unset")]
     if axis(params, "entry", ("trainer",), default=None) == "trainer":
-        return through_trainer(model, value, params, ctx)
-    saved = os.environ.pop(ENV_VAR, None)
-    try:
-        if value is not None:
-            os.environ[ENV_VAR] = value
+        # the Trainer (fsdp="full_shard auto_wrap", FSDP1) builds PEFT's policy itself for a PEFT model; the class to
+        # wrap is given as its users give it, fsdp_config["transformer_layer_cls_to_wrap"] (the Trainer exports it as
+        # the variable), or not at all
+        extra = {"transformer_layer_cls_to_wrap": [value]} if value else {}
+        with class_to_wrap(None):
+            return trainer_entry(model, {**params, "wrap": "decoder_layer"}, ctx, fsdp_config=extra)
+    with class_to_wrap(value):
         policy = fsdp_auto_wrap_policy(model)
-    finally:
-        # later cells in the same launch must see the caller's environment
-        os.environ.pop(ENV_VAR, None)
-        if saved is not None:
-            os.environ[ENV_VAR] = saved
     return train_and_check(fsdp1(model, policy, flag(params, "orig", default=False), ctx), ctx)
 
 

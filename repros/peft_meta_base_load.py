@@ -1,25 +1,4 @@
-"""peft#2945 (fix: PR #3000, peft 0.20.0): PEFT applied on ``meta`` before sharding, then the base checkpoint loaded.
-
-Under FSDP no rank holds the whole model, so (as TorchTitan does) the model is built on ``meta``, PEFT is applied
-(it must be: it swaps ``nn.Linear`` for ``lora.Linear``, which cannot be done once FSDP owns the parameters), the
-model is sharded with ``fully_shard`` and materialised with ``to_empty``, and only then are the base weights loaded.
-The checkpoint still says ``...q_proj.weight`` where the model now has ``base_model.model...q_proj.base_layer.weight``,
-so a plain ``load_state_dict`` finds no key it knows: every key is missing or unexpected. PR #3000 adds
-``set_base_model_state_dict`` (and ``get_base_model_state_dict``), which translate the original key names.
-
-The ``load`` axis:
-
-- ``plain``: ``model.load_state_dict(checkpoint)`` (the report);
-- ``plain_nonstrict``: the same with ``strict=False``, as users then try: nothing raises, nothing is loaded;
-- ``peft_api``: ``peft.set_base_model_state_dict(model, checkpoint)`` (the fix; peft >= 0.20.0) with the full
-  tensors of the checkpoint;
-- ``peft_api_dtensor``: the same, each tensor first sharded like its parameter (``distribute_tensor`` with the mesh
-  and placements that ``get_base_model_state_dict`` shows).
-
-After loading, the adapters are initialised as ``get_peft_model`` would have (``to_empty`` leaves them
-uninitialised). A fix holds when every base tensor, gathered, equals the checkpoint's, and training passes every
-check. A base tensor that differs raises ``CheckFailed`` naming it.
-"""
+"""PEFT on meta before sharding, then the base checkpoint: https://github.com/huggingface/peft/issues/2945"""
 
 from __future__ import annotations
 

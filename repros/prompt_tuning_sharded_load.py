@@ -1,15 +1,4 @@
-"""pytorch#109077: prompt tuning under FSDP1, loading a SHARDED_STATE_DICT checkpoint that lacks the prompt embedding.
-
-Prompt tuning adds a parameter (the prompt embedding) that a pretrained checkpoint does not have. Loading such a
-checkpoint with ``load_state_dict(sd, strict=False)`` under ``SHARDED_STATE_DICT`` crashed in FSDP's pre-load hook
-(``state_dict.pop(fqn)``, a KeyError) until pytorch PR #109116 (cherry-picked as #111149) made it skip the missing
-key; ``strict=True`` then reports it through ``nn.Module.load_state_dict``, by design.
-
-Each cell saves model A's sharded state dict without the prompt key with torch.distributed.checkpoint, loads it into
-model B (other base weights, same wrapping), then trains B. A fix holds when the load reports exactly the prompt key
-missing, B's base weights equal A's (and differed before), B's prompt embedding is untouched by the load, and
-training passes every check.
-"""
+"""Prompt tuning, FSDP1 sharded load without the prompt: https://github.com/pytorch/pytorch/issues/109077"""
 
 from __future__ import annotations
 

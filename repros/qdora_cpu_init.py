@@ -1,21 +1,4 @@
-"""peft#1674: DoRA initialised on a bitsandbytes 4-bit base whose weights sit on the CPU (FSDP QLoRA loading).
-
-With FSDP's ``cpu_ram_efficient_loading`` / CPU offload, the 4-bit base is still on the CPU when
-``get_peft_model(..., LoraConfig(use_dora=True))`` runs. DoRA's init dequantizes each base weight to take its norm,
-and the bitsandbytes of the time had CUDA-only kernels: ``ValueError: Expected a cuda device, but got: cpu``.
-PR #1724 (peft 0.11.0) moves a CPU weight to CUDA for the dequantization and back; from 0.15.0 only when CUDA is
-available; PR #2820 (0.18.0) drops the move, since bitsandbytes dequantizes on the CPU itself.
-
-Axis ``quantized_on``:
-
-- ``cpu``: every decoder Linear is swapped for a ``bnb.nn.Linear4bit`` and quantized on the CPU (bitsandbytes'
-  CPU backend; no transformers quantizer, so every transformers release can build it) and left there.
-- ``cuda``: the same, quantized on the GPU and then moved to the CPU before DoRA's init, as the report's loading
-  leaves it; only on a CUDA machine.
-
-Then: DoRA's init (the step of the report), a check that every DoRA magnitude equals the row norm of its
-dequantized base weight, the model on ``ctx.device``, FSDP2, 3 training steps and the usual checks.
-"""
+"""DoRA initialised on a 4-bit base on the CPU: https://github.com/huggingface/peft/issues/1674"""
 
 from __future__ import annotations
 

@@ -1,18 +1,4 @@
-"""bitsandbytes#1405 (fix: bitsandbytes PR #1866): ``get_model_state_dict(model, StateDictOptions(full_state_dict=True,
-cpu_offload=True))`` on an FSDP QLoRA model raises ``AttributeError: 'Params4bit' object has no attribute 'absmax'``.
-
-``Linear4bit._save_to_state_dict`` writes the quantization state as extra keys under the weight
-(``...weight.absmax``, ``...weight.quant_map``, ``...weight.quant_state.bitsandbytes__nf4``), and torch's
-``_get_fqns`` resolves every key by ``getattr`` along its dots, so it asks the ``Params4bit`` weight for ``absmax``.
-PR #1866 makes ``Params4bit`` answer those names from its ``quant_state`` (in bitsandbytes 0.50.2 as properties).
-The report's code (llama-recipes ``save_peft_checkpoint``) then passes the state dict to ``save_pretrained``.
-
-The base is the tiny llama loaded in 4-bit through transformers (bitsandbytes quantizes on the CPU from 0.47), with
-bf16 compute and bf16 quant storage, so FSDP1 can flatten it, and LoRA not upcast (``autocast`` 0) so one decoder
-layer unit holds one dtype. Axis ``offload``: the ``cpu_offload`` option (1 is the report's). After 3 training steps
-with the usual checks, a fix holds when the state dict is returned and, on every rank that gets one (with
-``cpu_offload`` only rank 0), it holds every trained adapter tensor at its unsharded shape and value.
-"""
+"""Full state dict of FSDP QLoRA: https://github.com/bitsandbytes-foundation/bitsandbytes/issues/1405"""
 
 from __future__ import annotations
 
@@ -23,15 +9,12 @@ from fsdp_matrix.case import (
     CheckFailed,
     RankContext,
     axis,
-    clean_name,
     flag,
-    full_parameters,
+    gathered_parameters,
     main,
     peft_model,
-    train_and_check,
     trainable_names,
-    wrap_cell,
-    wrapper_kind,
+    wrap_cell_and_train,
 )
 
 CASE = "qlora-full-state-dict"
@@ -39,8 +22,7 @@ CASE = "qlora-full-state-dict"
 
 def _check_adapters(state: dict, expected: dict, rank: int) -> int:
     wrong = []
-    for name, raw in expected.items():
-        key = clean_name(name)
+    for key, raw in expected.items():
         value = state.get(key)
         if value is None:
             wrong.append(f"{key} missing")
@@ -61,10 +43,8 @@ def run(params: dict, ctx: RankContext) -> dict:
     offload = flag(params, "offload")
     model = peft_model(params, ctx)
     trainable = trainable_names(model)
-    wrapped = wrap_cell(model, params, ctx)
-    checks = train_and_check(wrapped, ctx, trainable=trainable)
-    expected = full_parameters(wrapped, wrapper_kind(wrapped), None)
-    expected = {n: v for n, v in expected.items() if clean_name(n) in set(trainable)}
+    wrapped, checks = wrap_cell_and_train(model, params, ctx)
+    expected = gathered_parameters(wrapped, trainable)
     # the report's call: a full, CPU-offloaded state dict of the whole FSDP QLoRA model
     state = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
     checks["state_dict_keys"] = len(state)

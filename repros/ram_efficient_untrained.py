@@ -1,16 +1,4 @@
-"""axolotl PR #3977 (axolotl#3772): FSDP2 through accelerate with ``cpu_ram_efficient_loading``, where the LoRA
-shards of ranks > 0 are never trained, without an error.
-
-Ram-efficient loading leaves ranks > 0 with the base and the adapter on the meta device. accelerate's FSDP2
-``prepare`` swaps the optimizer's parameters for the sharded ones through a map keyed by ``data_ptr()``
-(``fsdp2_switch_optimizer_parameters``); every meta tensor's ``data_ptr()`` is 0, so on ranks > 0 the optimizer ends up
-stepping one tensor under every name. The loss goes down (rank 0's shards train) and every full tensor changed; only
-the per-shard "nothing left untrained" check (corruption.py) sees rank 1's pieces unchanged.
-
-axolotl's fix gives the trainable parameters real storage on every rank before the optimizer is built
-(``fix: materialize`` here: ``to_empty`` on each module whose own parameters require grad and are on meta; their
-values still arrive from rank 0 in ``prepare``). ``init: full`` is the control.
-"""
+"""FSDP2 through accelerate with cpu_ram_efficient_loading: https://github.com/axolotl-ai-cloud/axolotl/pull/3977"""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""peft PR #2151, transformers#40382: ``resize_token_embeddings`` with mean resizing on a model whose ranks > 0 hold
-meta weights (ram-efficient loading), before PEFT and FSDP.
-
-transformers 4.46 made ``mean_resizing=True`` the default: the new rows are drawn from the mean and covariance of the
-old ones. On ranks > 0 under ram-efficient loading the old rows are meta tensors. PEFT's FSDP QLoRA example script
-(PR #2151) passes ``mean_resizing=False`` when it finds the embedding on meta; transformers#40382 reports the same
-error from ``accelerate launch`` with ``fsdp_cpu_ram_efficient_loading: true``.
-
-Axes: ``init`` (``full``: the control), ``mean`` (``mean_resizing``: 1, the default since transformers 4.46, or 0,
-PEFT's workaround; a transformers without the argument takes neither and raises its TypeError), ``wrap``/``orig``/
-``entry`` as everywhere. The resized model gets the usual LoRA and trains with every check; the new rows arrive on
-ranks > 0 through FSDP's broadcast from rank 0.
-"""
+"""resize_token_embeddings with ranks > 0 on meta: https://github.com/huggingface/transformers/issues/40382"""
 
 from __future__ import annotations
 

@@ -1,24 +1,4 @@
-"""transformers PR #35234 (pytorch#143536): saving an adapter under FSDP1 hangs, because only rank 0 gathers.
-
-The Trainer's ``save_model`` under FSDP gathers the full state dict on every rank (a collective), then calls
-``save_pretrained(output_dir, state_dict=state_dict)`` on rank 0 only. For a transformers model that holds its
-adapter through transformers' own PEFT integration (``model.add_adapter(LoraConfig(...))``), ``save_pretrained``
-ignored the ``state_dict`` it was given and called ``get_adapter_state_dict()``, which calls ``model.state_dict()``
-again: FSDP1's FULL_STATE_DICT hooks all-gather every unit, on rank 0 alone, and rank 0 waits forever (on GPU until
-the NCCL watchdog kills the job, "Watchdog caught collective operation timeout" in the PR). PR #35234 (transformers
-4.51.0) passes ``state_dict`` through to ``get_peft_model_state_dict``.
-
-The cell does what ``Trainer.save_model`` does, without the Trainer: LoRA on the tiny Llama, FSDP1 with the
-decoder-layer policy and ``use_orig_params=True``, 3 steps (the usual checks), then every rank gathers the full
-state dict and rank 0 alone calls ``save_pretrained(dir, state_dict=...)``. The other ranks wait for rank 0's word
-on a file, outside any collective, as the Trainer's other ranks have moved on. Rank 0 then reads the adapter file
-back: every adapter tensor with its full shape and the trained values. A hang is recorded with every rank's stack.
-
-Axis ``via`` (how the model holds its adapter):
-
-- ``hf_add_adapter``: transformers' integration, ``model.add_adapter(config)``: the report's path.
-- ``peft_model``: ``get_peft_model``: ``PeftModel.save_pretrained`` always handed ``state_dict`` on (contrast).
-"""
+"""save_pretrained on rank 0 only under FSDP1 hangs: https://github.com/huggingface/transformers/pull/35234"""
 
 from __future__ import annotations
 

@@ -1,24 +1,4 @@
-"""peft#2834, trl#3371: a second adapter added to a PEFT model whose ranks > 0 hold meta weights (ram-efficient
-loading), then FSDP.
-
-Ram-efficient loading leaves ranks > 0 with the base and the first adapter on the meta device. A second adapter,
-``add_adapter`` (peft#2834, "FSDP QLORA doesn't work with multiple adapters") or ``load_adapter`` of a saved one as
-TRL's DPO docs recommend for the reference model (trl#3371), is built by PEFT on the CPU; PEFT's
-``_move_adapter_to_device_of_base_layer`` then skips the whole adapter dict, because the first adapter in it is on
-meta (``if any(p.device == meta for p in adapter_layer.parameters()): continue``), so on ranks > 0 the new adapter
-is a real CPU tensor among meta ones. The attempted fix (peft PR #2836) was closed unmerged.
-
-On CPU the stray tensor sits on the very device FSDP materializes to, so FSDP raises nothing and the broadcast
-from rank 0 gives it rank 0's values (observed); the mismatch PEFT leaves is what the repro checks, before
-wrapping, on every rank: every weight of the new adapter must be on its base layer's device. A CUDA run with two
-GPUs would show what FSDP then does with a CPU tensor among meta ones on ranks > 0 (needs 2 GPUs; not run here).
-
-Axes: ``init`` (``full``: every rank builds real weights, the control); ``how``: ``add_adapter``, ``load_adapter``,
-or ``add_adapter_meta``, the workaround: on ranks whose base is on meta, ``add_adapter(..., low_cpu_mem_usage=True)``
-builds the new adapter on meta like the rest (what the closed PR #2836 would have done; PEFT >= 0.13);
-``wrap``/``orig``/``entry`` as everywhere. After the device check the model trains with every check: the first
-adapter trains; the second is frozen and judged by the ranks-agree and forward checks.
-"""
+"""A second adapter on a PEFT model with ranks > 0 on meta: https://github.com/huggingface/peft/issues/2834"""
 
 from __future__ import annotations
 

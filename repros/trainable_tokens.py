@@ -1,31 +1,21 @@
-"""LoRA with trainable tokens (``LoraConfig(trainable_token_indices=...)``) under FSDP: train, then take the adapter
-state dict the way accelerate and the Trainer save it (``get_peft_model_state_dict`` on the wrapped model).
-
-Before PEFT 0.17.0 (PR #2681) the trainable-tokens wrapper looked up its keys in the state dict with the module
-name FSDP1 gives it (``_fsdp_wrapped_module.`` prefix), while FSDP's full state dict keys have no prefix. Trainable
-tokens exist from PEFT 0.15.0. The token ids are taken from the training batch: a token that never occurs gets no
-gradient, and the checks would rightly fail it.
-"""
+"""LoRA with trainable tokens under FSDP: https://github.com/huggingface/peft/pull/2681"""
 
 from __future__ import annotations
 
 import torch
 from peft import get_peft_model, get_peft_model_state_dict
-from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
 from fsdp_matrix.case import (
     CheckFailed,
     RankContext,
     base_model,
-    clean_name,
-    full_parameters,
+    fsdp1_full_state_dict,
+    gathered_parameters,
     lora_config,
     main,
     synthetic_batch,
-    train_and_check,
     trainable_names,
-    wrap_cell,
-    wrapper_kind,
+    wrap_cell_and_train,
 )
 
 CASE = "trainable-tokens"
@@ -33,12 +23,7 @@ CASE = "trainable-tokens"
 
 def adapter_state_dict(model: torch.nn.Module) -> dict:
     """``get_peft_model_state_dict`` of a wrapped model over its full state dict, as accelerate's FSDP save does."""
-    if wrapper_kind(model) == "fsdp1":
-        # offload_to_cpu=False: on CPU the offload path frees storage the state dict still uses
-        config = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
-        with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
-            state = get_peft_model_state_dict(model)
-    else:
+    with fsdp1_full_state_dict(model):
         state = get_peft_model_state_dict(model)
     return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
 
@@ -50,10 +35,9 @@ def run(params: dict, ctx: RankContext) -> dict:
     torch.manual_seed(ctx.seed)  # the same adapter on every rank
     model = get_peft_model(base_model(params, ctx), config)
     trainable = trainable_names(model)
-    wrapped = wrap_cell(model, params, ctx)
-    checks = train_and_check(wrapped, ctx, trainable=trainable)
+    wrapped, checks = wrap_cell_and_train(model, params, ctx)
     saved = adapter_state_dict(wrapped)
-    trained = {clean_name(n): t for n, t in full_parameters(wrapped, wrapper_kind(wrapped)).items()}
+    trained = gathered_parameters(wrapped)
     # PEFT's saved keys drop the adapter name: ...lora_A.default.weight -> ...lora_A.weight
     missing = [n for n in trainable if n.replace(".default", "") not in saved]
     differ = [

@@ -1,23 +1,4 @@
-"""pytorch#136228 (fixed by pytorch PR #136365, cherry-picked into 2.5 as #136903): a full state dict whose
-parameters' dim 0 does not divide by the shard group could not be loaded into an FSDP2 model. With PEFT that is the
-common case, not the corner: a LoRA rank of 6 over 4 ranks gives ``lora_A`` rows of 2, 2, 2 and 0 (rank 3 holds an
-empty shard), and a hidden size of 42 gives ``lora_B`` rows of 11, 11, 11 and 9.
-
-The cell trains such a model on 4 ranks (``world_size: 4`` in its grid), or on 2 nodes x 2 ranks with HSDP
-(``shard: hybrid``: FSDP1 ``HYBRID_SHARD`` or FSDP2 ``fully_shard`` over an explicit 2-D mesh
-``("replicate", "shard")``), with every training and silent-corruption check, then puts the trained state into a
-fresh, differently initialised sharded model by one of two paths (``load``):
-
-- ``full_broadcast``: ``get_model_state_dict(full_state_dict=True)``, written to a file by rank 0,
-  read back by rank 0 and loaded with ``set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)``
-  (the report's path: a full tensor distributed into uneven shards);
-- ``dcp``: ``torch.distributed.checkpoint`` save of the sharded state dict, and load into the fresh model's.
-
-It fails with CheckFailed naming every tensor that the fresh model does not hold exactly as trained. Under HSDP it
-also checks that each rank's shard group is its own node's ranks (the group the sharding check divides by), and the
-base model comes from ``save_pretrained`` into this node's scratch by its local rank 0 (each node has its own
-scratch, as each machine would) and ``from_pretrained`` on every rank.
-"""
+"""LoRA and hidden sizes that do not divide by the shard group: https://github.com/pytorch/pytorch/issues/136228"""
 
 from __future__ import annotations
 

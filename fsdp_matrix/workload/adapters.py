@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from peft import LoraConfig, get_peft_model
@@ -43,16 +43,19 @@ def lora_config(
     return LoraConfig(target_modules=modules, task_type=task_type, **options)
 
 
-def add_adapter(model: nn.Module, adapter: str, seed: int, autocast: Optional[bool] = None) -> nn.Module:
+def add_adapter(
+    model: nn.Module, adapter: str, seed: int, autocast: Optional[bool] = None, **options: Any
+) -> nn.Module:
     """``get_peft_model`` with a rank-4 LoRA (``dora``: ``use_dora=True``) on q/v projections.
 
     ``autocast`` is passed as ``autocast_adapter_dtype`` (True upcasts fp16/bf16 adapter weights to fp32); None
     leaves PEFT's default. Asking for the upcast on a PEFT without the option raises TypeError, as PEFT itself
-    would; asking for no upcast there is what that PEFT always did.
+    would; asking for no upcast there is what that PEFT always did. ``options`` go to ``lora_config`` as given
+    (``target_modules``, ``task_type``, ``init_lora_weights``, ``modules_to_save``, ...).
     """
     if adapter not in ("lora", "dora", "qlora"):
         raise ValueError(f"unknown adapter {adapter!r} (expected lora, dora or qlora)")
-    config = lora_config(use_dora=adapter == "dora")
+    config = lora_config(use_dora=adapter == "dora", **options)
     kwargs = {} if autocast is None else {"autocast_adapter_dtype": bool(autocast)}
     if autocast is False and not has_autocast_option():
         # before the option existed PEFT never upcast: leaving it out *is* autocast_adapter_dtype=False there

@@ -22,12 +22,12 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import is_adapter
@@ -162,6 +162,16 @@ def gathered_adapter(model: nn.Module) -> Dict[str, torch.Tensor]:
             full = param.full_tensor() if isinstance(param, DTensor) else param
             out[adapter_key(name)] = full.detach().cpu().clone()
     return out
+
+
+def fsdp1_full_state_dict(model: nn.Module) -> ContextManager:
+    """FSDP1's ``FULL_STATE_DICT`` state-dict type on an FSDP1 root, as accelerate's FSDP1 save and adapter load set
+    it: every rank gathers, nothing offloaded (on CPU the offload path frees storage the state dict still uses).
+    Nothing for another model (FSDP2, unwrapped): its state dict needs no such setting."""
+    if not isinstance(model, FullyShardedDataParallel):
+        return contextlib.nullcontext()
+    config = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
+    return FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, config)
 
 
 def full_shapes(model: nn.Module) -> Dict[str, Tuple[int, ...]]:

@@ -8,8 +8,10 @@ tensor had on the PEFT model before wrapping.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Dict, Iterable, List, Optional
+import warnings
+from typing import Dict, Iterable, Iterator, List, Optional
 
 import torch
 from torch import distributed as dist
@@ -38,6 +40,19 @@ class Failures(list):
         """CheckFailed with every collected message, ``; ``-joined; nothing when none failed."""
         if self:
             raise CheckFailed("; ".join(self))
+
+
+@contextlib.contextmanager
+def caught_warnings(replay: bool = False) -> Iterator[List[warnings.WarningMessage]]:
+    """Every warning raised in the block, each time (filter ``always``), in the list it yields. Caught warnings do
+    not reach the worker's record of the cell's warnings, which warning rules judge; ``replay`` raises them again
+    after the block (not when it raised), so the record has them too."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+    if replay:
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def wrapper_kind(model: nn.Module) -> str:
@@ -126,6 +141,15 @@ def full_parameters(model: nn.Module, kind: str, names: Optional[List[str]] = No
         param = _resolve(model, name)
         out[name] = _as_bytes(param.full_tensor() if isinstance(param, DTensor) else param)
     return out
+
+
+def gathered_parameters(model: nn.Module, names: Optional[Iterable[str]] = None) -> Dict[str, torch.Tensor]:
+    """``full_parameters`` of a wrapped (or unwrapped) model by cleaned name, the name each tensor had on the PEFT
+    model before wrapping; only those in ``names`` (cleaned names, e.g. ``trainable_names``) when given. Collective
+    under FSDP."""
+    keep = None if names is None else set(names)
+    full = full_parameters(model, wrapper_kind(model))
+    return {clean_name(n): t for n, t in full.items() if keep is None or clean_name(n) in keep}
 
 
 def _local_grad_squares(model: nn.Module) -> Dict[str, float]:

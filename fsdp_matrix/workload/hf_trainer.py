@@ -15,7 +15,7 @@ import torch
 from torch import distributed as dist
 from torch import nn
 
-from fsdp_matrix.workload.checks import TrainingChecks
+from fsdp_matrix.workload.checks import TrainingChecks, trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import CorruptionChecks, Reference
 from fsdp_matrix.workload.cpu_shim import cpu_fsdp_shim
@@ -230,9 +230,13 @@ def trainer_entry(
     model: nn.Module,
     params: Mapping[str, Any],
     ctx: RankContext,
-    trainable: List[str],
+    trainable: Optional[List[str]] = None,
     reference: Optional[Reference] = None,
+    **setup: Any,
 ) -> dict:
-    """The ``trainer`` entry of a cell: build the Trainer, train, check."""
-    with trainer_setup(model, params, ctx) as trainer:
+    """The ``trainer`` entry of a cell: build the Trainer (``setup``: ``trainer_setup``'s keywords, e.g.
+    ``fsdp_config`` or ``TrainingArguments`` overrides), train, check. ``trainable`` is read from ``model`` when not
+    given."""
+    trainable = trainable_names(model) if trainable is None else trainable
+    with trainer_setup(model, params, ctx, **setup) as trainer:
         return trainer_train_and_check(trainer, params, ctx, trainable, reference)

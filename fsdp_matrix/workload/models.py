@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Dict
 
 import torch
 import transformers
@@ -145,6 +145,11 @@ def save_model_files(model: nn.Module, path: Path) -> None:
 def count_linear4bit(model: nn.Module) -> int:
     """Number of bitsandbytes ``Linear4bit`` modules."""
     return sum(isinstance(m, Linear4bit) for m in model.modules())
+
+
+def linear4bit_layers(model: nn.Module) -> Dict[str, nn.Module]:
+    """Every bitsandbytes ``Linear4bit`` module (the 4-bit base layers), by name."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, Linear4bit)}
 
 
 def decoder_layer_class(model: nn.Module) -> type:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 from torch import nn
 
@@ -72,6 +72,18 @@ def wrap_cell(model: nn.Module, params: Mapping[str, Any], ctx: RankContext) -> 
     """``model`` wrapped as the ``wrap`` axis says (FSDP1 or FSDP2), ``use_orig_params`` from the ``orig`` axis
     (absent: the wrapper's default); the shard, mixed-precision and init axes are wrap_and_train's."""
     return wrap(model, axis(params, "wrap", WRAPS), flag(params, "orig", default=None), ctx)
+
+
+def wrap_cell_and_train(
+    model: nn.Module, params: Mapping[str, Any], ctx: RankContext, steps: int = 3
+) -> Tuple[nn.Module, dict]:
+    """``model`` wrapped by ``wrap_cell`` and trained ``steps`` steps with every check (``train_and_check``, the
+    trainable set taken before wrapping, no forward reference): the wrapped model, for what the repro does next
+    (save, merge, take a state dict), and the checks. The ``entry``, ``init``, ``shard`` and ``mp`` axes are
+    ``wrap_and_train``'s."""
+    trainable = trainable_names(model)
+    wrapped = wrap_cell(model, params, ctx)
+    return wrapped, train_and_check(wrapped, ctx, steps=steps, trainable=trainable)
 
 
 def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext) -> dict:

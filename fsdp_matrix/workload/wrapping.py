@@ -9,7 +9,7 @@ from typing import Callable, Optional
 import torch
 from peft.utils.other import fsdp_auto_wrap_policy
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
@@ -76,14 +76,20 @@ def fsdp1(
         )
 
 
-def fsdp2(model: nn.Module, ctx: RankContext, init: str = "full") -> nn.Module:
-    """``fully_shard`` on every decoder layer, then on the root, over a 1-D mesh of all ranks.
+def device_mesh(ctx: RankContext) -> DeviceMesh:
+    """The 1-D mesh of all ranks on the cell's device type, as ``fsdp2`` shards over it."""
+    return init_device_mesh(ctx.device.type, (ctx.world_size,))
+
+
+def fsdp2(model: nn.Module, ctx: RankContext, init: str = "full", *, per_layer: bool = True) -> nn.Module:
+    """``fully_shard`` on every decoder layer, then on the root, over a 1-D mesh of all ranks (``per_layer`` False:
+    on the root only, so every parameter is in one unit).
 
     ``init`` ``ram_efficient``: rank 0's state dict, taken before sharding, is broadcast into the sharded model
     (meta_init.fsdp2_from_rank0)."""
     full_sd = model.state_dict() if _init(init) in FROM_RANK0 and ctx.is_main else {}
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    for layer in decoder_layers(model):
+    mesh = device_mesh(ctx)
+    for layer in decoder_layers(model) if per_layer else []:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     if init in FROM_RANK0:
