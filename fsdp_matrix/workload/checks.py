@@ -41,7 +41,9 @@ class Failures(list):
 
 
 def wrapper_kind(model: nn.Module) -> str:
-    """``fsdp1``, ``fsdp2`` (parameters are DTensors), ``ddp`` (DistributedDataParallel) or ``none``."""
+    """``fsdp1``, ``fsdp2`` (parameters are DTensors), ``ddp`` (DistributedDataParallel) or ``none``; a compiled
+    model (``OptimizedModule``) is what it compiled."""
+    model = getattr(model, "_orig_mod", model)
     if isinstance(model, FullyShardedDataParallel):
         return "fsdp1"
     if any(isinstance(p, DTensor) for p in model.parameters()):
