@@ -60,15 +60,16 @@ def sync_every_micro_step(ctx: RankContext) -> dict:
 
 
 def hooks_bypassed(ctx: RankContext) -> dict:
-    """Decoder layer 0's FSDP2 unshard never runs from its hooks: its parameters are gathered by hand, outside
-    FSDP (as a hook-less call would need them), so training still works and only the count shows it."""
+    """Decoder layer 0's FSDP2 hooks never unshard it: it is gathered once by hand before training and left unsharded
+    (what a layer whose hooks never fire needs to run at all), so training still works and only the count shows it."""
     model = lora(ctx)
     names = trainable_names(model)
     wrapped = wrap(model, "fsdp2", None, ctx)
     layer = decoder_layers(wrapped)[0]
-    state = layer._get_fsdp_state()
-    state._fsdp_param_group.unshard = lambda *a, **k: None  # noqa: ARG005 - the unshard that never runs
-    state._fsdp_param_group.wait_for_unshard = lambda *a, **k: None  # noqa: ARG005
+    layer.unshard()
+    group = layer._get_fsdp_state()._fsdp_param_group
+    for hook in ("unshard", "wait_for_unshard", "reshard"):
+        setattr(group, hook, lambda *args, **kwargs: None)
     return train_and_check(wrapped, ctx, trainable=names, params={"wrap": "fsdp2"})
 
 

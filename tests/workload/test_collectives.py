@@ -31,9 +31,10 @@ def test_healthy_accumulation_keeps_its_promise(outcomes, scenario):
     assert [g["status"] for g in got] == ["ok", "ok"], got
     counted = got[0]["collectives"]
     assert counted["judged"] and counted["micro_steps"] == 2 and counted["units"] == 3
-    # every step all-gathers each of the 3 units in each of its 2 forwards, and reduce-scatters each once
+    # every step all-gathers each of the 3 units in each of its 2 forwards, and reduce-scatters each of the 2 units
+    # holding LoRA weights (the decoder layers; the root holds frozen weights only) once
     for step in counted["per_step"]:
-        assert step["all_gather"] >= 6 and step["reduce_scatter"] == 3, counted
+        assert step["all_gather"] >= 6 and step["reduce_scatter"] == 2, counted
 
 
 @pytest.mark.timeout(600)
