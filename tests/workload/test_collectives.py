@@ -61,8 +61,8 @@ def test_judge_names_the_unit_and_its_count():
     spy.current.update({("all_gather", "a"): 2, ("all_gather", "b"): 1, ("reduce_scatter", "a"): 2})
     spy.current.update({("all_reduce", OTHER): 1})
     spy.step()
-    units = _units(("a", True, True), ("b", True, False))
-    found, failures = judge_counts(spy, units, Promise(["a", "b"], sharded=True), micro_steps=2)
+    units = _units(("a", True, True), ("b", True, True), ("frozen", True, False))
+    found, failures = judge_counts(spy, units, Promise(["a", "b", "frozen"], sharded=True), micro_steps=2)
     assert found["per_step"] == [{"all_gather": 3, "reduce_scatter": 2, "all_reduce": 1}]
     assert failures == [
         "collectives: step 0 unit a reduce-scattered 2 times over 2 micro-steps (promised: once per optimizer step)",
