@@ -2,9 +2,10 @@
 
 With FSDP2 and a trainable module left out of ``fully_shard`` (accelerate's ``fsdp_ignored_modules``, from 1.11.0:
 ``FSDP_IGNORED_MODULES`` in a launched config), the model's gradients are a mix of DTensors and plain tensors, and
-``clip_grad_norm_`` raises ``RuntimeError: aten._foreach_norm.Scalar: got mixed torch.Tensor and DTensor, need to
-convert all torch.Tensor to DTensor before calling distributed operators!`` (ktransformers#2145; transformers
-PR #48208 for the Trainer's own norm). accelerate 1.15.0 clips DTensor and plain gradients apart and combines norms.
+``clip_grad_norm_`` raises ``RuntimeError: aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor, need to
+convert all torch.Tensor to DTensor before calling distributed operators!`` (observed on accelerate 1.12.0; as in
+https://github.com/kvcache-ai/ktransformers/issues/2145). accelerate 1.15.0
+(https://github.com/huggingface/accelerate/pull/4219) clips DTensor and plain gradients apart and combines the norms.
 
 The cell: LoRA plus a trainable ``modules_to_save`` copy of ``lm_head``, FSDP2 through ``Accelerator.prepare`` with
 that copy ignored, ``clip`` none or 1.0. ``checks["unsharded_trainable"]`` counts the trainable parameters left plain.
