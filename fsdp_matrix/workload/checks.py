@@ -56,7 +56,9 @@ def caught_warnings(replay: bool = False) -> Iterator[List[warnings.WarningMessa
 
 
 def wrapper_kind(model: nn.Module) -> str:
-    """``fsdp1``, ``fsdp2`` (parameters are DTensors), ``ddp`` (DistributedDataParallel) or ``none``."""
+    """``fsdp1``, ``fsdp2`` (parameters are DTensors), ``ddp`` (DistributedDataParallel) or ``none``; a compiled
+    model (``OptimizedModule``) is what it compiled."""
+    model = getattr(model, "_orig_mod", model)
     if isinstance(model, FullyShardedDataParallel):
         return "fsdp1"
     if any(isinstance(p, DTensor) for p in model.parameters()):

@@ -35,6 +35,7 @@ from fsdp_matrix.workload.checks import wrapper_kind
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import Reference
 from fsdp_matrix.workload.cpu_shim import CpuFsdpAccelerator, ShimRecord, cpu_fsdp_shim, force_fsdp
+from fsdp_matrix.workload.knobs import Loop, accelerate_kwargs, knobs_of
 from fsdp_matrix.workload.meta_init import cpu_sync_module_states, ram_efficient, reference_for
 from fsdp_matrix.workload.models import decoder_layer_class
 from fsdp_matrix.workload.params import axis, flag
@@ -207,15 +208,17 @@ def accelerate_setup(
     launched = os.environ.get(LAUNCHED, "false").lower() == "true"
     shim_on = cpu_fsdp_shim(ctx.device, version, saves=saves, ram_efficient=ram_efficient(params))
     with isolated_accelerate_state(), shim_on as shim:
+        knobbed = accelerate_kwargs(knobs_of(params), ctx.device)
         if launched:
             # a launched script: Accelerator() with everything from the launcher's env (cpu from ACCELERATE_USE_CPU)
-            accelerator = CpuFsdpAccelerator() if shim.active else Accelerator()
+            accelerator = CpuFsdpAccelerator(**knobbed) if shim.active else Accelerator(**knobbed)
             plugin = getattr(accelerator.state, "fsdp_plugin", None)
             _check_launched_plugin(plugin, params)
             chosen = getattr(accelerator, "chosen_by_accelerate", str(accelerator.state.distributed_type))
         else:
             plugin = make_plugin(model, params, state_dict_type)
-            accelerator = Accelerator(fsdp_plugin=plugin, cpu=ctx.device.type == "cpu", mixed_precision=mixed_precision)
+            cpu = ctx.device.type == "cpu"
+            accelerator = Accelerator(fsdp_plugin=plugin, cpu=cpu, mixed_precision=mixed_precision, **knobbed)
             chosen = str(accelerator.state.distributed_type)
             force_fsdp(accelerator, plugin)
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -297,6 +300,8 @@ def prepare_and_train(
                 optimizer=setup.optimizer,
                 backward=setup.accelerator.backward,
                 reference=reference,
+                loop=Loop.for_accelerate(setup.accelerator, params),
+                params=params,
             )
         )
     return checks

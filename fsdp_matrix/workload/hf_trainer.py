@@ -16,6 +16,7 @@ from torch import distributed as dist
 from torch import nn
 
 from fsdp_matrix.workload.checks import TrainingChecks, trainable_names
+from fsdp_matrix.workload.collectives import CollectiveSpy, fsdp_unit_modules
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import CorruptionChecks, Reference
 from fsdp_matrix.workload.cpu_shim import cpu_fsdp_shim
@@ -26,10 +27,11 @@ from fsdp_matrix.workload.entry import (
     plugin_summary,
     require_wrapper,
 )
+from fsdp_matrix.workload.knobs import knobs_of, trainer_kwargs
 from fsdp_matrix.workload.meta_init import cpu_sync_module_states, ram_efficient, reference_for
 from fsdp_matrix.workload.models import VOCAB, decoder_layer_class
 from fsdp_matrix.workload.params import axis, flag
-from fsdp_matrix.workload.training import SEQ, synthetic_batch
+from fsdp_matrix.workload.training import SEQ, judge_collectives, synthetic_batch
 from fsdp_matrix.workload.wrapping import WRAPS
 
 
@@ -128,6 +130,7 @@ def trainer_setup(
             remove_unused_columns=False,
             fsdp_config={**trainer_fsdp_config(model, params), **(fsdp_config or {})},
         )
+        kwargs.update(trainer_kwargs(knobs_of(params), ctx.device))
         kwargs.update(overrides)
         args = TrainingArguments(**kwargs)
         trainer = Trainer(model=model, args=args, train_dataset=TokenRows(rows, ctx.seed))
@@ -141,19 +144,30 @@ def trainer_setup(
 
 class _GradProbe:
     """Reads per-tensor gradients from a pre-step hook on the Trainer's optimizer (after clipping, before the step),
-    and runs the after-wrapping corruption checks once the Trainer has wrapped the model."""
+    runs the after-wrapping corruption checks once the Trainer has wrapped the model, and closes the collectives
+    spy's count at each optimizer step (its unit names taken from the wrapped model)."""
 
-    def __init__(self, judge: TrainingChecks, trainer: Any, guard: CorruptionChecks) -> None:
-        self.judge, self.trainer, self.guard, self.handle = judge, trainer, guard, None
+    def __init__(self, judge: TrainingChecks, trainer: Any, guard: CorruptionChecks, spy: CollectiveSpy) -> None:
+        self.judge, self.trainer, self.guard, self.spy, self.handles = judge, trainer, guard, spy, []
 
     def attach(self, optimizer: Any) -> None:
         self.guard.after_wrap(self.trainer.model_wrapped)
+        units = fsdp_unit_modules(self.trainer.model_wrapped)
+        self.spy.names.update({id(m): name for name, (m, _, _) in units.items()})
+        self.spy.current.clear()  # what came before the first step is the Trainer's setup, not a step's
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps torch's
-        self.handle = inner.register_step_pre_hook(lambda *_: self.judge.record_grads(self.trainer.model_wrapped))
+        self.handles = [
+            inner.register_step_pre_hook(lambda *_: self._record()),
+            inner.register_step_post_hook(lambda *_: self.spy.step()),
+        ]
+
+    def _record(self) -> None:
+        with self.spy.paused():
+            self.judge.record_grads(self.trainer.model_wrapped)
 
     def detach(self) -> None:
-        if self.handle is not None:
-            self.handle.remove()
+        for handle in self.handles:
+            handle.remove()
 
 
 def _callback(probe: _GradProbe) -> Any:
@@ -199,12 +213,13 @@ def trainer_train_and_check(
     else:
         judge.snapshot(trainer.model)
     guard = CorruptionChecks(trainable, ctx.world_size, reference, batch)
-    probe = _GradProbe(judge, trainer, guard)
+    spy = CollectiveSpy()
+    probe = _GradProbe(judge, trainer, guard, spy)
     trainer.add_callback(_callback(probe))
     try:
         # FSDP1's sync_module_states runs inside train(), where the Trainer wraps the model
         lifted = cpu_sync_module_states(ctx.device) if low_mem and fsdp_version(params) == 1 else None
-        with lifted or contextlib.nullcontext([]) as lines:
+        with lifted or contextlib.nullcontext([]) as lines, spy.spying():
             trainer.train()
         for line in lines:
             trainer.fsdp_matrix_shim.note(line)
@@ -223,7 +238,10 @@ def trainer_train_and_check(
     }
     require_wrapper(wrapped, fsdp_version(params))
     found, failures = guard.after_training(wrapped)
-    return judge.finish(wrapped, {**checks, **found}, failures)
+    units = fsdp_unit_modules(wrapped)
+    counted, broken = judge_collectives(spy, units, wrapped, params, ctx.world_size, knobs_of(params).accum)
+    checks["collectives"] = counted
+    return judge.finish(wrapped, {**checks, **found}, [*failures, *broken])
 
 
 def trainer_entry(

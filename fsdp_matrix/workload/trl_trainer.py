@@ -30,6 +30,7 @@ from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.cpu_shim import cpu_fsdp_shim
 from fsdp_matrix.workload.entry import fsdp_version, isolated_accelerate_state
 from fsdp_matrix.workload.hf_trainer import trainer_fsdp_config, trainer_train_and_check, training_arguments
+from fsdp_matrix.workload.knobs import knobs_of, trainer_kwargs
 from fsdp_matrix.workload.models import DTYPES, VOCAB
 from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.training import SEQ
@@ -154,6 +155,7 @@ def trl_setup(
             fsdp_config=trainer_fsdp_config(model, params),
             **to_config,
         )
+        kwargs.update(trainer_kwargs(knobs_of(params), ctx.device))
         kwargs.update(overrides)
         args = config_cls(**kwargs)
         tok = tiny_tokenizer()
