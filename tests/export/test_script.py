@@ -36,7 +36,8 @@ CHEAP = "no-split-modules/lora-orig0-cls_env_bogus-shape_plain-ws2"
 """Fails in fsdp_auto_wrap_policy before any training, with the same message on every PEFT release."""
 THIRD_PARTY = {"torch", "peft", "transformers", "accelerate", "bitsandbytes", "trl"}
 # hard requirements of transformers, peft and trl (their metadata's Requires-Dist), so the pins above install them
-TRANSITIVE = {"safetensors", "tokenizers", "datasets"}
+# yaml: pyyaml is a requirement of accelerate and of transformers (init: launcher writes an accelerate config)
+TRANSITIVE = {"safetensors", "tokenizers", "datasets", "yaml"}
 PEP723 = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
 """The reference regex of PEP 723."""
 

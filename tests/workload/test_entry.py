@@ -118,10 +118,13 @@ def test_prepare_and_train_inspects_the_prepared_model_before_training(monkeypat
     checks = entry.prepare_and_train("model", {}, "ctx", ["a"], inspect=inspect)
     assert checks == {"entry": "accelerate", "x": 1, "losses": [1.0]}
     kwargs = {"trainable": ["a"], "optimizer": "accelerate's optimizer", "backward": "accelerate's backward"}
+    # the knobs' loop (accum, clip, compile) goes along as accelerate's own: accumulate(), clip_grad_norm_
+    loop = calls[3][2].pop("loop")
+    assert (loop.knobs.accum, loop.knobs.clip, loop.knobs.compile) == (1, None, "none")
     assert calls == [
         ("prepare", "model"),
         "setup.checks",
         ("inspect", "prepared"),
-        ("train", "prepared", {**kwargs, "reference": None}),
+        ("train", "prepared", {**kwargs, "reference": None, "params": {}}),
         "leave",
     ]
