@@ -8,9 +8,9 @@ decides what ranks > 0 hold; a Gemma (``tie_word_embeddings``) gets LoRA and goe
 From accelerate 1.1.0 ``prepare`` wraps the plugin's ``param_init_fn`` in ``ensure_weights_retied``. ``model: llama``
 (untied) is the control.
 
-The ranks' module states then differ in size when FSDP broadcasts rank 0's (``sync_module_states``): gloo aborts the
-process (``Received data size doesn't match expected size``, observed), NCCL reads past the buffers. So the cell
-compares the sizes across ranks first and fails with them, on every rank at once.
+Where ranks > 0 held a meta tied pair, their module states would differ in size from rank 0's when FSDP broadcasts
+them (``sync_module_states``), and gloo aborts the process; so the cell compares the sizes across ranks first and
+fails with them, on every rank at once. The forward check compares the wrapped model with the checkpoint.
 """
 
 from __future__ import annotations

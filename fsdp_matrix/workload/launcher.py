@@ -100,14 +100,32 @@ def accelerate_launch_env(config: Mapping[str, Any]) -> Iterator[Dict[str, str]]
                 os.environ[key] = value
 
 
+def checkpoint_path(name: str, ctx: RankContext) -> Path:
+    """The tiny model ``name``, saved once per node as ``save_pretrained`` would (collective: every rank waits)."""
+    return save_once(
+        ctx, f"{name}-seed{ctx.seed}-launcher", lambda p: save_model_files(build_model(name, "fp32", ctx), p)
+    )
+
+
 def launched_model(name: str, dtype: str, config: Mapping[str, Any], ctx: RankContext) -> nn.Module:
     """The tiny model saved once per node, then ``from_pretrained`` on every rank under ``config``'s launch
     environment: transformers' own FSDP loading path decides what ranks > 0 hold."""
     _, cls = _config(name)
-    path = save_once(
-        ctx, f"{name}-seed{ctx.seed}-launcher", lambda p: save_model_files(build_model(name, "fp32", ctx), p)
-    )
+    path = checkpoint_path(name, ctx)
     with accelerate_launch_env(config):
         model = cls.from_pretrained(path, **{_dtype_kwarg(): torch_dtype(dtype)})
     # placeholders stay where transformers put them: FSDP gives them storage on the device
     return model if has_meta(model) else model.to(ctx.device)
+
+
+def checkpoint_model(name: str, dtype: str, ctx: RankContext) -> nn.Module:
+    """The same saved checkpoint loaded plainly, outside any launch environment, on this rank alone (not
+    collective: ``launched_model`` saved it): what every launched rank should hold once FSDP synced them.
+
+    The forward check's reference for ``init: launcher`` comes from it rather than from rank 0's launched model:
+    rank 0 is where a loading path that drops a weight shows (transformers 4.44.2-4.57.6 left rank 0's tied
+    ``embed_tokens`` on the meta device under the launch environment, observed 2026-11-27 from a checkpoint that
+    stored only ``lm_head.weight``), and a reference taken from it judges nothing."""
+    _, cls = _config(name)
+    path = ctx.scratch / f"{name}-seed{ctx.seed}-launcher"
+    return cls.from_pretrained(path, **{_dtype_kwarg(): torch_dtype(dtype)}).to(ctx.device)

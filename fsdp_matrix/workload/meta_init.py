@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from typing import Any, Dict, Iterator, Mapping
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional
 
 import torch
 from accelerate import init_empty_weights
@@ -91,15 +91,32 @@ def build_rank0_model(name: str, dtype: str, ctx: RankContext) -> nn.Module:
     return model.to(dtype=torch_dtype(dtype))
 
 
-def reference_for(model: nn.Module, batch: torch.Tensor, ctx: RankContext, params: Mapping[str, Any]) -> Reference:
-    """The forward/sharding reference: taken on every rank for ``full``; for ``ram_efficient`` taken on rank 0 (the
-    only real weights) and broadcast, so ranks > 0 never compare against a meta model. Collective for
-    ``ram_efficient``."""
+def reference_for(
+    model: nn.Module,
+    batch: torch.Tensor,
+    ctx: RankContext,
+    params: Mapping[str, Any],
+    source: Optional[Callable[[], nn.Module]] = None,
+) -> Reference:
+    """The forward/sharding reference: taken on every rank for ``full``; for ``ram_efficient`` and ``launcher``
+    taken on rank 0 and broadcast, so ranks > 0 never compare against a meta model. ``source`` builds the model rank
+    0 takes it from (default: ``model``, rank 0's real weights; ``launcher``: the checkpoint loaded plainly, since
+    the launched rank 0 may itself hold placeholders). Collective for both."""
     if not ram_efficient(params) or not dist.is_initialized():
-        return take_reference(model, batch)
-    box = [take_reference(model, batch) if ctx.is_main else None]
+        return _reference_from(model, source, batch)
+    box = [_reference_from(model, source, batch) if ctx.is_main else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def _reference_from(model: nn.Module, source: Optional[Callable[[], nn.Module]], batch: torch.Tensor) -> Reference:
+    if source is None:
+        return take_reference(model, batch)
+    try:
+        built = source()
+    except Exception as exc:  # noqa: BLE001 - rank 0 must reach the broadcast; the forward check records why not
+        return Reference(error=f"{type(exc).__name__} building the reference: {str(exc)[:200]}")
+    return take_reference(built, batch)
 
 
 def fsdp1_kwargs(ctx: RankContext) -> Dict[str, Any]:

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 import transformers
@@ -134,12 +134,31 @@ def save_model_files(model: nn.Module, path: Path) -> None:
     """``config.json`` and ``model.safetensors`` of a transformers model, as ``save_pretrained`` writes them, on
     whichever rank calls it. transformers 5's ``save_pretrained`` writes nothing on a rank other than global rank 0
     once a process group is up (``should_save_on_this_rank``, whatever ``is_main_process`` says; observed on 5.23),
-    so it cannot fill another node's scratch."""
-    from safetensors.torch import save_model
+    so it cannot fill another node's scratch.
+
+    Tied weights are stored once, under the name ``save_pretrained`` keeps: the one not in the model's
+    ``_tied_weights_keys`` (Gemma: ``model.embed_tokens.weight``, not ``lm_head.weight``). safetensors' own
+    ``save_model`` keeps ``lm_head.weight`` instead, and transformers 4.57.6 then left ``embed_tokens`` on the meta
+    device even in a plain ``from_pretrained`` (observed 2026-11-27; 4.46.3 and 5.23.0 loaded it)."""
+    from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(path)
-    save_model(model, str(path / "model.safetensors"), metadata={"format": "pt"})  # tied weights stored once
+    save_file(unaliased_state_dict(model), str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def unaliased_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """``model``'s state dict with each storage under one name, preferring names outside ``_tied_weights_keys``
+    (a list before transformers 5, a dict of tied name -> source after), each tensor contiguous."""
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    state = model.state_dict()
+    owner: Dict[Tuple[int, Tuple[int, ...]], str] = {}
+    for name in sorted(state, key=lambda n: n in tied):  # stable: untied names claim their storage first
+        tensor = state[name]
+        key = (tensor.data_ptr(), tuple(tensor.shape)) if tensor.numel() else (id(tensor), ())
+        owner.setdefault(key, name)
+    kept = set(owner.values())
+    return {name: tensor.contiguous() for name, tensor in state.items() if name in kept}
 
 
 def count_linear4bit(model: nn.Module) -> int:

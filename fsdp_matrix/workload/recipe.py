@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 from torch import nn
 
@@ -11,7 +11,7 @@ from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.entry import accelerate_train_and_check, entry_of
 from fsdp_matrix.workload.hf_trainer import trainer_entry
-from fsdp_matrix.workload.launcher import fsdp_launch_config, launched_model
+from fsdp_matrix.workload.launcher import checkpoint_model, fsdp_launch_config, launched_model
 from fsdp_matrix.workload.meta_init import FROM_RANK0, SYNC_SHIM, build_rank0_model, init_of, reference_for
 from fsdp_matrix.workload.models import DTYPES, _config, build_4bit_model, build_model, count_linear4bit, torch_dtype
 from fsdp_matrix.workload.params import axis, flag
@@ -52,6 +52,17 @@ def peft_model(params: Mapping[str, Any], ctx: RankContext, autocast: Optional[b
     if "autocast" in params:
         autocast = flag(params, "autocast")
     return add_adapter(base, adapter, ctx.seed, autocast=autocast)
+
+
+def reference_source(params: Mapping[str, Any], ctx: RankContext) -> Optional[Callable[[], nn.Module]]:
+    """``init: launcher``: what the forward check's reference is taken from, the saved checkpoint loaded plainly
+    plus the same adapter (launcher.checkpoint_model says why); other inits: None, the cell's own model."""
+    if init_of(params) != "launcher":
+        return None
+    dtype, model = axis(params, "dtype", tuple(DTYPES), default="fp32"), axis(params, "model", MODELS)
+    autocast = flag(params, "autocast") if "autocast" in params else None
+    adapter = axis(params, "adapter", ADAPTERS)
+    return lambda: add_adapter(checkpoint_model(model, dtype, ctx), adapter, ctx.seed, autocast)
 
 
 def cell_launch_config(params: Mapping[str, Any], ctx: RankContext) -> dict:
@@ -105,7 +116,7 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
         built["init"] = init
     if entry == "trl":
         return {**built, **trl_entry_from_peft(model, params, ctx)}
-    reference = reference_for(model, synthetic_batch(ctx), ctx, params)
+    reference = reference_for(model, synthetic_batch(ctx), ctx, params, source=reference_source(params, ctx))
     if entry == "accelerate":
         return {**built, **accelerate_train_and_check(model, params, ctx, trainable, reference)}
     if entry == "trainer":

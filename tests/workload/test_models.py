@@ -98,3 +98,21 @@ def test_a_save_that_failed_half_way_is_not_reused_by_the_next_build(tmp_path, m
     with pytest.raises(_Loaded):
         build_4bit_model("llama", "bf16", "uint8", cpu_context(tmp_path))
     assert len(saves) == 2  # a whole save is reused
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma"])
+def test_saved_files_load_back_as_save_pretrained_would(tmp_path, name):
+    # a tied pair stored under lm_head.weight (safetensors' save_model picks that name) left Gemma's embed_tokens on
+    # the meta device in transformers 4.57.6's from_pretrained: every launcher cell then trained on garbage
+    model = build_model(name, "fp32", cpu_context(tmp_path))
+    models.save_model_files(model, tmp_path / "saved")
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "saved" / "model.safetensors"), "pt") as saved:
+        keys = set(saved.keys())
+    assert "model.embed_tokens.weight" in keys
+    assert ("lm_head.weight" in keys) == (not model.config.tie_word_embeddings)
+    _, cls = models._config(name)
+    loaded = cls.from_pretrained(tmp_path / "saved")
+    for (n, want), (m, got) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert n == m and got.device.type == "cpu" and torch.equal(got, want), n

@@ -42,3 +42,16 @@ def test_wrap_cell_wraps_as_the_axes_say(ctx, params, kind):
 def test_wrap_cell_refuses_an_unknown_wrap(ctx):
     with pytest.raises(ValueError, match="axis 'wrap': unknown value 'ddp'"):
         wrap_cell(base_model({"model": "llama"}, ctx), {"wrap": "ddp"}, ctx)
+
+
+def test_the_launcher_reference_is_the_checkpoint_loaded_plainly(ctx):
+    from fsdp_matrix.workload.launcher import checkpoint_path
+    from fsdp_matrix.workload.recipe import peft_model, reference_source
+
+    assert reference_source({"adapter": "lora", "model": "gemma"}, ctx) is None
+    params = {"adapter": "lora", "model": "gemma", "init": "launcher"}
+    checkpoint_path("gemma", ctx)
+    built = reference_source(params, ctx)()
+    fresh = peft_model({"adapter": "lora", "model": "gemma"}, ctx)
+    for (n, want), (m, got) in zip(fresh.state_dict().items(), built.state_dict().items()):
+        assert n == m and torch.equal(got, want), n
