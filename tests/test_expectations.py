@@ -229,3 +229,19 @@ def test_every_expectation_is_as_before_the_evidence_moved_out_of_matrix_yaml():
         if cells.get(key) != before[column].get(key)
     ]
     assert not changed, f"{len(changed)} cells changed, e.g. {changed[:3]}"
+
+
+def test_expected_for_is_the_traces_first_match_on_every_cell_of_old_and_current():
+    """expected_for stops at the first match without wording reasons; explain's trace words them all. They must
+    agree (the full fixture above covers every combo through expected_for alone)."""
+    from fsdp_matrix.cells import expand
+    from fsdp_matrix.expectations import expected_for, trace
+    from fsdp_matrix.matrix import load_matrix
+
+    matrix = load_matrix()
+    cases = {c.id: c for c in matrix.cases}
+    for combo in ("old", "current"):
+        versions = dict(matrix.combo(combo).pins)
+        for cell in expand(matrix, device="cpu"):
+            case = cases[cell.case]
+            assert expected_for(case, cell, versions) == trace(case, cell, versions).expected, (combo, cell.id)
