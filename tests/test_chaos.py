@@ -351,6 +351,7 @@ def _hostile_matrix(folder: Path) -> Tuple[Path, List[str], List[str]]:
     return path, hostile, order
 
 
+@pytest.mark.heavy  # nox -s heavy: 12 hostile repros in one run (~60 s); test_chaos[tests] stays
 @pytest.mark.timeout(1800)
 def test_hostile_repros_in_one_run_leave_every_later_cell_truthful(tmp_path, capsys):
     """Non-dict returns, global monkeypatching (and the other state a cell can leave), leaked env variables, a

@@ -118,6 +118,7 @@ def _toy_matrix(root: Path) -> Path:
     return root / "matrix.yaml"
 
 
+@pytest.mark.heavy  # nox -s heavy: a long end-to-end run
 @pytest.mark.timeout(600)
 def test_a_flaky_cell_is_recorded_flaky_and_only_the_broken_one_alerts_and_is_bisected(tmp_path, monkeypatch) -> None:
     """Tonight (a real launch) both cells fail where they trained last night. The nightly reruns each twice in fresh

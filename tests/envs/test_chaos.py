@@ -77,6 +77,7 @@ def uv_installing(proc: subprocess.Popen) -> bool:
         return False
 
 
+@pytest.mark.heavy  # nox -s heavy: a long end-to-end run
 @pytest.mark.timeout(900)
 def test_sigkill_during_env_install_then_prepare_again(tmp_path: Path) -> None:
     venv = make_venv(tmp_path / "venv")

@@ -52,41 +52,56 @@ SEQUENCE = [
 ]
 
 
+FAST = ("hang_rank1", "segv_rank0", "raise_rank1", "leak_child", "raise_both")
+"""The faults ``nox -s tests`` injects: a hang, a crash, a one-rank error, a leaked child, an error on every rank. The
+other five (an exit code, a leaked module, a crash on rank 1, a death and a stall in the cleanup) each cost a launch
+of their own, so their tests are ``heavy`` and the sequence holds them only where a heavy test is selected."""
+
+
 def _cell(i, fault):
     return Cell("faults", (("fault", fault), ("n", i)))
 
 
+def _sequence(request) -> list:
+    heavy = any(i.get_closest_marker("heavy") for i in request.session.items if i.module is request.module)
+    return [step for step in SEQUENCE if heavy or step == "ok" or step in FAST]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(request, tmp_path_factory):
+    """(records, launcher, sequence): one record per step of the sequence this run injects."""
+    sequence = _sequence(request)
+    sequence = [s for i, s in enumerate(sequence) if not (s == "ok" and i and sequence[i - 1] == "ok")]
     results = tmp_path_factory.mktemp("faults")
     # a 1 MiB leak budget: the leak_module fault (4 MiB) must retire its launch; keep_dirs keeps even clean ones
     launcher = Launcher(
         run_root=results / "launches", cell_timeout=TIMEOUT, python=sys.executable, leak_budget_mb=1, keep_dirs=True
     )
     session = Session(load_matrix(HERE / "fault_matrix.yaml"), launcher, results, {"torch": "2.13.0"}, repo_root=HERE)
-    cells = [_cell(i, f) for i, f in enumerate(SEQUENCE)]
+    cells = [_cell(i, f) for i, f in enumerate(sequence)]
     session.prefetch(cells)
     try:
         records = [session.run(c) for c in cells]
     finally:
         session.close()
-    return records, launcher
+    return records, launcher, sequence
 
 
-def _after(records, fault):
-    i = SEQUENCE.index(fault)
+def _after(runs, fault):
+    records, _, sequence = runs
+    i = sequence.index(fault)
     return records[i], records[i + 1]
 
 
 def test_healthy_cells_pass_after_every_fault(runs):
-    records, _ = runs
-    healthy = [r for r, f in zip(records, SEQUENCE) if f == "ok"]
+    records, _, sequence = runs
+    healthy = [r for r, f in zip(records, sequence) if f == "ok"]
     assert [r.verdict for r in healthy] == ["fix-holds"] * len(healthy)
     assert all(r.observed.checks == {"sum": 12.0} for r in healthy)
 
 
 def test_hang_on_rank1_is_detected_with_every_stack(runs):
-    rec, nxt = _after(runs[0], "hang_rank1")
+    rec, nxt = _after(runs, "hang_rank1")
     assert rec.verdict == "hang"
     stacks = {r.rank: r.stack or "" for r in rec.observed.ranks}
     assert "fault_cells.py" in stacks[1] and "time.sleep" not in stacks[0]
@@ -96,9 +111,11 @@ def test_hang_on_rank1_is_detected_with_every_stack(runs):
     assert nxt.verdict == "fix-holds"
 
 
-@pytest.mark.parametrize("fault,code,signal", [("exit_rank0", 7, None), ("segv_rank0", -11, "SIGSEGV")])
+@pytest.mark.parametrize(
+    "fault,code,signal", [pytest.param("exit_rank0", 7, None, marks=pytest.mark.heavy), ("segv_rank0", -11, "SIGSEGV")]
+)
 def test_crash_is_recorded_with_exit_code_or_signal(runs, fault, code, signal):
-    rec, nxt = _after(runs[0], fault)
+    rec, nxt = _after(runs, fault)
     assert rec.verdict == "crash"
     rank0 = next(r for r in rec.observed.ranks if r.rank == 0)
     assert rank0.exit_code == code and rank0.signal == signal
@@ -109,7 +126,7 @@ def test_crash_is_recorded_with_exit_code_or_signal(runs, fault, code, signal):
 
 
 def test_error_on_one_rank_is_detected_before_the_timeout(runs):
-    rec, nxt = _after(runs[0], "raise_rank1")
+    rec, nxt = _after(runs, "raise_rank1")
     assert rec.verdict == "reproduced"
     by_rank = {r.rank: r for r in rec.observed.ranks}
     assert by_rank[1].error_type == "RuntimeError" and "injected error on rank 1 only" in by_rank[1].traceback
@@ -119,16 +136,15 @@ def test_error_on_one_rank_is_detected_before_the_timeout(runs):
 
 
 def test_symmetric_error_keeps_the_launch(runs):
-    records, _ = runs
-    rec, nxt = _after(records, "raise_both")
+    rec, nxt = _after(runs, "raise_both")
     assert rec.verdict == "reproduced" and rec.observed.note == ""
     launches = {r.observed.note for r in (rec, nxt)}
     assert launches == {""}
 
 
 def test_leaked_child_is_killed_and_the_launch_replaced(runs):
-    records, launcher = runs
-    rec, nxt = _after(records, "leak_child")
+    launcher = runs[1]
+    rec, nxt = _after(runs, "leak_child")
     assert rec.verdict == "fix-holds"  # the cell itself was fine...
     assert "child processes left running" in rec.observed.note  # ...but the launch did not stay dirty
     assert nxt.verdict == "fix-holds"
@@ -138,16 +154,18 @@ def test_leaked_child_is_killed_and_the_launch_replaced(runs):
     assert not [p for p in sleeps if _marked(p, ids)]
 
 
+@pytest.mark.heavy  # a launch of its own (FAST)
 def test_leaked_module_over_the_budget_retires_the_launch(runs):
-    rec, nxt = _after(runs[0], "leak_module")
+    rec, nxt = _after(runs, "leak_module")
     assert rec.verdict == "fix-holds"
     assert "leaked modules hold" in rec.observed.note and "budget 1 MiB" in rec.observed.note
     assert nxt.verdict == "fix-holds"
 
 
+@pytest.mark.heavy  # a launch of its own (FAST)
 def test_crash_on_rank1_is_told_by_rank1_with_its_signal(runs):
     """Torchrun names only the rank that died; that rank, not the lowest one, speaks for the cell."""
-    rec, nxt = _after(runs[0], "segv_rank1")
+    rec, nxt = _after(runs, "segv_rank1")
     assert rec.verdict == "crash"
     assert "rank 1" in rec.observed.error_message and "SIGSEGV" in rec.observed.error_message
     by_rank = {r.rank: r for r in rec.observed.ranks}
@@ -156,10 +174,11 @@ def test_crash_on_rank1_is_told_by_rank1_with_its_signal(runs):
     assert nxt.verdict == "fix-holds"
 
 
+@pytest.mark.heavy  # a launch of its own (FAST)
 def test_death_in_the_cleanup_after_the_cell_is_a_crash(runs):
     """Both ranks reported End (ok), then rank 1 died before its Clean: the cell must not pass, and the
     record carries the signal and says when it died."""
-    rec, nxt = _after(runs[0], "die_in_cleanup_rank1")
+    rec, nxt = _after(runs, "die_in_cleanup_rank1")
     assert rec.verdict == "crash" and rec.observed.status == "crash"
     rank1 = next(r for r in rec.observed.ranks if r.rank == 1)
     assert (rank1.exit_code, rank1.signal) == (-9, "SIGKILL")
@@ -167,9 +186,10 @@ def test_death_in_the_cleanup_after_the_cell_is_a_crash(runs):
     assert nxt.verdict == "fix-holds"
 
 
+@pytest.mark.heavy  # a launch of its own (FAST)
 def test_stall_in_the_cleanup_after_the_cell_is_a_hang_with_its_stack(runs):
     """A rank stuck between cells, after its End: the hang carries that rank's stack and says where."""
-    rec, nxt = _after(runs[0], "stall_in_cleanup_rank1")
+    rec, nxt = _after(runs, "stall_in_cleanup_rank1")
     assert rec.verdict == "hang"
     assert "cleanup after the cell" in rec.observed.error_message
     rank1 = next(r for r in rec.observed.ranks if r.rank == 1)
@@ -179,12 +199,12 @@ def test_stall_in_the_cleanup_after_the_cell_is_a_hang_with_its_stack(runs):
 
 
 def test_no_process_of_any_launch_survives(runs):
-    records, launcher = runs
+    _, launcher, sequence = runs
     assert launcher._live is None
     # only this launcher's launches (kept by keep_dirs): a session-scoped matrix launcher of another test file may be
-    # alive; the hang, exit, both segvs, one-rank error, both leaks and both cleanup faults each forced a fresh launch
+    # alive; every fault but the error on both ranks forced a fresh launch
     ids = {d.name.rsplit("-", 1)[-1] for d in launcher.run_root.glob("launch-*")}
-    assert len(ids) == 10
+    assert len(ids) == 1 + sum(f not in ("ok", "raise_both") for f in sequence)
     leftovers = [p for p in psutil.process_iter() if _marked(p, ids)]
     assert leftovers == []
 
@@ -230,6 +250,7 @@ def test_a_kill_that_does_not_take_is_an_error_not_a_silence(tmp_path):
         Launcher(run_root=tmp_path, python=sys.executable)._kill(live)
 
 
+@pytest.mark.heavy  # nox -s heavy: a long end-to-end run
 def test_failed_launch_folders_are_pruned_to_the_newest_few(tmp_path):
     """The folder of every failed launch was kept forever. Earlier runs' failed launches are pruned to the
     newest ``keep_failed``; a launch whose coordinator is still alive (a concurrent run) is never touched."""
@@ -265,8 +286,6 @@ def test_failed_launch_folders_are_pruned_to_the_newest_few(tmp_path):
     assert len([d for d in left if "-old" in d]) == 1 and f"launch-5-old{5:09d}" in left  # ...the rest pruned to 2
 
 
-# nox -s heavy: tests/test_chaos.py's hostile test leaks the same variables into every cell of its run in `nox -s tests`
-@pytest.mark.heavy
 def test_the_callers_fsdp_and_accelerate_variables_do_not_reach_the_ranks(tmp_path):
     """``ACCELERATE_USE_FSDP=true`` in the caller's shell turned every accelerate cell into a
     false REGRESSION. The ranks start without such variables; what the launch needs (RANK, MASTER_*, HF_* offline)

@@ -49,6 +49,7 @@ def records(tmp_path_factory):
         session.close()
 
 
+@pytest.mark.heavy  # nox -s heavy: two torchrun agents, 4 ranks, a crash and a hang (~70 s)
 def test_each_cell_runs_at_its_own_layout(records):
     assert records["where-2x1"].verdict == "fix-holds", records["where-2x1"].line
     assert (records["where-2x1"].world_size, records["where-2x1"].nodes) == (2, 1)
@@ -69,6 +70,7 @@ def test_each_cell_runs_at_its_own_layout(records):
     assert all(r["gloo_ifname"] for r in ranks)
 
 
+@pytest.mark.heavy  # nox -s heavy: two torchrun agents, 4 ranks, a crash and a hang (~70 s)
 def test_each_node_has_its_own_scratch_written_by_its_local_rank_0(records):
     ranks = records["where-4x2"].observed.checks["ranks"]
     assert ranks[0]["scratch"] == ranks[1]["scratch"] != ranks[2]["scratch"] == ranks[3]["scratch"]
@@ -78,6 +80,7 @@ def test_each_node_has_its_own_scratch_written_by_its_local_rank_0(records):
     assert {r["shared_holds"] for r in ranks} == {"rank 0"}
 
 
+@pytest.mark.heavy  # nox -s heavy: two torchrun agents, 4 ranks, a crash and a hang (~70 s)
 def test_a_rank_dying_on_node_1_is_a_crash_that_names_it(records):
     rec = records["exit_rank3-4x2"]
     assert rec.verdict == "crash", rec.line
@@ -86,6 +89,7 @@ def test_a_rank_dying_on_node_1_is_a_crash_that_names_it(records):
     assert "rank 3 died" in by_rank[3].error_message
 
 
+@pytest.mark.heavy  # nox -s heavy: two torchrun agents, 4 ranks, a crash and a hang (~70 s)
 def test_a_rank_hanging_on_node_1_is_a_hang_with_its_stack(records):
     rec = records["hang_rank2-4x2"]
     assert rec.verdict == "hang", rec.line

@@ -65,6 +65,7 @@ def _none_alive(launch_ids: set, deadline_s: float) -> bool:
     return False
 
 
+@pytest.mark.heavy  # nox -s heavy: a long end-to-end run
 def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path):
     first = _run(tmp_path)
     deadline = time.monotonic() + 240
@@ -87,6 +88,7 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path):
     assert all(r.verdict == "fix-holds" for r in final)
 
 
+@pytest.mark.heavy  # nox -s heavy: a long end-to-end run
 def test_two_runs_at_once_share_a_results_dir_without_collision(tmp_path):
     a, b = _run(tmp_path), _run(tmp_path)
     outs = [p.communicate(timeout=300)[0] for p in (a, b)]
@@ -332,6 +334,7 @@ def test_a_record_that_cannot_be_written_mid_run_stops_the_session_with_one_line
     monkeypatch.setattr(records, "append", real)
 
 
+@pytest.mark.heavy  # nox -s heavy: a long end-to-end run
 def test_results_dir_deleted_mid_run_stops_at_once_and_accuses_no_cell(tmp_path):
     """The review's repro: the results dir removed while a cell runs gave a false ``hang`` after the whole cell
     timeout, and the run went on in a new launch. It must stop, saying the launch directory went."""

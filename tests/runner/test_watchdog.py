@@ -67,7 +67,8 @@ def leftovers():
     procs.kill_all(marked(ids))
 
 
-@pytest.mark.parametrize("fault", ["hang_rank1", "hang_c_rank1"])
+# the hang in C code (hang_c_rank1) costs a launch of its own: nox -s heavy
+@pytest.mark.parametrize("fault", ["hang_rank1", pytest.param("hang_c_rank1", marks=pytest.mark.heavy)])
 def test_sigkilled_coordinator_takes_its_launch_down(tmp_path, leftovers, fault):
     """``run`` (or pytest) SIGKILLed while rank 1 hangs in a cell."""
     run = start_run(tmp_path, f"faults/fault_{fault}-ws2")
