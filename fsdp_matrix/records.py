@@ -297,14 +297,32 @@ def iter_records(path: Path, skipped: SkipSink = None) -> Iterator[Record]:
     files = [path] if path.is_file() else sorted(path.rglob(RECORDS_FILE))
     adapter = _adapter(Record)
     for file in files:
+        newer: Dict[int, int] = {}
         with open(file, "rb") as fh:
             for number, raw in enumerate(fh, 1):
                 if not raw.strip():
                     continue
                 try:
-                    yield _parse(adapter, raw.rstrip(b"\r\n"))
+                    rec = _parse(adapter, raw.rstrip(b"\r\n"))
                 except ValidationError as exc:
                     report(Skipped(file, number, _reason(exc), torn=not raw.endswith(b"\n")))
+                    continue
+                if rec.schema > SCHEMA:
+                    newer[rec.schema] = newer.get(rec.schema, 0) + 1
+                yield rec
+        if newer:
+            _say_newer(file, newer)
+
+
+def _say_newer(file: Path, newer: Dict[int, int]) -> None:
+    # a newer harness's records read here lose what they hold beyond this reader's schema: say so, once per file
+    count, schemas = sum(newer.values()), ", ".join(str(s) for s in sorted(newer))
+    what = f"{count} record{'s' if count > 1 else ''} of schema {schemas}"
+    print(
+        f"fsdp-matrix: {file}: {what}, newer than this reader (schema {SCHEMA}): read without the fields it does "
+        "not know",
+        file=sys.stderr,
+    )
 
 
 def _parse(adapter: TypeAdapter, raw: bytes) -> Record:
