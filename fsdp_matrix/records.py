@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -363,6 +363,26 @@ def _reason(exc: ValidationError) -> str:
 
 def _to_stderr(skip: Skipped) -> None:
     print(f"fsdp-matrix: {skip}", file=sys.stderr)
+
+
+def recorded_version(rec: Record, name: str) -> str:
+    """The version of ``name`` that ``rec`` ran, with a source build's commit (``0.20.1.dev0 @ 5d602fd``)."""
+    version = rec.versions.get(name) or "-"
+    built = rec.sources.get(name) or {}
+    if built.get("commit"):
+        version += f" @ {built['commit'][:7]}" + ("+dirty" if built.get("dirty") else "")
+    return version
+
+
+def off_pins(rec: Record, pins: Mapping[str, Optional[str]]) -> List[str]:
+    """``NAME VERSION`` of each pinned package that ``rec`` ran at another version (a local label such as ``+cpu``
+    aside) or built from source: a record of the same combo id may come from older pins."""
+    out = []
+    for name, pin in pins.items():
+        got = rec.versions.get(name)
+        if pin and got and (got.split("+")[0] != pin or name in rec.sources):
+            out.append(f"{name} {recorded_version(rec, name)}")
+    return out
 
 
 def latest(records: Iterator[Record]) -> Dict[Tuple[Optional[str], str], Record]:

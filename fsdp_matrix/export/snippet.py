@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 
 from fsdp_matrix.export.script import Export, expected_text
 from fsdp_matrix.matrix import PACKAGES
-from fsdp_matrix.records import Record
+from fsdp_matrix.records import Record, off_pins, recorded_version
 
 
 def code_span(text: str) -> str:
@@ -63,7 +63,7 @@ def _versions_table(exp: Export) -> List[str]:
     head = f"| package | pinned (combo `{exp.combo.id}`) |" + (" recorded |" if rec else "")
     rows = [head, "| --- | --- |" + (" --- |" if rec else "")]
     for name in PACKAGES + (("python",) if rec else ()):
-        recorded = f" {_cell(str(rec.versions.get(name) or '-'))} |" if rec else ""
+        recorded = f" {_cell(recorded_version(rec, name))} |" if rec else ""
         rows.append(f"| {name} | {pins.get(name, '-')} |{recorded}")
     if exp.combo.extra:
         rows.append(f"| extra | {_cell(', '.join(exp.combo.extra))} |" + (" |" if rec else ""))
@@ -109,6 +109,12 @@ def render_markdown(exp: Export) -> str:
             lines.append(f"**Observed** ({when}, verdict {rec.verdict}): {what}{where}")
         else:
             lines.append(f"**Observed** ({when}, verdict {rec.verdict}): {obs.status}")
+        off = off_pins(rec, exp.combo.pins.model_dump())
+        if off:
+            lines += [
+                "",
+                f"**Note**: this record ran {', '.join(off)}, not the pins above (the script installs the pins).",
+            ]
         failed = _first_error(rec)
         if failed is not None:
             # recorded by the harness: its own frames lead, the library frames are the ones the script hits too
