@@ -129,6 +129,19 @@ def test_records_of_a_newer_schema_are_read_and_counted_in_one_line(tmp_path, ca
     assert f"schema {records.SCHEMA}" in err[0] and "cells.jsonl" in err[0]
 
 
+def test_a_record_written_with_megabytes_of_text_reads_back_clipped(tmp_path):
+    """A line holding a 4 MB error message (in the message, each rank's traceback and the verdict line; not written
+    by this harness, which clips before writing) went whole into report.json, report.html and the JUnit file
+    (100 MB of message gave 100, 100 and 300 MB, 2 GB of memory): a reader clips it as the writer does."""
+    big = "m" * 4_000_000
+    with open(tmp_path / "cells.jsonl", "w") as fh:
+        fh.write(_line(**{"line": big, "observed.error_message": big, "observed.ranks.0.traceback": big}) + "\n")
+    [rec] = list(records.iter_records(tmp_path))
+    assert len(rec.line) <= records.MESSAGE_CHARS + 100 and rec.line.startswith("mmm") and rec.line.endswith("mmm")
+    assert len(rec.observed.error_message) <= records.MESSAGE_CHARS + 100
+    assert len(rec.observed.ranks[0].traceback) <= records.TEXT_CHARS + 100
+
+
 def test_unread_lines_are_reported_when_the_caller_does_not_collect_them(tmp_path, capsys):
     with open(tmp_path / "cells.jsonl", "w") as fh:
         fh.write(_line(duration_s="fast") + "\n")
