@@ -210,23 +210,38 @@ def env_error(message: str, error_type: str = "EnvError") -> Observed:
     return Observed(status="env-error", error_type=error_type, error_message=message, ranks=[rank])
 
 
+def _short(text: Optional[str], chars: int) -> Optional[str]:
+    return text if text is None or len(text) <= chars else clip(text, chars, middle=True)
+
+
+def _oversized(rec: Record) -> bool:
+    """A record holding more text than the harness writes (a line from elsewhere): readers clip it as the writer
+    would, or one line of megabytes becomes megabytes in every report, JUnit file and diff."""
+    obs = rec.observed
+    if len(rec.line) > MESSAGE_CHARS or len(obs.error_message or "") > MESSAGE_CHARS:
+        return True
+    return any(
+        len(r.error_message or "") > MESSAGE_CHARS
+        or len(r.traceback or "") > TEXT_CHARS
+        or len(r.stack or "") > TEXT_CHARS
+        for r in obs.ranks
+    )
+
+
 def clipped(observed: Observed) -> Observed:
     """``observed`` with every error message, traceback and stack cut to its head and tail (MESSAGE_CHARS,
     TEXT_CHARS): a cell that raises with megabytes of text gets a record line of kilobytes, not one copy per rank."""
 
-    def short(text: Optional[str], chars: int) -> Optional[str]:
-        return text if text is None or len(text) <= chars else clip(text, chars, middle=True)
-
     ranks = [
         replace(
             r,
-            error_message=short(r.error_message, MESSAGE_CHARS),
-            traceback=short(r.traceback, TEXT_CHARS),
-            stack=short(r.stack, TEXT_CHARS),
+            error_message=_short(r.error_message, MESSAGE_CHARS),
+            traceback=_short(r.traceback, TEXT_CHARS),
+            stack=_short(r.stack, TEXT_CHARS),
         )
         for r in observed.ranks
     ]
-    return replace(observed, error_message=short(observed.error_message, MESSAGE_CHARS), ranks=ranks)
+    return replace(observed, error_message=_short(observed.error_message, MESSAGE_CHARS), ranks=ranks)
 
 
 def check_appendable(results: Path) -> None:
@@ -307,6 +322,8 @@ def iter_records(path: Path, skipped: SkipSink = None) -> Iterator[Record]:
                 except ValidationError as exc:
                     report(Skipped(file, number, _reason(exc), torn=not raw.endswith(b"\n")))
                     continue
+                if _oversized(rec):
+                    rec = replace(rec, line=_short(rec.line, MESSAGE_CHARS), observed=clipped(rec.observed))
                 if rec.schema > SCHEMA:
                     newer[rec.schema] = newer.get(rec.schema, 0) + 1
                 yield rec
