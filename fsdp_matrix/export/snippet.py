@@ -70,36 +70,9 @@ def _versions_table(exp: Export) -> List[str]:
     return rows
 
 
-def render_markdown(exp: Export) -> str:
-    script = f"{exp.stem}.py"
-    pip = " ".join(shlex.quote(r) for r in exp.combo.requirements())
-    title = exp.case.title
-    rec = exp.record
-    if exp.expected.kind == "error":
-        title += f" ({exp.expected.error_type})"
-    lines = [
-        f"### {title}",
-        "",
-        f"Reproduces {exp.case.report} on {exp.cell.world_size} ranks ({exp.cell.device}), with tiny random-init "
-        f"models and no download. Cell {code_span(exp.cell.key)} of fsdp-matrix, params "
-        f"{code_span(repr(exp.cell.params_dict))}.",
-        "",
-        "**Versions**",
-        "",
-        *_versions_table(exp),
-        "",
-        "**To reproduce** (the script is self-contained: its PEP 723 header pins the versions above)",
-        "",
-        code_block(f"uv run {script}\n# or\npip install {pip} && python {script}", "bash"),
-        "",
-        "It names no package index: on a CPU-only machine point uv or pip at a CPU build of torch "
-        "(e.g. `UV_EXTRA_INDEX_URL=<your CPU torch index> UV_INDEX_STRATEGY=unsafe-best-match`).",
-        "",
-        "**Expected**: training runs 3 AdamW steps: finite loss, non-zero adapter gradients, unchanged frozen "
-        "weights, changed adapter weights.",
-        "",
-    ]
-    expected = exp.expected
+def _observed(exp: Export, script: str) -> List[str]:
+    """What the record observed (with the versions it ran when they are not the pins), or how to get it."""
+    expected, rec, lines = exp.expected, exp.record, []
     if rec is not None:
         obs = rec.observed
         when = datetime.datetime.fromtimestamp(rec.finished_at).strftime("%Y-%m-%d %H:%M")
@@ -132,5 +105,38 @@ def render_markdown(exp: Export) -> str:
             f"{code_span(expected_text(expected))} (source: {expected.source or 'no rule'}). Run "
             f"`{script}` to obtain the traceback."
         )
+    return lines
+
+
+def render_markdown(exp: Export) -> str:
+    script = f"{exp.stem}.py"
+    pip = " ".join(shlex.quote(r) for r in exp.combo.requirements())
+    title = exp.case.title
+    rec = exp.record
+    if exp.expected.kind == "error":
+        title += f" ({exp.expected.error_type})"
+    lines = [
+        f"### {title}",
+        "",
+        f"Reproduces {exp.case.report} on {exp.cell.world_size} ranks ({exp.cell.device}), with tiny random-init "
+        f"models and no download. Cell {code_span(exp.cell.key)} of fsdp-matrix, params "
+        f"{code_span(repr(exp.cell.params_dict))}.",
+        "",
+        "**Versions**",
+        "",
+        *_versions_table(exp),
+        "",
+        "**To reproduce** (the script is self-contained: its PEP 723 header pins the versions above)",
+        "",
+        code_block(f"uv run {script}\n# or\npip install {pip} && python {script}", "bash"),
+        "",
+        "It names no package index: on a CPU-only machine point uv or pip at a CPU build of torch "
+        "(e.g. `UV_EXTRA_INDEX_URL=<your CPU torch index> UV_INDEX_STRATEGY=unsafe-best-match`).",
+        "",
+        "**Expected**: training runs 3 AdamW steps: finite loss, non-zero adapter gradients, unchanged frozen "
+        "weights, changed adapter weights.",
+        "",
+    ]
+    lines += _observed(exp, script)
     # the record carries this machine's paths and host name; none of that belongs in an upstream issue
     return scrub("\n".join(lines) + "\n", rec.host if rec is not None else "")
