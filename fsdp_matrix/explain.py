@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from fsdp_matrix import options
 from fsdp_matrix.cells import Cell, find_cell
@@ -83,8 +83,10 @@ def render(
     return lines
 
 
-def newest_record(results: Path, cell: Cell, combo: Optional[str]) -> Optional[str]:
-    from fsdp_matrix.records import RECORDS_FILE, read_all
+def newest_record(
+    results: Path, cell: Cell, combo: Optional[str], versions: Mapping[str, Optional[str]]
+) -> Optional[str]:
+    from fsdp_matrix.records import RECORDS_FILE, off_pins, read_all
 
     path = results / RECORDS_FILE if (results / RECORDS_FILE).exists() else results
     if not path.exists():
@@ -93,7 +95,10 @@ def newest_record(results: Path, cell: Cell, combo: Optional[str]) -> Optional[s
     if not recs:
         return None
     rec = max(recs, key=lambda r: r.finished_at)
-    return f"newest record: {rec.verdict} (combo {rec.combo}, run {rec.run_id}): {rec.line}"
+    off = off_pins(rec, versions)
+    against = "the pins" if combo is not None else "the versions installed here"
+    note = f"; recorded with {', '.join(off)}, not {against}" if off else ""
+    return f"newest record: {rec.verdict} (combo {rec.combo}, run {rec.run_id}{note}): {rec.line}"
 
 
 def main(argv: List[str]) -> int:
@@ -125,7 +130,8 @@ def main(argv: List[str]) -> int:
     lines = render(cell, tr, versions, where, rule_evidence(matrix, cell, tr))
     if args.results:
         lines.append(
-            newest_record(args.results, cell, args.combo) or f"newest record: none for this cell in {args.results}"
+            newest_record(args.results, cell, args.combo, versions)
+            or f"newest record: none for this cell in {args.results}"
         )
     print("\n".join(lines))
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 from typing import (
     Annotated,
@@ -303,5 +304,24 @@ def to_argv(opts: BaseModel, names: Optional[Sequence[str]] = None) -> List[str]
     return out
 
 
-Parser = OneLineParser
-"""argparse whose errors are one line (``prog: error: message (see prog --help)``): the one usage-error style."""
+_WORDS_OPTIONS = ("--torchrun-args",)
+"""Options whose value is another program's arguments: often one word starting with ``-`` (``--nnodes=2``)."""
+
+
+def _glued(argv: Sequence[str]) -> List[str]:
+    """``argv`` with each of _WORDS_OPTIONS joined to its value (``--torchrun-args=--nnodes=2``): argparse takes a
+    separate value that starts with ``-`` for an option of its own and says "expected one argument"."""
+    out: List[str] = []
+    words = iter(argv)
+    for word in words:
+        value = next(words, None) if word in _WORDS_OPTIONS else None
+        out.append(word if value is None else f"{word}={value}")
+    return out
+
+
+class Parser(OneLineParser):
+    """argparse whose errors are one line (``prog: error: message (see prog --help)``): the one usage-error style;
+    ``--torchrun-args`` takes a value starting with ``-`` as one word too."""
+
+    def parse_known_args(self, args: Optional[Sequence[str]] = None, namespace: Any = None) -> Any:
+        return super().parse_known_args(_glued(sys.argv[1:] if args is None else args), namespace)

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from filelock import FileLock
 from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -210,23 +210,38 @@ def env_error(message: str, error_type: str = "EnvError") -> Observed:
     return Observed(status="env-error", error_type=error_type, error_message=message, ranks=[rank])
 
 
+def _short(text: Optional[str], chars: int) -> Optional[str]:
+    return text if text is None or len(text) <= chars else clip(text, chars, middle=True)
+
+
+def _oversized(rec: Record) -> bool:
+    """A record holding more text than the harness writes (a line from elsewhere): readers clip it as the writer
+    would, or one line of megabytes becomes megabytes in every report, JUnit file and diff."""
+    obs = rec.observed
+    if len(rec.line) > MESSAGE_CHARS or len(obs.error_message or "") > MESSAGE_CHARS:
+        return True
+    return any(
+        len(r.error_message or "") > MESSAGE_CHARS
+        or len(r.traceback or "") > TEXT_CHARS
+        or len(r.stack or "") > TEXT_CHARS
+        for r in obs.ranks
+    )
+
+
 def clipped(observed: Observed) -> Observed:
     """``observed`` with every error message, traceback and stack cut to its head and tail (MESSAGE_CHARS,
     TEXT_CHARS): a cell that raises with megabytes of text gets a record line of kilobytes, not one copy per rank."""
 
-    def short(text: Optional[str], chars: int) -> Optional[str]:
-        return text if text is None or len(text) <= chars else clip(text, chars, middle=True)
-
     ranks = [
         replace(
             r,
-            error_message=short(r.error_message, MESSAGE_CHARS),
-            traceback=short(r.traceback, TEXT_CHARS),
-            stack=short(r.stack, TEXT_CHARS),
+            error_message=_short(r.error_message, MESSAGE_CHARS),
+            traceback=_short(r.traceback, TEXT_CHARS),
+            stack=_short(r.stack, TEXT_CHARS),
         )
         for r in observed.ranks
     ]
-    return replace(observed, error_message=short(observed.error_message, MESSAGE_CHARS), ranks=ranks)
+    return replace(observed, error_message=_short(observed.error_message, MESSAGE_CHARS), ranks=ranks)
 
 
 def check_appendable(results: Path) -> None:
@@ -297,14 +312,34 @@ def iter_records(path: Path, skipped: SkipSink = None) -> Iterator[Record]:
     files = [path] if path.is_file() else sorted(path.rglob(RECORDS_FILE))
     adapter = _adapter(Record)
     for file in files:
+        newer: Dict[int, int] = {}
         with open(file, "rb") as fh:
             for number, raw in enumerate(fh, 1):
                 if not raw.strip():
                     continue
                 try:
-                    yield _parse(adapter, raw.rstrip(b"\r\n"))
+                    rec = _parse(adapter, raw.rstrip(b"\r\n"))
                 except ValidationError as exc:
                     report(Skipped(file, number, _reason(exc), torn=not raw.endswith(b"\n")))
+                    continue
+                if _oversized(rec):
+                    rec = replace(rec, line=_short(rec.line, MESSAGE_CHARS), observed=clipped(rec.observed))
+                if rec.schema > SCHEMA:
+                    newer[rec.schema] = newer.get(rec.schema, 0) + 1
+                yield rec
+        if newer:
+            _say_newer(file, newer)
+
+
+def _say_newer(file: Path, newer: Dict[int, int]) -> None:
+    # a newer harness's records read here lose what they hold beyond this reader's schema: say so, once per file
+    count, schemas = sum(newer.values()), ", ".join(str(s) for s in sorted(newer))
+    what = f"{count} record{'s' if count > 1 else ''} of schema {schemas}"
+    print(
+        f"fsdp-matrix: {file}: {what}, newer than this reader (schema {SCHEMA}): read without the fields it does "
+        "not know",
+        file=sys.stderr,
+    )
 
 
 def _parse(adapter: TypeAdapter, raw: bytes) -> Record:
@@ -345,6 +380,26 @@ def _reason(exc: ValidationError) -> str:
 
 def _to_stderr(skip: Skipped) -> None:
     print(f"fsdp-matrix: {skip}", file=sys.stderr)
+
+
+def recorded_version(rec: Record, name: str) -> str:
+    """The version of ``name`` that ``rec`` ran, with a source build's commit (``0.20.1.dev0 @ 5d602fd``)."""
+    version = rec.versions.get(name) or "-"
+    built = rec.sources.get(name) or {}
+    if built.get("commit"):
+        version += f" @ {built['commit'][:7]}" + ("+dirty" if built.get("dirty") else "")
+    return version
+
+
+def off_pins(rec: Record, pins: Mapping[str, Optional[str]]) -> List[str]:
+    """``NAME VERSION`` of each pinned package that ``rec`` ran at another version (a local label such as ``+cpu``
+    aside) or built from source: a record of the same combo id may come from older pins."""
+    out = []
+    for name, pin in pins.items():
+        got = rec.versions.get(name)
+        if pin and got and (got.split("+")[0] != pin or name in rec.sources):
+            out.append(f"{name} {recorded_version(rec, name)}")
+    return out
 
 
 def latest(records: Iterator[Record]) -> Dict[Tuple[Optional[str], str], Record]:

@@ -121,3 +121,43 @@ def wait_for_rank1_start(results: Path, proc: subprocess.Popen, timeout: float =
         time.sleep(0.1)
     assert started, "the cell never started"
     return started
+
+
+def interrupting(how: str, ended: list):
+    """A stand-in for a step that runs a launch: Ctrl-C (``how`` "sigint"), or SIGTERM sent to this process, while
+    it runs; ``ended`` gets True when its ``finally`` (where LaunchRunner kills the launch) ran."""
+    import os
+    import signal
+
+    def step(*args, **kwargs) -> None:
+        try:
+            if how == "sigint":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the handler interrupts this at once
+        finally:
+            ended.append(True)
+
+    return step
+
+
+def interrupted_in_one_line(main, argv, capsys, code: int, said: str, ended: list) -> None:
+    """``main(argv)``, interrupted by its step, returns ``code`` with one stderr line saying ``said``, the step's
+    ``finally`` ran, and the SIGTERM handler from before the command is back."""
+    import signal
+
+    import pytest
+
+    def unhandled(signum, frame):
+        raise RuntimeError("SIGTERM reached the handler that was there before the command")
+
+    before = signal.signal(signal.SIGTERM, unhandled)  # without the command's own handler, SIGTERM ends pytest
+    try:
+        got = main(argv)
+    except KeyboardInterrupt:  # not handled: it must not end the test session
+        pytest.fail("KeyboardInterrupt escaped the command")
+    finally:
+        ours = signal.signal(signal.SIGTERM, before)
+    assert got == code and ours is unhandled
+    err = capsys.readouterr().err.strip()
+    assert ended == [True] and said in err and len(err.splitlines()) == 1 and "Traceback" not in err, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -126,6 +127,12 @@ def test_explain_shows_the_newest_record(tmp_path, capsys):
     assert last.startswith("newest record: reproduced (combo torch2.6, run r): expected AssertionError")
     assert main(["explain", CELL, "--combo", "old", "--results", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"newest record: none for this cell in {tmp_path}"
+    # a record of this combo made with other versions than its pins says which (it was shown as if it were the pins')
+    other = dataclasses.replace(rec, versions={**rec.versions, "peft": "0.20.0"}, finished_at=rec.finished_at + 1)
+    records.append(tmp_path, other)
+    assert main(["explain", CELL, "--combo", "torch2.6", "--results", str(tmp_path)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("newest record: reproduced (combo torch2.6, run r; recorded with peft 0.20.0, not the pins)")
 
 
 @pytest.mark.parametrize(

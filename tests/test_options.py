@@ -109,6 +109,19 @@ def test_torchrun_args_that_would_change_a_cells_world_size_are_refused(args, na
     assert named in str(info.value) and str(info.value).startswith("--torchrun-args: ")
 
 
+def test_torchrun_args_take_one_word_that_starts_with_a_dash(capsys):
+    """``run --torchrun-args --nnodes=1:4`` said ``argument --torchrun-args: expected one argument`` (argparse took the
+    one-word value for an option of its own): the value is read, and refused for what it says, in one line."""
+    from fsdp_matrix.runner import cli
+
+    assert cli.parser().parse_args(["--torchrun-args", "--nnodes=1"]).torchrun_args == "--nnodes=1"
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--torchrun-args", "--nnodes=1:4", "lora-requires-grad/lora-fp32-orig1-decoder_layer-llama-ws2"])
+    assert exit_.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "give a fixed node count" in lines[0], lines
+
+
 def test_the_node_count_of_a_rendezvous():
     from fsdp_matrix.options import rendezvous_nodes
 

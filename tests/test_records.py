@@ -116,6 +116,32 @@ def test_unknown_fields_inside_observed_and_ranks_are_ignored(tmp_path):
     assert skipped == []
 
 
+def test_records_of_a_newer_schema_are_read_and_counted_in_one_line(tmp_path, capsys):
+    """Records written by a newer harness (schema 99, fields this reader does not know) were read without a word:
+    they are read, and one line says how many are newer than this reader."""
+    with open(tmp_path / "cells.jsonl", "w") as fh:
+        for n in range(3):
+            fh.write(_line(schema=99, top_level_new=n) + "\n")
+        fh.write(_line() + "\n")
+    assert len(list(records.iter_records(tmp_path))) == 4
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "3 records" in err[0] and "schema 99" in err[0], err
+    assert f"schema {records.SCHEMA}" in err[0] and "cells.jsonl" in err[0]
+
+
+def test_a_record_written_with_megabytes_of_text_reads_back_clipped(tmp_path):
+    """A line holding a 4 MB error message (in the message, each rank's traceback and the verdict line; not written
+    by this harness, which clips before writing) went whole into report.json, report.html and the JUnit file
+    (100 MB of message gave 100, 100 and 300 MB, 2 GB of memory): a reader clips it as the writer does."""
+    big = "m" * 4_000_000
+    with open(tmp_path / "cells.jsonl", "w") as fh:
+        fh.write(_line(**{"line": big, "observed.error_message": big, "observed.ranks.0.traceback": big}) + "\n")
+    [rec] = list(records.iter_records(tmp_path))
+    assert len(rec.line) <= records.MESSAGE_CHARS + 100 and rec.line.startswith("mmm") and rec.line.endswith("mmm")
+    assert len(rec.observed.error_message) <= records.MESSAGE_CHARS + 100
+    assert len(rec.observed.ranks[0].traceback) <= records.TEXT_CHARS + 100
+
+
 def test_unread_lines_are_reported_when_the_caller_does_not_collect_them(tmp_path, capsys):
     with open(tmp_path / "cells.jsonl", "w") as fh:
         fh.write(_line(duration_s="fast") + "\n")

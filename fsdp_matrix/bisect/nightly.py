@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.bisect.rerun import NightEnvs, moved, rerun_cells
+from fsdp_matrix.bisect.runner import stopped_by_signal
 from fsdp_matrix.bisect.wiring import StepOptions, add_step_arguments
 from fsdp_matrix.confirm import CONFIRMED, RUNS, Confirmed, Flip, confirm, cost_note
 from fsdp_matrix.errors import MatrixError
@@ -296,6 +297,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # the step options, declared once (bisect/wiring.py)
     add_step_arguments(p, timeout=3600, world_size=2)
     args = p.parse_args(argv)
+    return stopped_by_signal("nightly", lambda: _nightly(args))
+
+
+def _nightly(args: argparse.Namespace) -> int:
     try:
         return nightly(args)
     except MatrixError as exc:

@@ -27,6 +27,7 @@ from fsdp_matrix import options
 from fsdp_matrix.bisect.installers import PinnedInstaller, parse_pins
 from fsdp_matrix.bisect.outcome import Outcome
 from fsdp_matrix.bisect.releases import release_candidates
+from fsdp_matrix.bisect.runner import stopped_by_signal
 from fsdp_matrix.bisect.search import CellsRunner, Prepared, Step, Untestable, bisect_cells
 from fsdp_matrix.bisect.upgrade_git import CommitLine, commit_lines, parse_git_args, seen_at
 from fsdp_matrix.bisect.wiring import StepOptions, add_step_arguments, bisection_from
@@ -394,6 +395,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    return stopped_by_signal("fsdp-matrix upgrade", lambda: _main(argv))
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     args = parser().parse_intermixed_args(argv)
     try:
         bumps = parse_pins(args.bumps, "upgrade")

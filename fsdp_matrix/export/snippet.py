@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 
 from fsdp_matrix.export.script import Export, expected_text
 from fsdp_matrix.matrix import PACKAGES
-from fsdp_matrix.records import Record
+from fsdp_matrix.records import Record, off_pins, recorded_version
 
 
 def code_span(text: str) -> str:
@@ -63,11 +63,49 @@ def _versions_table(exp: Export) -> List[str]:
     head = f"| package | pinned (combo `{exp.combo.id}`) |" + (" recorded |" if rec else "")
     rows = [head, "| --- | --- |" + (" --- |" if rec else "")]
     for name in PACKAGES + (("python",) if rec else ()):
-        recorded = f" {_cell(str(rec.versions.get(name) or '-'))} |" if rec else ""
+        recorded = f" {_cell(recorded_version(rec, name))} |" if rec else ""
         rows.append(f"| {name} | {pins.get(name, '-')} |{recorded}")
     if exp.combo.extra:
         rows.append(f"| extra | {_cell(', '.join(exp.combo.extra))} |" + (" |" if rec else ""))
     return rows
+
+
+def _observed(exp: Export, script: str) -> List[str]:
+    """What the record observed (with the versions it ran when they are not the pins), or how to get it."""
+    expected, rec, lines = exp.expected, exp.record, []
+    if rec is not None:
+        obs = rec.observed
+        when = datetime.datetime.fromtimestamp(rec.finished_at).strftime("%Y-%m-%d %H:%M")
+        if obs.status == "error":
+            what = code_span(f"{obs.error_type}: {obs.error_message}")
+            where = f" in {code_span(obs.location)}" if obs.location else ""
+            lines.append(f"**Observed** ({when}, verdict {rec.verdict}): {what}{where}")
+        else:
+            lines.append(f"**Observed** ({when}, verdict {rec.verdict}): {obs.status}")
+        off = off_pins(rec, exp.combo.pins.model_dump())
+        if off:
+            lines += [
+                "",
+                f"**Note**: this record ran {', '.join(off)}, not the pins above (the script installs the pins).",
+            ]
+        failed = _first_error(rec)
+        if failed is not None:
+            # recorded by the harness: its own frames lead, the library frames are the ones the script hits too
+            lines += [
+                "",
+                f"Traceback (rank {failed.rank}, as recorded by fsdp-matrix):",
+                "",
+                code_block(failed.traceback or failed.stack, "text"),
+            ]
+        elif obs.checks:
+            lines += ["", "Checks:", "", code_block("\n".join(f"{k}: {v}" for k, v in obs.checks.items()), "text")]
+    else:
+        lines.append(
+            f"**Observed**: no record of this cell for combo `{exp.combo.id}`; fsdp-matrix expects "
+            f"{code_span(expected_text(expected))} (source: {expected.source or 'no rule'}). Run "
+            f"`{script}` to obtain the traceback."
+        )
+    return lines
 
 
 def render_markdown(exp: Export) -> str:
@@ -99,32 +137,6 @@ def render_markdown(exp: Export) -> str:
         "weights, changed adapter weights.",
         "",
     ]
-    expected = exp.expected
-    if rec is not None:
-        obs = rec.observed
-        when = datetime.datetime.fromtimestamp(rec.finished_at).strftime("%Y-%m-%d %H:%M")
-        if obs.status == "error":
-            what = code_span(f"{obs.error_type}: {obs.error_message}")
-            where = f" in {code_span(obs.location)}" if obs.location else ""
-            lines.append(f"**Observed** ({when}, verdict {rec.verdict}): {what}{where}")
-        else:
-            lines.append(f"**Observed** ({when}, verdict {rec.verdict}): {obs.status}")
-        failed = _first_error(rec)
-        if failed is not None:
-            # recorded by the harness: its own frames lead, the library frames are the ones the script hits too
-            lines += [
-                "",
-                f"Traceback (rank {failed.rank}, as recorded by fsdp-matrix):",
-                "",
-                code_block(failed.traceback or failed.stack, "text"),
-            ]
-        elif obs.checks:
-            lines += ["", "Checks:", "", code_block("\n".join(f"{k}: {v}" for k, v in obs.checks.items()), "text")]
-    else:
-        lines.append(
-            f"**Observed**: no record of this cell for combo `{exp.combo.id}`; fsdp-matrix expects "
-            f"{code_span(expected_text(expected))} (source: {expected.source or 'no rule'}). Run "
-            f"`{script}` to obtain the traceback."
-        )
+    lines += _observed(exp, script)
     # the record carries this machine's paths and host name; none of that belongs in an upstream issue
     return scrub("\n".join(lines) + "\n", rec.host if rec is not None else "")

@@ -216,8 +216,9 @@ def compare(old: Dict[str, Any], new: Dict[str, Any], max_drop: float = MAX_DROP
     for col in sorted(set(old_v) & set(new_v)):
         moved = [
             f"{pkg} {old_v[col].get(pkg) or '-'} -> {new_v[col].get(pkg) or '-'}"
-            for pkg in sorted(set(old_v[col]) | set(new_v[col]))
-            if old_v[col].get(pkg) != new_v[col].get(pkg)
+            # a package missing from one side's record was not recorded (an older record schema), not uninstalled
+            for pkg in sorted(set(old_v[col]) & set(new_v[col]))
+            if old_v[col][pkg] != new_v[col][pkg]
         ]
         if moved:
             diff.versions.append(f"{col}: " + ", ".join(moved))

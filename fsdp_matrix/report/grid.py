@@ -6,6 +6,7 @@ Every renderer (text, markdown, HTML, JSON, JUnit) reads a Grid; none reads reco
 from __future__ import annotations
 
 import re
+import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,18 +130,29 @@ class Grid:
     def env_failures(self) -> List[EnvFailure]:
         """The env-error entries grouped by combo and reason, in column order."""
         groups: Dict[Tuple[str, str], List[Row]] = {}
+        built: Dict[Tuple[str, str], Dict[str, Dict[str, Any]]] = {}
         for row, col, rec in self.attention():
             if rec.verdict == ENV_ERROR:
                 reason = rec.observed.error_message or rec.observed.error_type or rec.line or "no reason recorded"
                 groups.setdefault((col.id, reason), []).append(row)
+                built.setdefault((col.id, reason), rec.sources)
         cols = {c.id: c for c in self.columns}
-        out = [EnvFailure(cols[cid], reason, tuple(rows), self._rerun(cid)) for (cid, reason), rows in groups.items()]
+        out = [
+            EnvFailure(cols[cid], reason, tuple(rows), self._rerun(cid, built[cid, reason]))
+            for (cid, reason), rows in groups.items()
+        ]
         return sorted(out, key=lambda f: f.column.number)
 
-    def _rerun(self, column: str) -> str:
-        if column in self.sessions:
-            return f'nox -s "{self.sessions[column]}" -- --resume'
-        return "the same run again with --resume"
+    def _rerun(self, column: str, sources: Dict[str, Dict[str, Any]]) -> str:
+        if column not in self.sessions:
+            return "the same run again with --resume"
+        # an env built from --pin sources is rerun with them: without, the release env would answer instead
+        pins = [
+            shlex.quote(f"{name}={src['url']}" + (f"@{src['ref']}" if src.get("ref") else ""))
+            for name, src in sources.items()
+            if src.get("url")
+        ]
+        return " ".join([f'nox -s "{self.sessions[column]}" -- --resume', *(f"--pin {p}" for p in pins)])
 
 
 def build_grid(

@@ -448,7 +448,9 @@ class Launcher:
             for run_dir, _ in live.agents
             if (run_dir / TORCHRUN_OUT).exists()
         )
-        message = f"{note}\n{clip(log, lines=40, tail=True)}"
+        # each try waited its own startup timeout: the note would read as one wait, for a run twice that long
+        tries = f", in each of {self._failed_starts} launches in a row (no cell ran)"
+        message = f"{note}{tries}\n{clip(log, lines=40, tail=True)}"
         for task in self._queue:
             # the note carries the reason; session.observe turns it into the one env-error outcome
             self._done[task.key] = CellRun(

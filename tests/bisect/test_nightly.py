@@ -323,3 +323,15 @@ def test_reruns_below_two_are_refused_in_one_line(tmp_path, upgrades, capsys) ->
     with pytest.raises(SystemExit) as exc:
         nightly.main([str(old), str(old), "--reruns", "1"])
     assert exc.value.code == 2 and "at least 2 reruns" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how, code, said", [("sigint", 130, "interrupted"), ("sigterm", 143, "terminated")])
+def test_ctrl_c_and_sigterm_end_the_launch_and_say_so_in_one_line(monkeypatch, capsys, tmp_path, how, code, said):
+    """Ctrl-C ended the nightly in a KeyboardInterrupt traceback, and SIGTERM killed it without the ``finally`` that
+    ends a rerun's or a bisect's running launch."""
+    from tests.helpers import interrupted_in_one_line, interrupting
+
+    ended: List[bool] = []
+    monkeypatch.setattr(nightly, "nightly", interrupting(how, ended))
+    argv = [str(tmp_path / "old.json"), str(tmp_path / "new.json")]
+    interrupted_in_one_line(nightly.main, argv, capsys, code, said, ended)

@@ -297,3 +297,15 @@ def test_defect15_unusable_json_and_cache_paths_are_one_line_before_the_run(fake
         err = capsys.readouterr().err.strip()
         assert line in err and len(err.splitlines()) == 1, err
     assert faked["pins"] == []
+
+
+@pytest.mark.parametrize("how, code, said", [("sigint", 130, "interrupted"), ("sigterm", 143, "terminated")])
+def test_ctrl_c_and_sigterm_end_the_launch_and_say_so_in_one_line(monkeypatch, capsys, tmp_path, how, code, said):
+    """Ctrl-C ended the upgrade check in a KeyboardInterrupt traceback, and SIGTERM killed it without the
+    ``finally`` that ends the running launch (the commit bisect's handling, which upgrade lacked)."""
+    from tests.helpers import interrupted_in_one_line, interrupting
+
+    ended: List[bool] = []
+    monkeypatch.setattr(upgrade, "run_upgrade", interrupting(how, ended))
+    argv = ["peft==0.14.0", "--combo", "old", "--matrix", str(FIXTURE), "--cache", str(tmp_path)]
+    interrupted_in_one_line(upgrade.main, argv, capsys, code, said, ended)

@@ -195,6 +195,27 @@ def test_markdown_holds_the_newest_record_verbatim(tmp_path):
     assert "\\`" not in md and "\\_" not in md
 
 
+def test_markdown_says_when_the_record_ran_other_versions_than_the_pins(tmp_path):
+    """A record of combo ``current`` made with peft 0.20.0 / transformers 4.57.6 was shown as "Observed" under the
+    pins' header, without a word; a source build showed its version without its commit."""
+    cell = "lora-requires-grad/lora-fp32-orig0-decoder_layer-llama-ws2"
+    rec = _record("current", time.time(), "Must flatten tensors")
+    other = dataclasses.replace(rec, versions={**rec.versions, "peft": "0.20.0", "transformers": "4.57.6"})
+    records.append(tmp_path / "other", other)
+    md = render_markdown(prepare(MATRIX, cell, "current", tmp_path / "other", ROOT))
+    [note] = [line for line in md.splitlines() if "not the pins" in line]
+    assert "peft 0.20.0" in note and "transformers 4.57.6" in note and "torch" not in note
+    commit = "5d602fdbff04c33c1c4d" + "0" * 20
+    built = dataclasses.replace(
+        rec,
+        versions={**rec.versions, "peft": "0.20.1.dev0"},
+        sources={"peft": {"url": "/src/peft", "ref": "main", "commit": commit, "dirty": None, "release": "0.20.0"}},
+    )
+    records.append(tmp_path / "src", built)
+    md = render_markdown(prepare(MATRIX, cell, "current", tmp_path / "src", ROOT))
+    assert "| peft | 0.21.2 | 0.20.1.dev0 @ 5d602fd |" in md
+
+
 def test_markdown_renders_code_as_written(tmp_path):
     markdown_it = pytest.importorskip("markdown_it")
     message = "`x` | y ``` z"

@@ -77,6 +77,24 @@ def test_groups_unexpected_fixes_added_removed_and_versions(tmp_path):
     assert text.index("NEW REGRESSIONS") < text.index("unexpected fixes") < text.index("Cells removed")
 
 
+def test_a_package_an_older_record_schema_did_not_record_is_no_version_change(tmp_path):
+    """A schema-1 night (no ``versions.trl``: schema 4 added it) against a schema-4 night said ``trl - -> 1.16.0``
+    under Versions changed; trl was not recorded, not absent. A package the env gained (None -> x) is a change."""
+    import dataclasses
+
+    old = [dataclasses.replace(r, schema=1) for r in BASE]  # versions as schema 1 wrote them: no trl key
+    new = [dataclasses.replace(r, versions={**r.versions, "trl": "1.16.0"}) for r in BASE]
+    result = diff.compare(
+        diff.load_report(_results(tmp_path, "old", old)), diff.load_report(_results(tmp_path, "new", new))
+    )
+    assert result.versions == []
+    gained = [dataclasses.replace(r, versions={**r.versions, "trl": None}) for r in BASE]
+    result = diff.compare(
+        diff.load_report(_results(tmp_path, "gained", gained)), diff.load_report(_results(tmp_path, "new2", new))
+    )
+    assert result.versions == ["cur: trl - -> 1.16.0"]
+
+
 def test_torn_last_line_is_tolerated(tmp_path):
     old = _results(tmp_path, "old", BASE)
     new = _results(tmp_path, "new", [make_record("a-ws2", "fix-holds")])

@@ -268,6 +268,21 @@ def test_defect20_an_env_that_cannot_be_installed_is_reported_once_per_combo():
     assert fix in text and md.count(markdown.md_escape(fix)) == 1 and html.escape(fix) in attention
 
 
+def test_an_env_that_did_not_build_from_a_pinned_source_is_rerun_with_that_pin():
+    """An env that failed to build from ``--pin peft=PATH@REF`` was told to rerun ``nox -s "matrix(old)" --
+    --resume``: without the pin, that builds the release env and answers another question."""
+    from dataclasses import replace
+
+    from fsdp_matrix.records import env_error
+
+    why = "install failed: peft @ file:///src/peft: not a Python project"
+    commit = "5d602fdbff04c33c1c4d" + "0" * 20
+    built = {"peft": {"url": "/src/my peft", "ref": "fix/x", "commit": commit, "dirty": None, "release": None}}
+    broken = replace(make_record("lora-ws2", "env-error", "old", case="zeta"), observed=env_error(why), sources=built)
+    [failure] = build_grid([broken], parse_matrix(MATRIX)).env_failures()
+    assert failure.rerun == "nox -s \"matrix(old)\" -- --resume --pin 'peft=/src/my peft@fix/x'"
+
+
 def test_a_line_that_is_not_a_record_needs_attention_with_its_position(tmp_path, capsys):
     """A line no reader can parse is quarantined with its file and line, and counted among what needs attention:
     never only a quiet "could not be read"."""

@@ -349,3 +349,26 @@ def test_an_expected_hang_uses_its_rules_short_timeout_and_keeps_every_ranks_sta
     assert ok.verdict == "fix-holds" and all(r.warnings == [] for r in ok.observed.ranks)
     assert warn.verdict == "reproduced", warn.line
     assert all(any("injected warning" in w["message"] for w in r.warnings) for r in warn.observed.ranks)
+
+
+def test_two_launches_that_never_started_say_so_in_the_env_error(tmp_path):
+    """A rendezvous that never completes gave, after two launches of 300 s, an env-error that said only 'ranks did
+    not rendezvous within 300s' (the run had taken 602 s): the note says that every try of two failed the same way.
+    Launches faked: nothing is started."""
+    from types import SimpleNamespace
+
+    from fsdp_matrix.runner.protocol import Task
+
+    launcher = Launcher(run_root=tmp_path, startup_timeout=300.0)
+    launcher._kill = lambda live: None
+    launcher._retire = lambda live, failed: None
+    task = Task(key="c/x-ws2", repro=str(tmp_path / "r.py"), params={})
+    launcher._tasks[task.key] = task
+    launcher._queue = [task]
+    note = "ranks did not rendezvous within 300s"
+    for number in (1, 2):
+        state = SimpleNamespace(started={}, submitted=[], byes=set(), env_removed=[], number=number)
+        launcher._replace(SimpleNamespace(state=state, agents=[], number=number, gone=False), note)
+    run = launcher._done[task.key]
+    first = run.note.splitlines()[0]
+    assert run.status == "env-error" and first.startswith(note) and "2 launches in a row" in first, first
