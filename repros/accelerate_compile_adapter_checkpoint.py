@@ -1,10 +1,11 @@
-"""accelerate PR #3282 (1.3.0): a compiled PEFT model's FSDP checkpoint holds the whole model, not the adapter.
+"""Soup#352: a compiled PEFT model's FSDP checkpoint holds the whole model, not the adapter.
 
 The Trainer saves an FSDP checkpoint of a PEFT model with ``save_fsdp_model(..., adapter_only=True)``; accelerate
-keeps the adapter only if ``is_peft_model(model)``, which looks at ``extract_model_from_parallel(model)``. From
-1.3.0 that keeps the ``torch.compile`` wrapper by default (``keep_torch_compile=True``), so a compiled model is not
-a ``PeftModel`` there and the whole state dict is saved: reported as a 37 GB ``pytorch_model_fsdp.bin`` beside a
-131 MB adapter (https://github.com/MakazhanAlpamys/Soup/issues/352).
+keeps the adapter only if ``is_peft_model(model)``, which looks at ``extract_model_from_parallel(model)``. That puts
+the ``torch.compile`` wrapper back on what it unwrapped (always before accelerate 1.3.0; from 1.3.0, PR #3282, under
+``keep_torch_compile=True``, the default), so a compiled model is not a ``PeftModel`` there and the whole state dict
+is saved: reported as a 37 GB ``pytorch_model_fsdp.bin`` beside a 131 MB adapter
+(https://github.com/MakazhanAlpamys/Soup/issues/352).
 
 The cell: LoRA on the tiny Llama, FSDP1 through ``Accelerator.prepare`` with ``compile`` none or whole
 (``TorchDynamoPlugin``, ``backend="eager"`` on CPU), 3 steps, then ``save_fsdp_model(adapter_only=True)`` as the
