@@ -14,6 +14,7 @@ from fsdp_matrix.bisect.outcome import Outcome
 from fsdp_matrix.bisect.runner import LaunchRunner
 from fsdp_matrix.bisect.search import Prepared
 from fsdp_matrix.matrix import load_matrix
+from tests.helpers import interrupted_in_one_line, interrupting
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bisect_matrix.yaml"
 CELL = "no-split-modules/shape_plain-ws2"
@@ -203,36 +204,9 @@ def test_defect17_a_cell_skipped_on_the_combo_is_said_before_installing_anything
 def test_ctrl_c_and_sigterm_end_the_launch_and_say_so_in_one_line(monkeypatch, capsys, how, code, said) -> None:
     """Ctrl-C ended in a 20-line KeyboardInterrupt traceback; SIGTERM killed the bisect and left its launch running
     unsupervised (the launch is ended by the ``finally`` of the step that runs it: SIGTERM must take that path)."""
-    import os
-    import signal
-    import time
-
     from fsdp_matrix.bisect import commits
 
     ended = []
-
-    def run(req):
-        try:
-            if how == "sigint":
-                raise KeyboardInterrupt
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(30)  # the handler interrupts this at once
-        finally:
-            ended.append(True)  # where LaunchRunner kills the launch
-        return 0, None
-
-    def unhandled(signum, frame):
-        raise RuntimeError("SIGTERM reached the handler that was there before the bisect")
-
-    monkeypatch.setattr(commits, "run", run)
-    before = signal.signal(signal.SIGTERM, unhandled)  # without the bisect's own handler, SIGTERM ends pytest
+    monkeypatch.setattr(commits, "run", interrupting(how, ended))
     argv = [CELL, "--package", "peft", "--git", "/nonexistent", "--good", "a", "--bad", "b", "--matrix", str(FIXTURE)]
-    try:
-        got = bisect_cli.main(argv)
-    except KeyboardInterrupt:  # not handled: it must not end the test session
-        pytest.fail("KeyboardInterrupt escaped the bisect")
-    finally:
-        ours = signal.signal(signal.SIGTERM, before)
-    assert got == code and ours is unhandled
-    err = capsys.readouterr().err.strip()
-    assert ended == [True] and said in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    interrupted_in_one_line(bisect_cli.main, argv, capsys, code, said, ended)
