@@ -15,7 +15,6 @@ SLOW_FIRST = (
     "test_pytest_plugin.py",
     "export/test_script.py",
     "runner/test_session.py",
-    "workload/test_accelerate_launch.py",
     "workload/test_checkpoint.py",
 )
 """The files of a minute or more of `nox -s tests` on 2 cores (their module fixtures launch torchrun), longest first."""

@@ -64,7 +64,9 @@ def _pytest(*args: str):
     from pathlib import Path
 
     repos = Path(__file__).resolve().parent / "test_repros.py"
-    cmd = [sys.executable, "-m", "pytest", str(repos), "--collect-only", "-q", "-p", "no:cacheprovider", *args]
+    # --device cpu: `auto` would import torch (about 3 s) only to look for a GPU
+    cmd = [sys.executable, "-m", "pytest", str(repos), "--collect-only", "-q", "-p", "no:cacheprovider"]
+    cmd += ["--device", "cpu", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -142,6 +144,7 @@ def test_plugin_stops_before_any_launch_when_the_results_file_cannot_be_appended
     assert not (tmp_path / "launches").exists() and "passed" not in out and "failed" not in out, out
 
 
+@pytest.mark.heavy  # a launch of its own; the appending refusal below stays in nox -s tests
 def test_plugin_stops_at_once_when_the_results_dir_is_deleted_mid_run(tmp_path):
     import os
     import shutil

@@ -52,10 +52,12 @@ SEQUENCE = [
 ]
 
 
-FAST = ("hang_rank1", "segv_rank0", "raise_rank1", "leak_child", "raise_both")
-"""The faults ``nox -s tests`` injects: a hang, a crash, a one-rank error, a leaked child, an error on every rank. The
-other five (an exit code, a leaked module, a crash on rank 1, a death and a stall in the cleanup) each cost a launch
-of their own, so their tests are ``heavy`` and the sequence holds them only where a heavy test is selected."""
+FAST = ("segv_rank0", "leak_child", "raise_both")
+"""The faults ``nox -s tests`` injects: a crash, a leaked child, an error on every rank. The other seven each cost a
+launch of their own (about 12 s on 2 cores), so their tests are ``heavy`` and the sequence holds them only where a
+heavy test is selected. ``nox -s tests`` still sees the two it leaves out: a hang (test_chaos's rank hung in C code,
+and the expected hangs of save-rank0-state-dict's cells) and an error on one rank (those same cells: rank 0 raises,
+rank 1 waits in its collective)."""
 
 
 def _cell(i, fault):
@@ -100,6 +102,7 @@ def test_healthy_cells_pass_after_every_fault(runs):
     assert all(r.observed.checks == {"sum": 12.0} for r in healthy)
 
 
+@pytest.mark.heavy  # a launch of its own (FAST)
 def test_hang_on_rank1_is_detected_with_every_stack(runs):
     rec, nxt = _after(runs, "hang_rank1")
     assert rec.verdict == "hang"
@@ -125,6 +128,7 @@ def test_crash_is_recorded_with_exit_code_or_signal(runs, fault, code, signal):
     assert nxt.verdict == "fix-holds"
 
 
+@pytest.mark.heavy  # a launch of its own (FAST)
 def test_error_on_one_rank_is_detected_before_the_timeout(runs):
     rec, nxt = _after(runs, "raise_rank1")
     assert rec.verdict == "reproduced"
@@ -304,6 +308,7 @@ def test_the_callers_fsdp_and_accelerate_variables_do_not_reach_the_ranks(tmp_pa
 # ---- expected hangs and warnings ----------------------------------------------------------------------------------
 
 
+@pytest.mark.heavy  # nox -s heavy: three launches; the cells of save-rank0-state-dict expect a hang in nox -s tests
 def test_an_expected_hang_uses_its_rules_short_timeout_and_keeps_every_ranks_stack(tmp_path):
     """A rule that expects a hang gives its cell a short timeout of its own: the cell is reproduced after that
     timeout (the launch's is far longer), with every rank's stack; an unexpected hang stays a hang; a cell that

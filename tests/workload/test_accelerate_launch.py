@@ -43,6 +43,7 @@ def _launch(tmp_path, config: str, cell: str, use_cpu: bool = True):
     return proc, records[-1]
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(Version(accelerate.__version__) < Version("1.6"), reason="accelerate < 1.6 has no FSDP2")
 def test_fsdp2_cell_under_accelerate_launch_holds(tmp_path):
     proc, rec = _launch(tmp_path, "fsdp2_cpu.yaml", "lora-fp32-fsdp2-llama-entry_accelerate-ws2")
@@ -53,6 +54,7 @@ def test_fsdp2_cell_under_accelerate_launch_holds(tmp_path):
     assert any(line.startswith("(B)") for line in checks["shim"])
 
 
+@pytest.mark.heavy
 def test_fsdp1_cell_under_accelerate_launch_reproduces_report_1(tmp_path):
     proc, rec = _launch(tmp_path, "fsdp1_cpu.yaml", "lora-fp32-orig0-decoder_layer-llama-entry_accelerate-ws2")
     line = "reproduced: lora-requires-grad/lora-fp32-orig0-decoder_layer-llama-entry_accelerate-ws2"
@@ -60,6 +62,7 @@ def test_fsdp1_cell_under_accelerate_launch_reproduces_report_1(tmp_path):
     assert "uniform `requires_grad`" in rec["observed"]["error_message"]
 
 
+@pytest.mark.heavy
 def test_without_accelerate_use_cpu_the_cell_is_not_fsdp(tmp_path):
     # the launcher starts 2 processes, but accelerate then sees no device and no distributed state: each rank trains
     # an unwrapped model alone. The wrapper check must turn that into a failure, never a fix-holds.

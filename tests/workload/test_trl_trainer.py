@@ -60,6 +60,7 @@ def outcomes(tmp_path_factory):
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
+@pytest.mark.heavy  # a 2-rank run of TRL's SFTTrainer; the entry_trl cells run in nox -s tests
 def test_sft_with_peft_config_trains_under_fsdp1_and_passes_every_check(outcomes):
     for rank in outcomes:
         got = rank["fsdp1"]
@@ -75,6 +76,7 @@ def test_sft_with_peft_config_trains_under_fsdp1_and_passes_every_check(outcomes
     assert outcomes[0]["fsdp1"]["checks"]["losses"] == outcomes[1]["fsdp1"]["checks"]["losses"]
 
 
+@pytest.mark.heavy  # a 2-rank run of TRL's SFTTrainer; the entry_trl cells run in nox -s tests
 def test_a_model_that_is_not_fsdp_fails_the_cell(outcomes):
     for rank in outcomes:
         got = rank["no_shim"]
@@ -82,6 +84,7 @@ def test_a_model_that_is_not_fsdp_fails_the_cell(outcomes):
         assert "not FSDP1" in got["message"]
 
 
+@pytest.mark.heavy  # a 2-rank run of TRL's SFTTrainer; the entry_trl cells run in nox -s tests
 def test_fp32_master_weights_under_mixed_precision_are_promised_in_fp32(outcomes):
     for rank in outcomes:
         got = rank["bf16_mp"]
