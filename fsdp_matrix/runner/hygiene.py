@@ -246,6 +246,22 @@ def _resolves_to(key: Tuple[str, ...], value: Any) -> bool:
 _METHODS = (types.FunctionType, staticmethod, classmethod, property, types.BuiltinFunctionType)
 
 
+def _code(member: Any) -> Any:
+    func = getattr(member, "fget", None) or getattr(member, "__func__", None) or member
+    return getattr(func, "__code__", None)
+
+
+def _same_definition(new: Any, old: Any) -> bool:
+    """A library replaced a member of its own with code from the same file of its own: a registry filling itself
+    in on first use. Importing torch._dynamo, which the first optimizer step of a process does, makes
+    torch/compiler/_cache.py's CacheArtifactFactory.register replace the properties of CacheInfo that the same file
+    defines (observed 2026-11-27 with torch 2.13.0). A cell's patch has code of its own, in its repro."""
+    a, b = _code(new), _code(old)
+    if a is None or b is None or not _defined_in(new, *_LIBRARIES):
+        return False
+    return a.co_filename == b.co_filename
+
+
 def _attribute_changes(before: Dict[Tuple[str, ...], Any], after: Dict[Tuple[str, ...], Any]) -> List[str]:
     """Attributes replaced or removed since ``before``, and methods added to classes it had; new top-level names
     (a lazy import's) are first use, not a change."""
@@ -253,7 +269,7 @@ def _attribute_changes(before: Dict[Tuple[str, ...], Any], after: Dict[Tuple[str
         k
         for k, v in before.items()
         if k[0] in sys.modules
-        and not (k in after and (after[k] is v or _wraps(after[k], v)))
+        and not (k in after and (after[k] is v or _wraps(after[k], v) or _same_definition(after[k], v)))
         and not (k not in after and _resolves_to(k, v))
     ]
     # a method added to a class that was already there (AdamW.step over Adam's) is a patch, not a lazy import;
@@ -349,6 +365,7 @@ class _Owner:
             if (
                 new is old
                 or _wraps(new, old)
+                or _same_definition(new, old)
                 or (isinstance(self.obj, type) and _torch_hooked_inherited(self.obj, name, new))
             ):
                 continue

@@ -236,6 +236,7 @@ class Launcher:
             cell_timeout=self.cell_timeout,
             barrier_timeout=min(30.0, self.cell_timeout),
             leak_budget_mb=self.leak_budget_mb,
+            preload=sorted({task.repro for task in self._queue}),
         )
         external = self.external_rendezvous
         shared = (str(self.shared_dir) if self.shared_dir else "") if external else None

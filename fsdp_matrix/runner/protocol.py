@@ -103,6 +103,10 @@ class LaunchConfig:
     shared: str = ""
     """Folder every rank of the launch sees, over all its nodes (checkpoints written by one rank and read by all);
     empty when the ranks share none (one node of a rendezvous of several machines)."""
+    preload: List[str] = field(default_factory=list)
+    """Repro scripts of the cells queued when the launch starts: each rank imports them (and so the libraries they
+    import) before it says Ready, so that import time is the launch's, not the first cell's (a rule's short hang
+    timeout must not be spent importing peft). A repro that fails to import is left to its own cell to report."""
 
 
 def encode_config(config: LaunchConfig) -> str:

@@ -290,8 +290,14 @@ def test_every_upstream_script_names_cells_of_its_case():
         assert upstream_cells(path) and set(upstream_cells(path)) <= ids, path.name
 
 
+ALONE_IN_TESTS = "lora-requires-grad"
+"""The original whose export ``nox -s tests`` runs alone (about 12 s on 2 cores); ``nox -s heavy`` runs all four."""
+
+
 @pytest.mark.skipif(not _has_workload_packages(), reason="needs torch, peft, transformers, bitsandbytes installed")
-@pytest.mark.parametrize("case_id", ORIGINALS)
+@pytest.mark.parametrize(
+    "case_id", [pytest.param(c, marks=[] if c == ALONE_IN_TESTS else [pytest.mark.heavy]) for c in ORIGINALS]
+)
 def test_exported_script_reproduces_alone(tmp_path, case_id):
     """Export an original report's cell, then run the script alone (empty folder, the repo unreachable, see
     verify.py): it must give the verdict the matrix gives that cell with these versions."""

@@ -202,3 +202,25 @@ def test_training_a_lora_model_with_adamw_changes_no_callable(rank_hygiene):
     rank_hygiene.check(barrier_timeout_s=1)
     train()
     assert _state_changes(rank_hygiene) == []
+
+
+def test_a_librarys_registry_replacing_its_own_members_is_no_change_but_a_cells_replacement_is():
+    # the first optimizer step imports torch._dynamo, whose CacheArtifactFactory.register replaces properties of
+    # torch.compiler._cache.CacheInfo with lambdas from the same file: taken for a patch, every launch of cells that
+    # import nothing else restarted its ranks after the first cell. A fresh interpreter: this one may hold dynamo.
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from torch.compiler import _cache\n"
+        "from fsdp_matrix.runner.hygiene import Callables\n"
+        "watch = Callables()\n"
+        "import torch._dynamo\n"
+        "assert watch.changes() == [], watch.changes()\n"
+        "_cache.CacheInfo.pgo_artifacts = property(lambda self: [])\n"
+        "print(watch.changes())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "torch.compiler._cache.CacheInfo.pgo_artifacts" in proc.stdout, proc.stdout
