@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
@@ -29,6 +30,7 @@ from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import FullyShardedDataParallelPlugin
 from peft.utils.other import fsdp_auto_wrap_policy
 from torch import nn
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.checks import wrapper_kind
@@ -46,6 +48,10 @@ ENTRIES = ("torch", "accelerate", "trainer", "trl")
 """The entry axis values of matrix.yaml; a cell without the axis is ``torch``."""
 LAUNCHED = "ACCELERATE_USE_FSDP"
 """Set to ``true`` by ``accelerate launch`` with an FSDP config (and by transformers 4.x TrainingArguments)."""
+LAYER_CLS = ("name", "partial")
+"""The ``layer_cls`` axis: how the accelerate entry's plugin names the decoder layer class to wrap, by name
+(``transformer_cls_names_to_wrap``, as ``accelerate config`` writes it; a cell without the axis) or as a
+``functools.partial`` of torch's ``transformer_auto_wrap_policy``."""
 
 
 def fsdp_version(params: Mapping[str, Any]) -> int:
@@ -129,6 +135,10 @@ def make_plugin(
         kwargs["state_dict_type"] = state_dict_type
     if axis(params, "wrap", WRAPS) == "peft_policy":
         kwargs["auto_wrap_policy"] = fsdp_auto_wrap_policy(model)
+    elif axis(params, "layer_cls", LAYER_CLS, default="name") == "partial":
+        # the policy function with its layer set bound, as FSDP1 scripts and torch's FSDP docs write it
+        layer = decoder_layer_class(model)
+        kwargs["auto_wrap_policy"] = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={layer})
     elif "transformer_cls_names_to_wrap" in fields:
         layer = decoder_layer_class(model).__name__
         kwargs.update(auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=[layer])

@@ -54,6 +54,21 @@ def test_plugin_takes_peft_policy(ctx):
     assert plugin.auto_wrap_policy.func.__name__ == "_or_policy"
 
 
+def test_plugin_takes_the_layer_class_by_name_or_as_a_partial(ctx):
+    model = _lora(ctx)
+    with isolated_accelerate_state():
+        plugin = make_plugin(model, {"wrap": "decoder_layer", "orig": 1, "layer_cls": "partial"})
+        policy = plugin.auto_wrap_policy
+        assert policy.func.__name__ == "transformer_auto_wrap_policy"
+        assert {c.__name__ for c in policy.keywords["transformer_layer_cls"]} == {"LlamaDecoderLayer"}
+        assert getattr(plugin, "transformer_cls_names_to_wrap", None) is None  # what accelerate < 1.14 trips on
+        named = make_plugin(model, {"wrap": "decoder_layer", "orig": 1, "layer_cls": "name"})
+        if hasattr(named, "transformer_cls_names_to_wrap"):  # accelerate <= 0.29 takes the class from the env
+            assert named.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+        with pytest.raises(ValueError, match="axis 'layer_cls': unknown value 'string'"):
+            make_plugin(model, {"wrap": "decoder_layer", "orig": 1, "layer_cls": "string"})
+
+
 def test_isolated_state_starts_and_ends_empty(monkeypatch):
     PartialState._shared_state["marker"] = 1
     with isolated_accelerate_state():
