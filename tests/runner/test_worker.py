@@ -9,8 +9,9 @@ from pathlib import Path
 from fsdp_matrix.cells import expand
 from fsdp_matrix.matrix import parse_matrix
 from fsdp_matrix.runner.launcher import Launcher
+from fsdp_matrix.runner.protocol import decode_config
 from fsdp_matrix.runner.session import Session
-from fsdp_matrix.runner.worker import load_repro
+from fsdp_matrix.runner.worker import load_repro, preload
 
 HERE = Path(__file__).resolve().parent
 PINS = {"torch": "2.13.0", "peft": "0.21.2", "transformers": "5.23.0", "accelerate": "1.15.0", "bitsandbytes": "0.50.2"}
@@ -102,3 +103,30 @@ def test_warnings_raised_in_run_are_recorded_per_cell_deduplicated_and_counted()
         assert all(w["filename"].endswith("test_worker.py") for w in result.warnings)
     assert second.status == "error"  # a cell that raised keeps the warnings raised before
     assert warnings.filters == filters  # the caller's filters are left as they were
+
+
+def test_preload_imports_the_launchs_repros_and_leaves_a_broken_one_to_its_cell(tmp_path):
+    # a launch imports what its queued repros import, no more: a toy repro must not pull in peft (about 8 s of CPU
+    # per rank); one that fails to import raises nothing here, and its cell reports it (load_repro raises again)
+    good = tmp_path / "good_repro.py"
+    good.write_text("import json\n\ndef run(params, ctx):\n    return {}\n")
+    broken = tmp_path / "broken_repro.py"
+    broken.write_text("raise SystemExit('at import')\n")
+    preload([str(broken), str(good)])
+    assert load_repro(str(good)).__name__ in sys.modules
+    loaded = [m for m in sys.modules.values() if getattr(m, "__file__", None) == str(broken.resolve())]
+    assert loaded == [], "a half-run module was kept"
+    try:
+        load_repro(str(broken))
+    except SystemExit as exc:
+        assert "at import" in str(exc)
+    else:
+        raise AssertionError("the broken repro loaded")
+
+
+def test_a_launch_json_without_preload_reads_as_an_empty_list():
+    text = (
+        '{"scratch": "/s", "seed": 0, "cell_timeout": 1.0, "barrier_timeout": 1.0, "leak_budget_mb": 1,'
+        ' "coordinator": 1, "coordinator_create_time": 0.0}'
+    )
+    assert decode_config(text).preload == []
