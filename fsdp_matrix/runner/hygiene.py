@@ -203,10 +203,15 @@ def _library_dir(top: str) -> str:
     return _LIBRARY_DIRS[top]
 
 
+def _code(member: Any) -> Any:
+    """The code object behind a function, method or property (its getter); None for a builtin."""
+    func = getattr(member, "fget", None) or getattr(member, "__func__", None) or member
+    return getattr(func, "__code__", None)
+
+
 def _defined_in(member: Any, *tops: str) -> bool:
     """``member``'s code lives in the installed package of one of ``tops`` (not in a repro or the harness)."""
-    func = getattr(member, "fget", None) or getattr(member, "__func__", None) or member
-    code = getattr(func, "__code__", None)
+    code = _code(member)
     filename = code.co_filename if code is not None else ""
     return any((d := _library_dir(top)) and filename.startswith(d) for top in tops)
 
@@ -244,11 +249,6 @@ def _resolves_to(key: Tuple[str, ...], value: Any) -> bool:
 
 
 _METHODS = (types.FunctionType, staticmethod, classmethod, property, types.BuiltinFunctionType)
-
-
-def _code(member: Any) -> Any:
-    func = getattr(member, "fget", None) or getattr(member, "__func__", None) or member
-    return getattr(func, "__code__", None)
 
 
 def _same_definition(new: Any, old: Any) -> bool:
