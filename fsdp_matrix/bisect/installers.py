@@ -21,7 +21,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix import environ, envs
+from fsdp_matrix import envs
 from fsdp_matrix.bisect.search import Prepared
 from fsdp_matrix.clip import clip
 from fsdp_matrix.envs.sources import Resolved
@@ -37,8 +37,17 @@ def bytecode_on_import() -> Iterator[None]:
     though, every process (the import check, then each rank) pays the slow import again. Letting the import check
     write bytecode for the modules it loads makes the ranks' imports fast, for a fraction of a full compile.
     """
-    with environ.patched({"UV_COMPILE_BYTECODE": "0", "PYTHONDONTWRITEBYTECODE": None}):
+    saved = {k: os.environ.get(k) for k in ("UV_COMPILE_BYTECODE", "PYTHONDONTWRITEBYTECODE")}
+    os.environ["UV_COMPILE_BYTECODE"] = "0"
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    try:
         yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def harness_root() -> Path:

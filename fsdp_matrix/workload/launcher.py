@@ -27,7 +27,6 @@ from typing import Any, Dict, Iterator, Mapping
 import yaml
 from torch import nn
 
-from fsdp_matrix import environ
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.meta_init import has_meta
 from fsdp_matrix.workload.models import _config, _dtype_kwarg, build_model, save_model_files, save_once, torch_dtype
@@ -89,8 +88,16 @@ def accelerate_launch_env(config: Mapping[str, Any]) -> Iterator[Dict[str, str]]
     variables set. Everything is restored on exit, so code after the block (the harness's ``accelerate`` entry) sees
     the environment it had."""
     exported = launch_env(config)
-    with environ.patched(exported):
+    saved = {k: os.environ.get(k) for k in exported}
+    os.environ.update(exported)
+    try:
         yield exported
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def checkpoint_path(name: str, ctx: RankContext) -> Path:
