@@ -88,6 +88,8 @@ def accelerate_launch_env(config: Mapping[str, Any]) -> Iterator[Dict[str, str]]
     variables set. Everything is restored on exit, so code after the block (the harness's ``accelerate`` entry) sees
     the environment it had."""
     exported = launch_env(config)
+    # restored by hand, not through a harness helper: workload code is inlined into exported scripts, which may only
+    # import what the export can inline
     saved = {k: os.environ.get(k) for k in exported}
     os.environ.update(exported)
     try:
