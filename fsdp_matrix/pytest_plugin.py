@@ -153,10 +153,8 @@ def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
         cell = getattr(getattr(item, "callspec", None), "params", {}).get("cell")
         if not isinstance(cell, Cell):
             return (0, False)
-        compiles = dict(cell.params).get("compile", "none") != "none"
-        if not item.get_closest_marker("layout"):
-            return (0, compiles)
-        return (order.setdefault(cell.layout, len(order) + 1), compiles)
+        layout = order.setdefault(cell.layout, len(order) + 1) if item.get_closest_marker("layout") else 0
+        return (layout, dict(cell.params).get("compile", "none") != "none")
 
     items.sort(key=rank)  # stable: every other test keeps its place
 

@@ -6,6 +6,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 from fsdp_matrix.cells import expand
 from fsdp_matrix.matrix import parse_matrix
 from fsdp_matrix.runner.launcher import Launcher
@@ -116,12 +118,8 @@ def test_preload_imports_the_launchs_repros_and_leaves_a_broken_one_to_its_cell(
     assert load_repro(str(good)).__name__ in sys.modules
     loaded = [m for m in sys.modules.values() if getattr(m, "__file__", None) == str(broken.resolve())]
     assert loaded == [], "a half-run module was kept"
-    try:
+    with pytest.raises(SystemExit, match="at import"):
         load_repro(str(broken))
-    except SystemExit as exc:
-        assert "at import" in str(exc)
-    else:
-        raise AssertionError("the broken repro loaded")
 
 
 def test_a_launch_json_without_preload_reads_as_an_empty_list():
