@@ -154,7 +154,7 @@ def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
         if not isinstance(cell, Cell):
             return (0, False)
         layout = order.setdefault(cell.layout, len(order) + 1) if item.get_closest_marker("layout") else 0
-        return (layout, dict(cell.params).get("compile", "none") != "none")
+        return (layout, cell.params_dict.get("compile", "none") != "none")
 
     items.sort(key=rank)  # stable: every other test keeps its place
 

@@ -1,6 +1,9 @@
+from types import SimpleNamespace
+
 import pytest
 
-from fsdp_matrix.pytest_plugin import check_record
+from fsdp_matrix.cells import Cell
+from fsdp_matrix.pytest_plugin import check_record, pytest_collection_modifyitems
 from fsdp_matrix.records import Observed, RankResult, Record
 from fsdp_matrix.report.failure import failure_text
 from tests.helpers import BAD_INPUTS, matrix_data, wait_for_rank1_start, write_matrix
@@ -163,3 +166,26 @@ def test_plugin_stops_at_once_when_the_results_dir_is_deleted_mid_run(tmp_path):
     assert proc.returncode not in (0, 1), out
     assert "removed" in _naming(out, started[0].parent)
     assert "observed hang" not in out and not results.exists(), out
+
+
+def test_cells_sort_by_layout_with_compile_cells_last_within_each():
+    def item(name, world_size, compile_=None, layout=True):
+        params = (("adapter", "lora"),) + ((("compile", compile_),) if compile_ else ())
+        cell = Cell(case="c", params=params, world_size=world_size)
+        marker = object() if layout else None
+        return SimpleNamespace(
+            name=name, callspec=SimpleNamespace(params={"cell": cell}), get_closest_marker=lambda _: marker
+        )
+
+    plain = SimpleNamespace(name="unit", get_closest_marker=lambda _: None)
+    items = [
+        item("a2-whole", 2, "whole"),
+        plain,
+        item("a4", 4),
+        item("a2", 2, "none"),
+        item("b4-regional", 4, "regional"),
+        item("b2", 2),
+        item("nolayout-whole", 2, "whole", layout=False),
+    ]
+    pytest_collection_modifyitems(items)
+    assert [i.name for i in items] == ["unit", "nolayout-whole", "a2", "b2", "a2-whole", "a4", "b4-regional"]
