@@ -78,6 +78,15 @@ class Expected:
             out["signatures"] = [dict(s) for s in self.signatures]
         return out
 
+    def judges_like(self, recorded: Mapping[str, Any]) -> bool:
+        """Would a record made under ``recorded`` (an earlier ``to_json``) get the verdict this expectation gives the
+        same observation? Everything but the rule's citation and its index counts: a reworded ``source`` or a rule
+        inserted above it changes no verdict; a new match, kind, module or skip does."""
+        citation = ("source", "rule")
+        return {k: v for k, v in self.to_json().items() if k not in citation} == {
+            k: v for k, v in recorded.items() if k not in citation
+        }
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Expected:
         fields = {k: data.get(k) for k in cls.__dataclass_fields__ if k != "signatures"}

@@ -71,7 +71,8 @@ class LaunchOptions(BaseModel):
     cases: Optional[List[str]] = None
     """Case ids to run, comma-separated, repeatable (default: every case)."""
     resume: bool = False
-    """Keep cells whose newest record, made with this env's installed versions, is an outcome; run the rest."""
+    """Keep cells whose newest record, made with this env's installed versions under the rule that decides the cell
+    now, is an outcome; run the rest (a cell whose rule changed since runs again)."""
     cell_timeout: Annotated[float, Field(gt=0, le=MAX_CELL_TIMEOUT_S, allow_inf_nan=False)] = CELL_TIMEOUT_S
     """Seconds a cell may run on any rank before it counts as hung (also the ranks' process-group timeout)."""
     shared_dir: Optional[Path] = None

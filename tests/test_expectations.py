@@ -245,3 +245,12 @@ def test_expected_for_is_the_traces_first_match_on_every_cell_of_old_and_current
         for cell in expand(matrix, device="cpu"):
             case = cases[cell.case]
             assert expected_for(case, cell, versions) == trace(case, cell, versions).expected, (combo, cell.id)
+
+
+def test_judges_like_ignores_the_citation_only():
+    rule = Expected("error", "ValueError", "shard", module="torch", rule=1, source="observed 2026-11-27")
+    assert rule.judges_like(rule.to_json())
+    assert rule.judges_like({**rule.to_json(), "source": "reworded", "rule": 4})
+    assert not rule.judges_like({**rule.to_json(), "match": "shard:?"})
+    assert not rule.judges_like({k: v for k, v in rule.to_json().items() if k != "module"})
+    assert not rule.judges_like({"kind": "ok", "rule": 1, "source": "observed 2026-11-27"})

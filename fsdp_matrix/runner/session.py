@@ -120,10 +120,17 @@ class Session:
         # a source build is judged as its release base (fsdp_matrix.envs.sources.rule_versions)
         return expected_for(self.matrix.case(cell.case), cell, rule_versions(self.versions, self.sources))
 
+    def _resumed(self, cell: Cell, expected: Expected) -> Optional[Record]:
+        """The earlier record ``--resume`` keeps for this cell: one of this env, judged under the rule that decides
+        the cell now. After a rule is fixed, its cells run again rather than keep the old rule's verdict."""
+        rec = self._recorded.get((cell.key, cell.device))
+        return rec if rec is not None and expected.judges_like(rec.expected) else None
+
     def prefetch(self, cells: List[Cell]) -> None:
         """Queue every cell that will run, so ranks go from one to the next without waiting for the caller."""
         for cell in cells:
-            if (cell.key, cell.device) not in self._recorded and self._skip_reason(cell, self.expected(cell)) is None:
+            expected = self.expected(cell)
+            if self._resumed(cell, expected) is None and self._skip_reason(cell, expected) is None:
                 self._launcher(cell).submit(self._task(cell))
 
     def _launcher(self, cell: Cell) -> Launcher:
@@ -161,9 +168,10 @@ class Session:
         """The record of one cell: resumed, skipped, or run now. Appended to cells.jsonl as soon as it exists."""
         if cell.key in self._records:
             return self._records[cell.key]
-        if (cell.key, cell.device) in self._recorded:
-            return self._recorded[(cell.key, cell.device)]
         expected = self.expected(cell)
+        resumed = self._resumed(cell, expected)
+        if resumed is not None:
+            return resumed
         reason = self._skip_reason(cell, expected)
         if reason is not None:
             rec = make_record(

@@ -145,7 +145,7 @@ def _healthy_cells(device="cpu"):
     return expand(load_matrix(HERE / "fault_matrix.yaml"), device, 2, ["healthy"])
 
 
-def _earlier(results, cell, verdict, status, combo="local", versions=None, device="cpu", sources=None):
+def _earlier(results, cell, verdict, status, combo="local", versions=None, device="cpu", sources=None, expected=None):
     from fsdp_matrix.records import Observed, Record
 
     rec = Record(
@@ -155,7 +155,7 @@ def _earlier(results, cell, verdict, status, combo="local", versions=None, devic
         versions=versions or {"torch": "2.13.0", "peft": "0.21.2"},
         device=device,
         world_size=2,
-        expected={"kind": "ok"},
+        expected=expected or {"kind": "ok"},
         observed=Observed(status=status, error_message="earlier"),
         verdict=verdict,
         duration_s=1.0,
@@ -195,6 +195,23 @@ def test_resume_without_a_combo_matches_device_and_versions(tmp_path):
     for cell in cells[:4]:
         session.run(cell)
     assert launcher.ran == [c.key for c in cells[1:4]]
+
+
+def test_resume_reruns_cells_whose_rule_changed_and_keeps_those_whose_citation_did(tmp_path):
+    """A rule fixed after a DIFFERENT-ERROR (or a skip lifted) must not leave the old rule's verdict in place: the
+    cell runs again. A reworded source, or the rule's index moved by a rule inserted above it, judges alike."""
+    cells = _healthy_cells()
+    now = {"kind": "ok", "rule": 0, "source": "a healthy cell trains"}  # what fault_matrix.yaml gives these cells
+    _earlier(tmp_path, cells[0], "fix-holds", "ok", expected=now)
+    _earlier(tmp_path, cells[1], "fix-holds", "ok", expected={**now, "source": "reworded since", "rule": 3})
+    old_rule = {"kind": "error", "error_type": "ValueError", "match": "earlier", "rule": 0, "source": "s"}
+    _earlier(tmp_path, cells[2], "reproduced", "error", expected=old_rule)
+    _earlier(tmp_path, cells[3], "skipped", "skipped", expected={"kind": "skip", "reason": "lifted since"})
+    session, launcher = _session(tmp_path)
+    session.prefetch(cells[:4])
+    got = [session.run(c).verdict for c in cells[:4]]
+    assert launcher.ran == [c.key for c in cells[2:4]]
+    assert got == ["fix-holds"] * 4
 
 
 _SRC = {"peft": {"url": "/src/peft", "ref": "main", "commit": "a" * 40, "dirty": None, "release": "0.21.2"}}
