@@ -334,6 +334,13 @@ def test_example_callers_call_a_reusable_workflow_with_inputs_it_takes(path):
         assert job["permissions"] == {"contents": "read"}
 
 
+def test_the_workflows_page_shows_each_example_as_it_is():
+    # the page is what a reader copies from; the files are what the lints check: they must be the same text
+    page = (ROOT / "docs" / "pages" / "workflows.md").read_text()
+    for path in example_files():
+        assert f"```yaml\n{path.read_text()}```" in page, path.name
+
+
 def test_there_is_one_example_per_upstream_job():
     names = {p.stem for p in example_files()}
     assert {"peft-pr-cpu", "peft-nightly-gpu", "accelerate-pr-cpu", "accelerate-nightly-gpu"} <= names
