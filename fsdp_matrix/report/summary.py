@@ -15,7 +15,9 @@ A report-log is read tolerantly, one ``TestReport`` line at a time; another line
 that is not JSON is named as unreadable (diff's ``skipped_lines``), never dropped silently. Per test (``nodeid``):
 
 - ``user_properties`` (pairs ``[name, value]``, or a mapping) may carry ``verdict``, ``combo``, ``cell``
-  (``case/cell``), ``versions`` (a mapping, or its JSON), ``line``, ``expected`` and ``observed`` (signatures);
+  (``case/cell``), ``versions`` (a mapping, or its JSON), ``line``, and ``expected`` / ``observed`` (or
+  ``expected_signature`` / ``observed_signature``), which make the line when there is none: what the pytest plugin
+  stamps on each cell's test (``record_properties``) is read as it is;
 - the verdict is ``user_properties``' ``verdict`` when there is one, else pytest's own outcome: ``passed``,
   ``failed``, ``skipped``, or ``error`` for a failure outside the test's call;
 - the cell is ``user_properties``' ``cell``, else the test id's parameter (``test_cell[case/cell]``), else the nodeid;
@@ -46,6 +48,8 @@ REPORT_LOG_COLUMN = "pytest"
 PASSING = {"passed", Verdict.REPRODUCED.value, Verdict.FIX_HOLDS.value}
 FAILING = {"failed", "error"}
 """pytest's own outcomes that fail a run (``error``: a failure in setup or teardown)."""
+OUTCOMES = {"passed", "skipped"} | FAILING
+"""pytest's own outcomes, the verdicts of a report-log whose tests carry none (``skipped`` is a verdict too)."""
 
 
 @dataclass
@@ -145,8 +149,10 @@ def _entry(nodeid: str, reports: List[Dict[str, Any]]) -> Tuple[str, str, Dict[s
         props.update(_properties(rep))
     verdict = str(props.get("verdict") or _outcome(reports))
     line = str(props.get("line") or "")
-    if not line and (props.get("expected") or props.get("observed")):
-        line = f"expected {props.get('expected') or '?'} / observed {props.get('observed') or '?'}"
+    expected = props.get("expected") or props.get("expected_signature")
+    observed = props.get("observed") or props.get("observed_signature")
+    if not line and (expected or observed):
+        line = f"expected {expected or '?'} / observed {observed or '?'}"
     summary = {"verdict": verdict, "line": line or _failure_line(reports)}
     return (
         str(props.get("combo") or REPORT_LOG_COLUMN),
@@ -239,7 +245,10 @@ def summarise(old: Dict[str, Any], new: Dict[str, Any]) -> Summary:
 
 
 def _verdict_text(verdict: Optional[str]) -> str:
-    return f"{symbol(verdict)} {verdict}" if verdict else "(no record)"
+    """A verdict with its grid symbol; pytest's own outcomes (a report-log without verdicts) as they are."""
+    if not verdict:
+        return "(no record)"
+    return verdict if verdict in OUTCOMES else f"{symbol(verdict)} {verdict}"
 
 
 def counts(summary: Summary) -> str:

@@ -153,6 +153,30 @@ def test_report_logs_are_read_by_their_user_properties(tmp_path):
     assert "not a record:" in text and "new.jsonl:" in text
 
 
+def test_the_plugins_own_properties_are_read(tmp_path):
+    # the names the pytest plugin stamps on a cell's test (record_properties): signatures as JSON, an empty combo
+    def props(verdict: str, observed: dict) -> Dict[str, Any]:
+        return {
+            "verdict": verdict,
+            "expected": "ok",
+            "expected_signature": json.dumps({"kind": "ok"}),
+            "observed_signature": json.dumps(observed),
+            "versions": json.dumps(VERSIONS, sort_keys=True),
+            "sources": "{}",
+            "combo": "",
+            "device": "cpu",
+            "world_size": "2",
+        }
+
+    old = _log(tmp_path, "old", [_test(CELL.format("dora/a-ws2"), "passed", props("fix-holds", {"status": "ok"}))])
+    crashed = props("crash", {"status": "crash", "error_type": None})
+    new = _log(tmp_path, "new", [_test(CELL.format("dora/a-ws2"), "failed", crashed)])
+    rep = summary.summarise(summary.load_run(old), summary.load_run(new))
+    [change] = rep.regressions
+    assert (change.column, change.cell, change.old, change.new) == ("pytest", "dora/a-ws2", "fix-holds", "crash")
+    assert change.line.startswith("expected ok / observed {") and '"crash"' in change.line
+
+
 def test_report_logs_without_verdicts_fall_back_on_pytest_outcomes(tmp_path, capsys):
     crash = {"reprcrash": {"message": "AssertionError: expected ok / observed crash"}}
     old = _log(
@@ -182,6 +206,9 @@ def test_report_logs_without_verdicts_fall_back_on_pytest_outcomes(tmp_path, cap
     ]
     assert [(c.cell, c.new) for c in rep.fixes] == [("tests/test_a.py::test_two", "passed")]
     assert rep.regressions[0].line == "AssertionError: expected ok / observed crash"
+    # pytest's outcomes are shown as they are, not as verdicts this version does not know ("!?")
+    text = summary.render_markdown(rep)
+    assert f"| {md_escape('tests/test_a.py::test_one')} | passed | failed |" in text and "!?" not in text
 
 
 def test_a_results_dir_compares_with_a_report_log_of_the_same_cells(tmp_path):
