@@ -320,6 +320,13 @@ def test_the_gpu_nightly_runs_installed_on_cuda_with_two_gpus():
     assert 'python -m fsdp_matrix run "${args[@]}"' in text
 
 
+def test_the_gate_runs_the_cpu_gate_cells_with_a_report_log_or_nox_gate_over_combos():
+    text = steps_text(load_workflow("gate-reusable.yml")["jobs"]["gate"])
+    assert "args=(--pyargs fsdp_matrix.suite -m cpu_gate -p no:cacheprovider --results results)" in text
+    assert "args+=(--report-log results/report-log.jsonl --junitxml results/junit.xml)" in text
+    assert 'nox -f .fsdp-matrix/noxfile.py -s gate -- "${args[@]}"' in text
+
+
 @pytest.mark.parametrize("path", example_files(), ids=lambda p: p.name)
 def test_example_callers_call_a_reusable_workflow_with_inputs_it_takes(path):
     jobs = yaml.safe_load(path.read_text())["jobs"]
@@ -413,6 +420,8 @@ def test_cpu_nightly_runs_the_torch_axis_newest_and_main_then_diff_upgrade_summa
     assert "python -m fsdp_matrix history add results --db history.db" in text
     assert "python -m fsdp_matrix history hud --db history.db -o hud.html" in text
     assert '--summary "$GITHUB_STEP_SUMMARY"' in text
+    # and the message a Slack step can post, written without any secret
+    assert "python -m fsdp_matrix summary previous/report.json results --message message.txt" in text
     # the torch axis comes from a CPU index on CI: no CUDA torch download there
     assert wf["env"]["UV_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
 
