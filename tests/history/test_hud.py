@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from html.parser import HTMLParser
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from fsdp_matrix.history import cli
-from tests.history.nights import NIGHTS, nightly_json, write_night
+from tests.history.nights import LATER, NIGHTS, PLAN, nightly_json, write_night
 
 
 class Rows(HTMLParser):
@@ -86,3 +86,52 @@ def test_the_filters_are_one_inline_script(tmp_path) -> None:
     page = (tmp_path / "hud.html").read_text()
     for control in ('id="f-case"', 'id="f-combo"', 'id="f-red"', 'id="f-flaky"'):
         assert control in page
+
+
+def _add(tmp_path, nights) -> None:
+    """Add each results dir of ``nights`` (night id -> dir), in order, into ``tmp_path/history.db``."""
+    for night, results in nights.items():
+        assert cli.main(["add", str(results), "--db", str(tmp_path / "history.db"), "--night", night]) == 0
+
+
+def _page(tmp_path, shown: int, capsys) -> Tuple[str, str, Dict[str, Dict]]:
+    """The HUD of the last ``shown`` nights: the CLI's summary line, the page, its rows by cell."""
+    out = tmp_path / f"hud{shown}.html"
+    capsys.readouterr()
+    assert cli.main(["hud", "--db", str(tmp_path / "history.db"), "-o", str(out), "--nights", str(shown)]) == 0
+    parsed = Rows()
+    parsed.feed(out.read_text())
+    return capsys.readouterr().out, out.read_text(), by_cell(parsed)
+
+
+def _title(page: str) -> str:
+    return page.split("<title>", 1)[1].split("</title>", 1)[0]
+
+
+def test_defect13_a_combo_silent_on_the_newest_night_is_no_red_now_and_is_flagged(tmp_path, capsys) -> None:
+    """main's job dies on the fourth night: its cell red on the third is not "red on the last night"; the combo is
+    counted and shown as silent since the third night, in the page, its title and the summary line."""
+    _add(tmp_path, {night: write_night(tmp_path, n) for n, night in enumerate(NIGHTS)})
+    _add(tmp_path, {LATER: write_night(tmp_path, 3, only={"newest"})})
+    for shown in (14, 1):  # with one night shown, main has no row at all: still said
+        line, page, rows = _page(tmp_path, shown, capsys)
+        assert " 1 red" in line and "1 combo silent" in line, line
+        assert "1 red" in _title(page) and "1 combo silent" in _title(page), _title(page)
+        assert f"main: no record since {NIGHTS[2]}" in page
+    _, _, rows = _page(tmp_path, 14, capsys)
+    late = rows["lora/late-ws2"]
+    assert late["attrs"]["data-red"] == "0" and late["attrs"]["data-alert"] == "1"
+    assert [c["text"] for c in late["cells"]][3:6] == ["!D", ".", f"no record since {NIGHTS[2]}"]
+    assert rows["dora/broken-ws2"]["attrs"]["data-red"] == "1"
+
+
+def test_a_verdict_that_becomes_skipped_is_an_alert_on_the_hud(tmp_path, capsys) -> None:
+    plan = dict(PLAN)
+    plan[("newest", "lora", "steady-ws2")] = ["reproduced", "reproduced", "reproduced", "skipped"]
+    _add(tmp_path, {night: write_night(tmp_path, n, plan=plan) for n, night in enumerate(NIGHTS + (LATER,))})
+    for shown in (14, 1):  # the verdict it had before is read even when its night is not shown
+        line, page, rows = _page(tmp_path, shown, capsys)
+        assert "1 newly skipped" in line and "1 newly skipped" in _title(page)
+        steady = rows["lora/steady-ws2"]
+        assert steady["attrs"]["data-alert"] == "1" and steady["attrs"]["data-red"] == "0"
+        assert steady["cells"][-2]["text"] == "skipped (was reproduced)"
