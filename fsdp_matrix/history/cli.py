@@ -63,8 +63,7 @@ def hud_main(args) -> int:
     writable_file(args.out, "-o")
     hud = load_hud(args.db, args.nights)
     args.out.write_text(render_hud(hud, str(args.db)), encoding="utf-8")
-    red = sum(1 for r in hud.rows if r.since)
-    print(f"history hud: {len(hud.nights)} nights, {len(hud.rows)} cells, {red} red -> {args.out}")
+    print(f"history hud: {len(hud.nights)} nights, {len(hud.rows)} cells, {hud.alerts()} -> {args.out}")
     return 0
 
 

@@ -2,8 +2,11 @@
 
 Per combo: the cells as rows, the last N nights as columns (each entry the night's verdict, ``~`` marking a flip its
 reruns called flaky), since when each cell red on the last night has been red, and the first changed release or
-commit (and its PR) where a bisect named one. A small inline script filters the rows by case, combo and redness;
-the page has no external asset and needs no server, so it works opened from disk or as a CI artifact.
+commit (and its PR) where a bisect named one. Absence is never "still red": a cell or a whole combo with no record on
+the newest night is an alert of its own (``main: no record since 2026-11-26``), and so is a verdict that became
+``skipped`` (a skip hides the cell); the page's title and the CLI's line count each kind. A small inline script
+filters the rows by case, combo and redness; the page has no external asset and needs no server, so it works opened
+from disk or as a CI artifact.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Dict, List, Optional, Tuple
 from fsdp_matrix.confirm import FLAKY
 from fsdp_matrix.history.db import connect
 from fsdp_matrix.report.style import CODES, MISSING, STYLES, needs_attention, symbol
+from fsdp_matrix.verdicts import Verdict
 
 Key = Tuple[str, str, str]
 """(combo, case, cell)."""
@@ -56,9 +60,18 @@ class HudRow:
     entries: List[Optional[Entry]]
     """Per night shown (oldest first): its entry, or None when that night has no record of it."""
     since: Optional[str] = None
-    """When red on the last night it has a record: the first night of that red streak (over every night kept)."""
+    """When red on the newest night: the first night of that red streak (over every night kept)."""
     culprit: Optional[str] = None
     """The first changed release or commit (and PR) the newest bisect named for it."""
+    silent_since: Optional[str] = None
+    """When the newest night has no record of it: the last night that has one (its last verdict is not "red now")."""
+    was: Optional[str] = None
+    """When its verdict on the newest night is ``skipped`` and its record before was not: that verdict."""
+
+    @property
+    def alert(self) -> bool:
+        """Red now, silent on the newest night, or newly skipped."""
+        return bool(self.since or self.silent_since or self.was)
 
 
 @dataclass
@@ -71,6 +84,18 @@ class Hud:
     """Every cell of every combo with a record on one of those nights, by combo, case and cell."""
     versions: Dict[str, str] = field(default_factory=dict)
     """combo -> the versions (and commits) it ran with on the newest night shown that has it."""
+    silent: Dict[str, str] = field(default_factory=dict)
+    """combo -> the last night with a record of it, for each combo of the DB with no record on the newest night."""
+
+    def alerts(self) -> str:
+        """``2 red, 1 combo silent, 3 cells silent, 1 newly skipped`` (the kinds with none are left out but red)."""
+        red = sum(1 for r in self.rows if r.since)
+        cells = sum(1 for r in self.rows if r.silent_since and r.combo not in self.silent)
+        skipped = sum(1 for r in self.rows if r.was)
+        out = [f"{red} red"]
+        out += [f"{len(self.silent)} combo{'s' if len(self.silent) != 1 else ''} silent"] if self.silent else []
+        out += [f"{cells} cell{'s' if cells != 1 else ''} silent"] if cells else []
+        return ", ".join(out + ([f"{skipped} newly skipped"] if skipped else []))
 
 
 def _since(history: List[Tuple[str, Entry]]) -> Optional[str]:
@@ -83,6 +108,23 @@ def _since(history: List[Tuple[str, Entry]]) -> Optional[str]:
             break
         first = night
     return first
+
+
+def _previous(history: List[Tuple[str, Entry]]) -> Optional[str]:
+    """The verdict before the newest entry of ``history`` when the newest became ``skipped``, else None."""
+    if len(history) < 2 or history[-1][1].verdict != Verdict.SKIPPED.value:
+        return None
+    before = history[-2][1].verdict
+    return None if before == Verdict.SKIPPED.value else before
+
+
+def _silent_combos(db: sqlite3.Connection, newest: Optional[str]) -> Dict[str, str]:
+    """combo -> its last night, for each combo with no row in ``combos`` on the ``newest`` night."""
+    last: Dict[str, str] = {}
+    query = "SELECT c.combo, n.night FROM combos c JOIN nights n ON n.night = c.night ORDER BY n.ran_at, n.night"
+    for combo, night in db.execute(query):
+        last[combo] = night
+    return {c: n for c, n in sorted(last.items()) if n != newest}
 
 
 def _culprits(db: sqlite3.Connection) -> Dict[Tuple[str, str], str]:
@@ -121,14 +163,17 @@ def load_hud(path: Path, last: int = 14) -> Hud:
         for night, combo, case, cell, verdict, confirmation, sig in db.execute(query):
             history[(combo, case, cell)].append((night, Entry(verdict, confirmation, sig)))
         culprits, versions = _culprits(db), _versions(db, shown)
-    hud = Hud(shown, versions=versions)
+        hud = Hud(shown, versions=versions, silent=_silent_combos(db, every[-1] if every else None))
     for key in sorted(history):
         runs = sorted(history[key], key=lambda pair: order[pair[0]])
         on = dict(runs)
         if not any(n in on for n in shown):
             continue
-        upto = [pair for pair in runs if order[pair[0]] <= order[shown[-1]]]
-        row = HudRow(*key, [on.get(n) for n in shown], _since(upto), culprits.get((key[0], f"{key[1]}/{key[2]}")))
+        row = HudRow(*key, [on.get(n) for n in shown], culprit=culprits.get((key[0], f"{key[1]}/{key[2]}")))
+        if shown[-1] in on:
+            row.since, row.was = _since(runs), _previous(runs)
+        else:  # absence is not "still red": its last record is from an earlier night
+            row.silent_since = runs[-1][0]
         hud.rows.append(row)
     return hud
 
@@ -152,12 +197,19 @@ def _td(night: str, entry: Optional[Entry]) -> str:
     return f'<td class="v {cls}{" flaky" if flaky else ""}" title="{esc(tip)}">{esc(symbol(entry.verdict))}{mark}</td>'
 
 
+def _since_text(row: HudRow) -> str:
+    if row.silent_since:
+        return f"no record since {row.silent_since}"
+    return f"skipped (was {row.was})" if row.was else row.since or ""
+
+
 def _row(row: HudRow, nights: List[str]) -> str:
     red = bool(row.since)
     flaky = any(e is not None and e.confirmation == FLAKY for e in row.entries)
     attrs = f'data-combo="{esc(row.combo)}" data-case="{esc(row.case)}" data-red="{int(red)}" data-flaky="{int(flaky)}"'
+    attrs += f' data-alert="{int(row.alert)}"'
     tds = "".join(_td(n, e) for n, e in zip(nights, row.entries))
-    since = f'<td class="since">{esc(row.since)}</td>' if red else '<td class="since"></td>'
+    since = f'<td class="since">{esc(_since_text(row))}</td>'
     return (
         f'<tr {attrs}><th class="cell" title="{esc(row.case)}/{esc(row.cell)}">{esc(row.case)}/<b>{esc(row.cell)}</b>'
         f'</th>{tds}{since}<td class="culprit">{esc(row.culprit or "")}</td></tr>'
@@ -177,6 +229,7 @@ td.v { text-align: center; font: 600 12px ui-monospace, Menlo, Consolas, monospa
 td.flaky { outline: 2px dashed #ff6f00; outline-offset: -3px; } .fl { color: #ff6f00; font-weight: 700; }
 td.since { font: 12px ui-monospace, monospace; color: #b71c1c; white-space: nowrap; padding: 0 6px; }
 td.culprit { font: 12px ui-monospace, monospace; padding: 0 6px; }
+.alert { color: #b71c1c; font-weight: 600; }
 .legend span { display: inline-block; padding: 0 4px; margin-right: 6px; border-radius: 3px; }
 tr[hidden], section[hidden] { display: none; }
 """
@@ -229,9 +282,10 @@ def _section(combo: str, rows: List[HudRow], hud: Hud) -> str:
     body = "\n".join(_row(r, hud.nights) for r in rows)
     red = sum(1 for r in rows if r.since)
     cells = f"{len(rows)} cell{'s' if len(rows) != 1 else ''}"
+    silent = f' &middot; <b class="alert">no record since {esc(hud.silent[combo])}</b>' if combo in hud.silent else ""
     return (
         f'<section class="combo" data-combo="{esc(combo)}"><h2>{esc(combo)} <span class="sub">{cells}, '
-        f'{red} red</span></h2><div class="ver">{esc(hud.versions.get(combo, ""))}</div>'
+        f'{red} red{silent}</span></h2><div class="ver">{esc(hud.versions.get(combo, ""))}</div>'
         f"<table><thead><tr><th>cell</th>{head}<th>red since</th><th>first changed (bisect)</th></tr></thead>"
         f"<tbody>\n{body}\n</tbody></table></section>"
     )
@@ -241,19 +295,19 @@ def render_hud(hud: Hud, source: str = "") -> str:
     by_combo: Dict[str, List[HudRow]] = defaultdict(list)
     for row in hud.rows:
         by_combo[row.combo].append(row)
-    red = sum(1 for r in hud.rows if r.since)
     flaky = sum(1 for r in hud.rows if any(e is not None and e.confirmation == FLAKY for e in r.entries))
     legend = "".join(f'<span class="{_class(c)}">{esc(symbol(c))} {esc(STYLES[c].label or c)}</span>' for c in CODES)
     generated = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     body = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">',
-        f"<title>fsdp-matrix HUD: {red} red</title><style>{CSS}\n{_palette()}</style></head><body>",
+        f"<title>fsdp-matrix HUD: {esc(hud.alerts())}</title><style>{CSS}\n{_palette()}</style></head><body>",
         "<h1>fsdp-matrix HUD</h1>",
         f'<div class="sub">{len(hud.nights)} nights ({esc(hud.nights[0] if hud.nights else "-")} to '
         f"{esc(hud.nights[-1] if hud.nights else '-')}) &middot; {len(by_combo)} combos &middot; {len(hud.rows)} "
-        f"cells &middot; <b>{red}</b> red &middot; {flaky} with a flaky night &middot; {esc(source)} &middot; "
-        f"generated {esc(generated)}</div>",
+        f"cells &middot; <b>{esc(hud.alerts())}</b> &middot; {flaky} with a flaky night &middot; {esc(source)} "
+        f"&middot; generated {esc(generated)}</div>",
+        *(f'<div class="alert">{esc(c)}: no record since {esc(n)}</div>' for c, n in hud.silent.items()),
         f'<div class="legend">{legend} <span class="flaky-key"><span class="fl">~</span> flaky: the reruns did not '
         "repeat the flip (no alert)</span></div>",
         _filters(hud),
