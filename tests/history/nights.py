@@ -42,12 +42,18 @@ def nightly_json(path: Path) -> Path:
 
 
 def write_night(
-    root: Path, n: int, confirm: Optional[Dict[str, Confirmation]] = None, only: Optional[set] = None, plan=None
+    root: Path,
+    n: int,
+    confirm: Optional[Dict[str, Confirmation]] = None,
+    only: Optional[set] = None,
+    plan=None,
+    run: Optional[str] = None,
 ) -> Path:
     """Night ``n`` (0-based) as a results dir: one subdir per combo, each with its cells.jsonl; ``only`` the combos
     named (a combo whose job died writes nothing); ``plan`` instead of ``PLAN``. Past the plan's last night each cell
-    keeps its last verdict."""
-    out = root / f"night{n}"
+    keeps its last verdict. Its records' run id is ``run`` (default ``run-N``), and they go under ``night{n}-{run}``
+    when ``run`` is given."""
+    out = root / (f"night{n}-{run}" if run else f"night{n}")
     versions = {**VERSIONS, "peft": "0.22.1" if n else "0.22.0"}
     for (combo, case, cell), verdicts in (plan or PLAN).items():
         if only is not None and combo not in only:
@@ -55,7 +61,7 @@ def write_night(
         verdicts = verdicts + [verdicts[-1].lstrip("~")] * (n + 1 - len(verdicts))
         verdict = verdicts[n].lstrip("~")
         rec = make_record(cell, verdict, combo, case, finished_at=START + n * DAY, versions=versions)
-        rec = dataclasses.replace(rec, run_id=f"run-{n}")
+        rec = dataclasses.replace(rec, run_id=run or f"run-{n}")
         if verdicts[n].startswith("~"):
             rec.confirmation = Confirmation(status="flaky", previous=verdicts[n - 1], reruns=["fix-holds"] * 2)
         elif n and verdict != verdicts[n - 1]:

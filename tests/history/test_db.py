@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from typing import List, Tuple
 
 from fsdp_matrix.history import cli
 from tests.history.nights import NIGHTS, nightly_json, write_night
@@ -55,3 +56,31 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> None:
     assert cli.main(["hud", "--db", str(tmp_path / "missing.db")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 3 and all(line.startswith("history ") for line in lines)
+
+
+def _nights(db) -> List[Tuple[str, str]]:
+    return sqlite3.connect(db).execute("SELECT night, run_ids FROM nights ORDER BY night").fetchall()
+
+
+def test_defect12_a_second_run_of_the_same_day_is_written_not_dropped(tmp_path, capsys) -> None:
+    """Without --night the id was the UTC date alone: another run of the same day (other cells, other run ids) was
+    'in the DB already: not written again', exit 0, and missing from the HUD."""
+    db = tmp_path / "history.db"
+    first, second = write_night(tmp_path, 0), write_night(tmp_path, 0, run="rerun")
+    assert cli.main(["add", str(first), "--db", str(db)]) == 0
+    assert cli.main(["add", str(second), "--db", str(db)]) == 0
+    assert len(_nights(db)) == 2, capsys.readouterr().err
+    assert [n for n, _ in _nights(db)] == [f"{NIGHTS[0]}-rerun", f"{NIGHTS[0]}-run-0"]
+    # the same runs again: already written, exit 0, said so
+    assert cli.main(["add", str(second), "--db", str(db)]) == 0
+    assert "in the DB already" in capsys.readouterr().err and len(_nights(db)) == 2
+
+
+def test_defect12_an_explicit_night_id_held_by_other_runs_is_refused(tmp_path, capsys) -> None:
+    db = tmp_path / "history.db"
+    assert cli.main(["add", str(write_night(tmp_path, 0)), "--db", str(db), "--night", "n1"]) == 0
+    capsys.readouterr()
+    assert cli.main(["add", str(write_night(tmp_path, 0, run="other")), "--db", str(db), "--night", "n1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "n1" in err[0] and "other runs" in err[0], err
+    assert _nights(db) == [("n1", '["run-0"]')]
