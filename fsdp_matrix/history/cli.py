@@ -2,13 +2,13 @@
 
 ``add`` writes one night's records (the newest record of every cell under RESULTS, with the confirmations the
 nightly appended) into the DB, with what the night's bisects named when given ``--nightly nightly.json``. A night
-already in the DB is not written again (exit 0, said on stderr). ``hud`` writes the static HUD page of the last
+already in the DB from the same runs is not written again (exit 0, said on stderr); a night id held by other runs is
+refused (exit 2). ``hud`` writes the static HUD page of the last
 ``--nights`` nights. Exit 2 on unusable input, in one line.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -34,8 +34,7 @@ def _night(results: Path, name: Optional[str], nightly: Optional[Path]) -> Night
     for skip in skipped:
         print(f"history: {skip}", file=sys.stderr)
     night = Night(name or "", records, str(results))
-    if not name:
-        night.night = dt.datetime.fromtimestamp(night.ran_at, dt.timezone.utc).strftime("%Y-%m-%d")
+    night.night = name or night.default_id()
     if nightly is not None:
         try:
             night.culprits = culprits_from_nightly(json.loads(nightly.read_text(encoding="utf-8")))
@@ -73,7 +72,9 @@ def parser() -> OneLineParser:
     add = sub.add_parser("add", help="add one night's records to the DB")
     add.add_argument("results", type=Path, help="the night's results dir (every cells.jsonl under it)")
     add.add_argument("--db", type=Path, required=True, help="the history DB (created when missing)")
-    add.add_argument("--night", help="the night's id (default: the UTC date its first record was written)")
+    add.add_argument(
+        "--night", help="the night's id (default: the UTC date its first record was written, plus its run ids)"
+    )
     add.add_argument("--nightly", type=Path, help="the night's nightly --json: what its bisects named")
     hud = sub.add_parser("hud", help="write the HUD page")
     hud.add_argument("--db", type=Path, required=True, help="the history DB")

@@ -9,12 +9,16 @@ Tables (``sqlite3 FILE .schema`` shows them; ``datasette FILE`` browses and quer
 - ``culprits``: per night, combo and cell, what a bisect named: the first changed release, or the first changed
   commit and its PR (from ``nightly --json``).
 
-A night is written once: adding a night id the file already has, or records whose run ids another night already
-holds, writes nothing and says so.
+A night is written once: adding a night id the file already has from the same runs, or records whose run ids another
+night already holds, writes nothing and says so; a night id the file has from other runs is refused (``--night``
+names another night). Without ``--night`` the id is the UTC date plus the records' run ids, so that two runs of one
+day are two nights.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import json
 import sqlite3
 import time
@@ -89,6 +93,24 @@ class Night:
     def ran_at(self) -> float:
         return min((r.finished_at for r in self.records), default=time.time())
 
+    @property
+    def run_ids(self) -> List[str]:
+        """The run ids its records carry, sorted (none for records older than run ids)."""
+        return sorted({r.run_id for r in self.records if r.run_id})
+
+    def default_id(self) -> str:
+        """The UTC date its first record was written, plus its run ids (a digest of them past ``SHOWN_RUNS``)."""
+        date = dt.datetime.fromtimestamp(self.ran_at, dt.timezone.utc).strftime("%Y-%m-%d")
+        runs = self.run_ids
+        if len(runs) > SHOWN_RUNS:
+            digest = hashlib.sha256("+".join(runs).encode()).hexdigest()[:12]
+            return f"{date}-{digest}-{len(runs)}runs"
+        return "-".join([date] + (["+".join(runs)] if runs else []))
+
+
+SHOWN_RUNS = 3
+"""A default night id names this many run ids at most; more (one run per combo) are named by a digest of them."""
+
 
 def connect(path: Path) -> sqlite3.Connection:
     """The DB at ``path`` (created with its tables when new)."""
@@ -131,9 +153,15 @@ def _combo_rows(night: str, records: Iterable[Record]) -> List[Tuple[str, str, s
 
 def already(db: sqlite3.Connection, night: Night) -> Optional[str]:
     """Why ``night`` must not be written (it is in the DB already), or None."""
-    if db.execute("SELECT 1 FROM nights WHERE night = ?", (night.night,)).fetchone():
+    held = db.execute("SELECT run_ids FROM nights WHERE night = ?", (night.night,)).fetchone()
+    runs = set(night.run_ids)
+    if held and set(json.loads(held[0] or "[]")) != runs:
+        others = ", ".join(json.loads(held[0] or "[]")) or "none recorded"
+        raise HistoryError(
+            f"night {night.night} is in the DB already, from other runs ({others}): not written; give another --night"
+        )
+    if held:
         return f"night {night.night} is in the DB already"
-    runs = {r.run_id for r in night.records if r.run_id}
     for other, held in db.execute("SELECT night, run_ids FROM nights"):
         if runs & set(json.loads(held or "[]")):
             return f"its records' runs are night {other}'s already"
@@ -146,7 +174,7 @@ def add_night(path: Path, night: Night) -> Optional[str]:
         why = already(db, night)
         if why:
             return why
-        runs = sorted({r.run_id for r in night.records if r.run_id})
+        runs = night.run_ids
         with db:
             db.execute(
                 "INSERT INTO nights VALUES (?, ?, ?, ?, ?)",

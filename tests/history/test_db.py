@@ -44,7 +44,7 @@ def test_a_night_is_never_written_twice(tmp_path, capsys) -> None:
     assert cli.main(["add", str(night), "--db", str(db)]) == 0
     assert cli.main(["add", str(night), "--db", str(db), "--night", "again"]) == 0
     err = capsys.readouterr().err
-    assert "night 2026-11-24 is in the DB already" in err and "runs are night 2026-11-24's already" in err
+    assert "night 2026-11-24-run-0 is in the DB already" in err and "runs are night 2026-11-24-run-0's already" in err
     assert sqlite3.connect(db).execute("SELECT count(*) FROM cells").fetchone() == (4,)
 
 
