@@ -10,12 +10,13 @@ refused (exit 2). ``hud`` writes the static HUD page of the last
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 from fsdp_matrix.errors import MatrixError
-from fsdp_matrix.history.db import HistoryError, Night, add_night, culprits_from_nightly
+from fsdp_matrix.history.db import HistoryError, Night, add_night, culprits_from_nightly, db_error
 from fsdp_matrix.history.hud import load_hud, render_hud
 from fsdp_matrix.paths import writable_file
 from fsdp_matrix.records import Skipped, iter_records, latest
@@ -86,7 +87,10 @@ def parser() -> OneLineParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return add_main(args) if args.what == "add" else hud_main(args)
+        try:
+            return add_main(args) if args.what == "add" else hud_main(args)
+        except sqlite3.Error as exc:  # whatever query met it: one line, never a traceback
+            raise db_error(args.db, exc) from None
     except (HistoryError, MatrixError, OSError) as exc:
         print(f"history {args.what}: {flat(exc)}", file=sys.stderr)
         return 2

@@ -112,13 +112,30 @@ SHOWN_RUNS = 3
 """A default night id names this many run ids at most; more (one run per combo) are named by a digest of them."""
 
 
+BUSY_TIMEOUT_S = 60.0
+"""How long a writer waits for another one to finish before giving up: a night's insert takes well under a second,
+but two nightly workflows (or a rerun and its original) may add at the same moment; Python's 5 s default is short
+on a loaded runner."""
+
+
+def db_error(path: Path, exc: sqlite3.Error) -> HistoryError:
+    """One line for an ``sqlite3.Error`` on the DB at ``path``: busy, read-only, or not a usable DB."""
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+        return HistoryError(f"{path}: busy: another writer holds the DB; try again ({text} after {BUSY_TIMEOUT_S:g}s)")
+    if "readonly" in text or "read-only" in text:
+        return HistoryError(f"{path}: the DB is read-only here, nothing written: {text}")
+    return HistoryError(f"{path}: not a usable history DB: {text}")
+
+
 def connect(path: Path) -> sqlite3.Connection:
-    """The DB at ``path`` (created with its tables when new)."""
+    """The DB at ``path`` (created with its tables when new), in autocommit mode: writers open their transaction
+    themselves (``add_night``)."""
     try:
-        db = sqlite3.connect(path)
+        db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         db.executescript(SCHEMA)
     except sqlite3.Error as exc:
-        raise HistoryError(f"{path}: not a usable history DB: {exc}") from None
+        raise db_error(path, exc) from None
     return db
 
 
@@ -168,28 +185,40 @@ def already(db: sqlite3.Connection, night: Night) -> Optional[str]:
     return None
 
 
+def _insert(db: sqlite3.Connection, night: Night) -> None:
+    db.execute(
+        "INSERT INTO nights VALUES (?, ?, ?, ?, ?)",
+        (night.night, night.ran_at, time.time(), night.source, json.dumps(night.run_ids)),
+    )
+    db.executemany("INSERT INTO combos VALUES (?, ?, ?, ?)", _combo_rows(night.night, night.records))
+    db.executemany(
+        "INSERT INTO cells VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [_cell_row(night.night, r) for r in night.records],
+    )
+    db.executemany(
+        "INSERT OR REPLACE INTO culprits VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(night.night, c.combo, c.cell, c.package, c.kind, c.changed, c.subject, c.pr) for c in night.culprits],
+    )
+
+
 def add_night(path: Path, night: Night) -> Optional[str]:
-    """Write ``night`` into the DB at ``path`` in one transaction; the reason it was not written, or None."""
+    """Write ``night`` into the DB at ``path``; the reason it was not written, or None. The check and the insert are
+    one ``BEGIN IMMEDIATE`` transaction: a second writer of the same night waits for the first (up to
+    ``BUSY_TIMEOUT_S``), then is told the night is in the DB already."""
     with closing(connect(path)) as db:
-        why = already(db, night)
-        if why:
-            return why
-        runs = night.run_ids
-        with db:
-            db.execute(
-                "INSERT INTO nights VALUES (?, ?, ?, ?, ?)",
-                (night.night, night.ran_at, time.time(), night.source, json.dumps(runs)),
-            )
-            db.executemany("INSERT INTO combos VALUES (?, ?, ?, ?)", _combo_rows(night.night, night.records))
-            db.executemany(
-                "INSERT INTO cells VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [_cell_row(night.night, r) for r in night.records],
-            )
-            db.executemany(
-                "INSERT OR REPLACE INTO culprits VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(night.night, c.combo, c.cell, c.package, c.kind, c.changed, c.subject, c.pr) for c in night.culprits],
-            )
-    return None
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                why = already(db, night)
+                if why is None:
+                    _insert(db, night)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("ROLLBACK" if why else "COMMIT")
+        except sqlite3.Error as exc:
+            raise db_error(path, exc) from None
+    return why
 
 
 def culprits_from_nightly(data: Dict[str, Any]) -> List[Culprit]:
