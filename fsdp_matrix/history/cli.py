@@ -9,6 +9,7 @@ refused (exit 2). ``hud`` writes the static HUD page of the last
 
 from __future__ import annotations
 
+import argparse
 import json
 import sqlite3
 import sys
@@ -17,7 +18,7 @@ from typing import List, Optional, Sequence
 
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.history.db import HistoryError, Night, add_night, culprits_from_nightly, db_error
-from fsdp_matrix.history.hud import load_hud, render_hud
+from fsdp_matrix.history.hud import MAX_NIGHTS, load_hud, render_hud
 from fsdp_matrix.paths import writable_file
 from fsdp_matrix.records import Skipped, iter_records, latest
 from fsdp_matrix.usage import OneLineParser, flat
@@ -67,6 +68,17 @@ def hud_main(args) -> int:
     return 0
 
 
+def _nights(text: str) -> int:
+    """An argparse type: a number of nights from 1 to ``MAX_NIGHTS`` (0 or -1 used to show every night)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of nights") from None
+    if not 1 <= value <= MAX_NIGHTS:
+        raise argparse.ArgumentTypeError(f"{text}: give 1 to {MAX_NIGHTS} nights")
+    return value
+
+
 def parser() -> OneLineParser:
     p = OneLineParser(prog="python -m fsdp_matrix history", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -80,7 +92,9 @@ def parser() -> OneLineParser:
     hud = sub.add_parser("hud", help="write the HUD page")
     hud.add_argument("--db", type=Path, required=True, help="the history DB")
     hud.add_argument("-o", "--out", type=Path, default=Path("hud.html"), help="the page to write (default hud.html)")
-    hud.add_argument("--nights", type=int, default=14, help="nights shown as columns (default 14)")
+    hud.add_argument(
+        "--nights", type=_nights, default=14, help=f"nights shown as columns, 1 to {MAX_NIGHTS} (default 14)"
+    )
     return p
 
 

@@ -12,6 +12,7 @@ from disk or as a CI artifact.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import sqlite3
 import time
@@ -19,7 +20,7 @@ from collections import defaultdict
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from fsdp_matrix.confirm import FLAKY
 from fsdp_matrix.history.db import connect
@@ -98,24 +99,37 @@ class Hud:
         return ", ".join(out + ([f"{skipped} newly skipped"] if skipped else []))
 
 
-def _since(history: List[Tuple[str, Entry]]) -> Optional[str]:
-    """The first night of the red streak ending at the newest entry of ``history`` (oldest first)."""
-    if not history or not history[-1][1].red:
-        return None
-    first = history[-1][0]
-    for night, entry in reversed(history):
+def _back(db: sqlite3.Connection, key: Key, before: Tuple[float, str]) -> Iterator[Tuple[str, Entry]]:
+    """The cell's records on the nights before ``before`` ((ran_at, night) of the first night shown), newest first,
+    read one at a time as the caller walks back (the index ``cells_by_cell`` finds them)."""
+    query = (
+        "SELECT c.night, c.verdict, c.confirmation, c.signature FROM cells c JOIN nights n ON n.night = c.night "
+        "WHERE c.combo = ? AND c.case_id = ? AND c.cell = ? AND (n.ran_at < ? OR (n.ran_at = ? AND n.night < ?)) "
+        "ORDER BY n.ran_at DESC, n.night DESC"
+    )
+    for night, verdict, confirmation, sig in db.execute(query, (*key, before[0], before[0], before[1])):
+        yield night, Entry(verdict, confirmation, sig)
+
+
+def _since(newest_first: Iterable[Tuple[str, Entry]]) -> Optional[str]:
+    """The first night of the red streak that ends at the newest entry (entries newest first; stops at the first
+    entry that is not red)."""
+    first = None
+    for night, entry in newest_first:
         if not entry.red:
             break
         first = night
     return first
 
 
-def _previous(history: List[Tuple[str, Entry]]) -> Optional[str]:
-    """The verdict before the newest entry of ``history`` when the newest became ``skipped``, else None."""
-    if len(history) < 2 or history[-1][1].verdict != Verdict.SKIPPED.value:
-        return None
-    before = history[-2][1].verdict
-    return None if before == Verdict.SKIPPED.value else before
+def _previous(newest_first: Iterable[Tuple[str, Entry]]) -> Optional[str]:
+    """The verdict before the newest entry when the newest became ``skipped``, else None."""
+    it = iter(newest_first)
+    newest = next(it, None)
+    if newest is None or newest[1].verdict != Verdict.SKIPPED.value:
+        return None  # decided before the entry before it is read (it may be on a night not shown)
+    before = next(it, None)
+    return None if before is None or before[1].verdict == Verdict.SKIPPED.value else before[1].verdict
 
 
 def _silent_combos(db: sqlite3.Connection, newest: Optional[str]) -> Dict[str, str]:
@@ -152,29 +166,51 @@ def _versions(db: sqlite3.Connection, nights: List[str]) -> Dict[str, str]:
     return out
 
 
+MAX_NIGHTS = 100
+"""``--nights`` at most: a page of 4,000 cells grows by about 0.34 MB per night shown (34 MB at 100)."""
+_SHOWN = "SELECT night, ran_at FROM nights ORDER BY ran_at DESC, night DESC LIMIT ?"
+
+
+def _window(db: sqlite3.Connection, last: int) -> Dict[Key, Dict[str, Entry]]:
+    """Each cell's entries on the ``last`` newest nights: the only rows of ``cells`` read whole."""
+    query = (
+        "SELECT night, combo, case_id, cell, verdict, confirmation, signature FROM cells "
+        "WHERE night IN (SELECT night FROM (" + _SHOWN + "))"
+    )
+    out: Dict[Key, Dict[str, Entry]] = defaultdict(dict)
+    for night, combo, case, cell, verdict, confirmation, sig in db.execute(query, (last,)):
+        out[(combo, case, cell)][night] = Entry(verdict, confirmation, sig)
+    return out
+
+
+def _hud_row(db: sqlite3.Connection, key: Key, on: Dict[str, Entry], shown: List[Tuple[str, float]]) -> HudRow:
+    """The row of one cell with an entry on a night shown; its red streak and its verdict before a skip are read
+    further back only when the nights shown do not settle them."""
+    row = HudRow(*key, [on.get(n) for n, _ in shown])
+    seen = [(n, on[n]) for n, _ in reversed(shown) if n in on]  # newest first
+    if row.entries[-1] is None:  # absence is not "still red": its last record is from an earlier night
+        row.silent_since = seen[0][0]
+        return row
+    first = (shown[0][1], shown[0][0])
+    row.since = _since(itertools.chain(seen, _back(db, key, first)))
+    row.was = _previous(itertools.chain(seen, _back(db, key, first)))
+    return row
+
+
 def load_hud(path: Path, last: int = 14) -> Hud:
-    """The HUD of the DB at ``path`` over its ``last`` nights."""
+    """The HUD of the DB at ``path`` over its ``last`` nights (1 to ``MAX_NIGHTS``). SQL selects the rows: the
+    nights shown, and each red (or newly skipped) cell's records back to where its streak began."""
+    if not 1 <= last <= MAX_NIGHTS:
+        raise ValueError(f"last: {last} nights; give 1 to {MAX_NIGHTS}")
     with closing(connect(path)) as db:
-        every = [n for (n,) in db.execute("SELECT night FROM nights ORDER BY ran_at, night")]
-        shown = every[-last:] if last > 0 else every
-        history: Dict[Key, List[Tuple[str, Entry]]] = defaultdict(list)
-        order = {n: i for i, n in enumerate(every)}
-        query = "SELECT night, combo, case_id, cell, verdict, confirmation, signature FROM cells"
-        for night, combo, case, cell, verdict, confirmation, sig in db.execute(query):
-            history[(combo, case, cell)].append((night, Entry(verdict, confirmation, sig)))
-        culprits, versions = _culprits(db), _versions(db, shown)
-        hud = Hud(shown, versions=versions, silent=_silent_combos(db, every[-1] if every else None))
-    for key in sorted(history):
-        runs = sorted(history[key], key=lambda pair: order[pair[0]])
-        on = dict(runs)
-        if not any(n in on for n in shown):
-            continue
-        row = HudRow(*key, [on.get(n) for n in shown], culprit=culprits.get((key[0], f"{key[1]}/{key[2]}")))
-        if shown[-1] in on:
-            row.since, row.was = _since(runs), _previous(runs)
-        else:  # absence is not "still red": its last record is from an earlier night
-            row.silent_since = runs[-1][0]
-        hud.rows.append(row)
+        shown = [(n, t) for n, t in reversed(db.execute(_SHOWN, (last,)).fetchall())]
+        names = [n for n, _ in shown]
+        hud = Hud(names, versions=_versions(db, names), silent=_silent_combos(db, names[-1] if names else None))
+        culprits = _culprits(db)
+        for key, on in sorted(_window(db, last).items()):
+            row = _hud_row(db, key, on, shown)
+            row.culprit = culprits.get((key[0], f"{key[1]}/{key[2]}"))
+            hud.rows.append(row)
     return hud
 
 
