@@ -325,3 +325,25 @@ def test_an_endless_paste_is_read_up_to_a_bound_and_the_cut_is_said(capsys):
     assert len(text) <= MAX_BYTES and stream.given <= triage_cli.MAX_READ + MAX_BYTES
     err = capsys.readouterr().err.strip()
     assert "read its first" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.timeout(40)
+def test_defect14_triage_searches_within_one_time_budget_and_says_what_it_skipped(tmp_path, monkeypatch, capsys):
+    """A rule regex the probes miss cost 2 s per search, with one 'timed out' line each: 5 tracebacks took 45 s
+    (9 lines), 40 took 257 s. Now a rule is not searched again after its first timeout, every search shares one
+    budget, and one line says what was skipped."""
+    from fsdp_matrix import patterns
+    from tests.helpers import matrix_data, write_matrix
+
+    monkeypatch.setattr(patterns, "check", lambda pattern: None)  # a regex the probes do not catch
+    data = matrix_data()
+    data["cases"][0]["expect"].insert(0, {"error": {"type": "RuntimeError", "match": "(b|bb)+$"}, "source": "s"})
+    matrix = write_matrix(tmp_path, data)
+    paste = "".join(
+        f'Traceback (most recent call last):\n  File "x.py", line {i}, in f\nRuntimeError: {"b" * (40 + i)}!\n'
+        for i in range(40)
+    )
+    (tmp_path / "paste.txt").write_text(paste)
+    triage_cli.main([str(tmp_path / "paste.txt"), "--matrix", str(matrix), "--versions", "torch=2.13.0,peft=0.21.2"])
+    err = [line for line in capsys.readouterr().err.splitlines() if "regex" in line]
+    assert len(err) == 1 and "timed out" in err[0] and "not searched again" in err[0], err
