@@ -89,3 +89,15 @@ def _matches(node):
     elif isinstance(node, list):
         for value in node:
             yield from _matches(value)
+
+
+def test_a_spent_budget_skips_every_search_and_says_so():
+    from fsdp_matrix import patterns
+
+    with patterns.budget(0.0) as spent:
+        assert patterns.search("a", "a") is None and patterns.search("b", "b") is None
+    assert (
+        spent.line()
+        == "the 0s budget for all regex searches ran out (2 searches of 2 patterns skipped, taken as no match)"
+    )
+    assert patterns.search("a", "a") is not None  # outside the budget, searched as before

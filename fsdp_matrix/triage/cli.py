@@ -17,7 +17,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix import options
+from fsdp_matrix import options, patterns
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.installed import installed_versions
 from fsdp_matrix.matrix import PACKAGES, Matrix, load_matrix, same_value
@@ -284,6 +284,16 @@ def build(
     )
 
 
+def _build_in_budget(matrix: Matrix, paste: Paste, versions, versions_from: str, records: List[Record]) -> Answer:
+    """``build``, its regex searches sharing one time budget (a rule regex that backtracks is searched once, not once
+    per pasted error and rule); one line on stderr says what the budget skipped."""
+    with patterns.budget() as spent:
+        answer = build(matrix, paste, versions, versions_from, records)
+    if spent.line():
+        print(f"triage: {spent.line()}", file=sys.stderr)
+    return answer
+
+
 def _also_line(found: CaseMatch) -> str:
     hit = found.hits[0] if found.hits else None
     via = f"{hit.signature.where}, {_when(hit.signature.rule)}" if hit else "observed records"
@@ -383,7 +393,7 @@ def render(
             f"last {MAX_ERRORS // 2}, {paste.errors_left_out} between them left out",
             file=sys.stderr,
         )
-    answer = build(matrix, paste, versions, versions_from, records)
+    answer = _build_in_budget(matrix, paste, versions, versions_from, records)
     return render_text(answer), len(answer.claims) + len(answer.also) + len(answer.platform)
 
 
@@ -425,7 +435,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"last {MAX_ERRORS // 2}, {paste.errors_left_out} between them left out",
             file=sys.stderr,
         )
-    answer = build(matrix, paste, versions, versions_from, records)
+    answer = _build_in_budget(matrix, paste, versions, versions_from, records)
     if args.results is not None:
         lost = f", {len(skipped)} lines skipped (not records; first: {skipped[0]})" if skipped else ""
         answer.records = f"records: {len(records)} read from {args.results}{lost}"
