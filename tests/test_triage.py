@@ -347,3 +347,22 @@ def test_defect14_triage_searches_within_one_time_budget_and_says_what_it_skippe
     triage_cli.main([str(tmp_path / "paste.txt"), "--matrix", str(matrix), "--versions", "torch=2.13.0,peft=0.21.2"])
     err = [line for line in capsys.readouterr().err.splitlines() if "regex" in line]
     assert len(err) == 1 and "timed out" in err[0] and "not searched again" in err[0], err
+
+
+@pytest.mark.timeout(120)
+def test_dev_zero_is_one_line_not_two_contradictory_ones(capsys):
+    """``triage /dev/zero`` said 'the paste is larger than 64 MiB: read its first 64 MiB only', then 'the paste is
+    empty'."""
+    assert cli.main(["triage", "/dev/zero", "--versions", "torch=2.13.0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "64 MiB" in err[0] and "no text" in err[0], err
+
+
+def test_two_tracebacks_each_claim_cites_only_frames_of_the_traceback_that_matched():
+    """A paste of transformers#27542's FlatParameter traceback and llamafactory#3550's DoRA one: lora-requires-grad's
+    evidence cited 'PEFT: frame in peft.tuners.lora.dora', a frame of the other traceback."""
+    text = paste_of("transformers27542_flatparameter.txt") + paste_of("llamafactory3550_dora_rank0.txt")
+    found = {m.case.id: m for m in claims(match(MATRIX, parse(text)))}
+    requires_grad = " ".join(found["lora-requires-grad"].hits[0].evidence)
+    assert "dora" not in requires_grad and "message: exact" in requires_grad, requires_grad
+    assert "frame in peft.tuners.lora.dora" in " ".join(found["dora-sharded-weight"].hits[0].evidence)
