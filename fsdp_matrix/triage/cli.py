@@ -53,10 +53,9 @@ MAX_READ = 64 * 1024 * 1024
 """How much of a paste is read at most (``/dev/zero`` never ends): its head and tail are kept of that much."""
 
 
-def _head_and_tail(stream, limit: int = MAX_BYTES):
+def _bounded_read(stream, limit: int = MAX_BYTES):
     """The stream's first and last ``limit / 2`` characters (or bytes), read in chunks: a traceback's start and its
-    exception line, without holding a whole log of many ranks in memory. At most ``MAX_READ`` is read; a longer
-    paste is cut there, and one line says so."""
+    exception line, without holding a whole log of many ranks in memory; and whether it was cut at ``MAX_READ``."""
     half = limit // 2
     head = stream.read(half)
     tail = head[:0]
@@ -64,23 +63,39 @@ def _head_and_tail(stream, limit: int = MAX_BYTES):
     while True:
         chunk = stream.read(half)
         if not chunk:
-            return head + tail
+            return head + tail, False
         tail = (tail + chunk)[-half:]
         taken += len(chunk)
         if taken >= MAX_READ:
-            print(f"triage: the paste is larger than {MAX_READ >> 20} MiB: read its first {MAX_READ >> 20} MiB only",
-                  file=sys.stderr)  # fmt: skip
-            return head + tail
+            return head + tail, True
+
+
+_CUT = f"the paste is larger than {MAX_READ >> 20} MiB"
+
+
+def _head_and_tail(stream, limit: int = MAX_BYTES):
+    """``_bounded_read``'s text; a paste cut at ``MAX_READ`` is said in one line."""
+    text, cut = _bounded_read(stream, limit)
+    if cut:
+        print(f"triage: {_CUT}: read its first {MAX_READ >> 20} MiB only", file=sys.stderr)
+    return text
 
 
 def _read(source: Optional[str]) -> str:
     """The paste, at most ``MAX_BYTES`` of it: its head and its tail."""
+    return _read_paste(source)[0]
+
+
+def _read_paste(source: Optional[str]) -> Tuple[str, bool]:
+    """The paste, at most ``MAX_BYTES`` of it (its head and its tail), and whether it was cut at ``MAX_READ``."""
     if source in (None, "-"):
         stdin = getattr(sys.stdin, "buffer", None)  # bytes, so that a UTF-16 paste is decoded by its BOM
-        return decode(_head_and_tail(stdin)) if stdin else _head_and_tail(sys.stdin)
+        data, cut = _bounded_read(stdin if stdin else sys.stdin)
+        return (decode(data) if stdin else data), cut
     try:
         with open(source, "rb") as fh:
-            return decode(_head_and_tail(fh))
+            data, cut = _bounded_read(fh)
+            return decode(data), cut
     except OSError as exc:
         raise TriageError(f"{source}: cannot read: {exc.strerror or exc}") from None
 
@@ -426,9 +441,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         versions, versions_from = installed_versions(PACKAGES), "installed here"
     matrix = load_matrix(args.matrix, check_repros=False)
     records, skipped = load_records(args.results)
-    paste = parse(_read(args.file))
+    text, cut = _read_paste(args.file)
+    paste = parse(text)
+    if not paste.text and cut:  # /dev/zero: one line that says both, not "cut" then "empty"
+        raise TriageError(f"{_CUT} and has no text in its head or tail (NUL bytes, blanks): give the traceback itself")
     if not paste.text:
         raise TriageError("the paste is empty: give a file, or pipe the traceback into stdin")
+    if cut:
+        print(f"triage: {_CUT}: read its first {MAX_READ >> 20} MiB only", file=sys.stderr)
     if paste.errors_left_out:
         print(
             f"triage: {len(paste.errors) + paste.errors_left_out} distinct exception lines: matched the first and the "
