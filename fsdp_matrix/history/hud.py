@@ -274,20 +274,22 @@ SCRIPT = """
 (function () {
   var caseBox = document.getElementById("f-case"), comboBox = document.getElementById("f-combo");
   var redBox = document.getElementById("f-red"), flakyBox = document.getElementById("f-flaky");
+  var alertBox = document.getElementById("f-alert");
   function apply() {
     var c = caseBox.value.trim().toLowerCase(), k = comboBox.value, shown = 0;
     document.querySelectorAll("section.combo").forEach(function (sec) {
       var any = false;
       sec.querySelectorAll("tbody tr").forEach(function (tr) {
         var ok = (!c || tr.dataset.case.toLowerCase().indexOf(c) >= 0) && (!k || tr.dataset.combo === k)
-          && (!redBox.checked || tr.dataset.red === "1") && (!flakyBox.checked || tr.dataset.flaky === "1");
+          && (!redBox.checked || tr.dataset.red === "1") && (!flakyBox.checked || tr.dataset.flaky === "1")
+          && (!alertBox.checked || tr.dataset.alert === "1");
         tr.hidden = !ok; if (ok) { any = true; shown++; }
       });
       sec.hidden = !any;
     });
     document.getElementById("f-count").textContent = shown + " rows shown";
   }
-  [caseBox, comboBox, redBox, flakyBox].forEach(function (el) { el.addEventListener("input", apply); });
+  [caseBox, comboBox, redBox, flakyBox, alertBox].forEach(function (el) { el.addEventListener("input", apply); });
   apply();
 })();
 """
@@ -309,6 +311,7 @@ def _filters(hud: Hud) -> str:
         f'<datalist id="cases">{listed}</datalist>'
         f'<label>combo <select id="f-combo"><option value="">any combo</option>{options}</select></label>'
         '<label><input type="checkbox" id="f-red"> red only</label>'
+        '<label><input type="checkbox" id="f-alert"> alerts only (red, silent, newly skipped)</label>'
         '<label><input type="checkbox" id="f-flaky"> flaky only</label><span id="f-count" class="sub"></span></div>'
     )
 

@@ -86,7 +86,7 @@ def test_the_filters_are_one_inline_script(tmp_path) -> None:
     page_rows = hud(tmp_path)
     assert page_rows.scripts == 1
     page = (tmp_path / "hud.html").read_text()
-    for control in ('id="f-case"', 'id="f-combo"', 'id="f-red"', 'id="f-flaky"'):
+    for control in ('id="f-case"', 'id="f-combo"', 'id="f-red"', 'id="f-flaky"', 'id="f-alert"'):
         assert control in page
 
 
