@@ -51,8 +51,8 @@ def write_night(
 ) -> Path:
     """Night ``n`` (0-based) as a results dir: one subdir per combo, each with its cells.jsonl; ``only`` the combos
     named (a combo whose job died writes nothing); ``plan`` instead of ``PLAN``. Past the plan's last night each cell
-    keeps its last verdict. Its records' run id is ``run`` (default ``run-N``), and they go under ``night{n}-{run}``
-    when ``run`` is given."""
+    keeps its last verdict; a verdict ``-`` writes no record of that cell that night. Its records' run id is ``run``
+    (default ``run-N``), and they go under ``night{n}-{run}`` when ``run`` is given."""
     out = root / (f"night{n}-{run}" if run else f"night{n}")
     versions = {**VERSIONS, "peft": "0.22.1" if n else "0.22.0"}
     for (combo, case, cell), verdicts in (plan or PLAN).items():
@@ -60,6 +60,8 @@ def write_night(
             continue
         verdicts = verdicts + [verdicts[-1].lstrip("~")] * (n + 1 - len(verdicts))
         verdict = verdicts[n].lstrip("~")
+        if verdict == "-":  # no record of this cell tonight
+            continue
         rec = make_record(cell, verdict, combo, case, finished_at=START + n * DAY, versions=versions)
         rec = dataclasses.replace(rec, run_id=run or f"run-{n}")
         if verdicts[n].startswith("~"):

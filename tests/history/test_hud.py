@@ -195,3 +195,13 @@ def test_nights_out_of_bounds_is_refused_in_one_line(tmp_path, capsys, nights) -
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and "--nights" in err[0], err
     assert not (tmp_path / "o.html").exists()
+
+
+def test_a_cell_silent_on_the_newest_night_is_counted_apart_from_its_combo(tmp_path, capsys) -> None:
+    plan = dict(PLAN)
+    plan[("newest", "dora", "broken-ws2")] = ["fix-holds", "REGRESSION", "REGRESSION", "-"]
+    _add(tmp_path, {night: write_night(tmp_path, n, plan=plan) for n, night in enumerate(NIGHTS + (LATER,))})
+    line, page, rows = _page(tmp_path, 14, capsys)
+    assert "1 cell silent" in line and "combo" not in line.split(" -> ")[0].split("cells, ", 1)[1], line
+    broken = rows["dora/broken-ws2"]
+    assert broken["attrs"]["data-red"] == "0" and broken["cells"][-2]["text"] == f"no record since {NIGHTS[2]}"
