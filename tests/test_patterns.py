@@ -53,3 +53,51 @@ def test_a_stack_regex_that_backtracks_is_bounded_where_the_harness_matches_it()
 
     for pattern, stack in ((NESTED, "frame_in_run " * 40), (CATASTROPHIC, "a" * 4000 + "!")):
         assert stack_fits(Expected(kind="hang", match=pattern, timeout_s=8.0), [stack]) is False
+
+
+@pytest.mark.timeout(60, method="thread")
+@pytest.mark.parametrize("pattern", [r"(b|bb)+$", r"(xy|xyxy)+$"])
+def test_defect14_a_pattern_is_probed_with_its_own_literal_characters(pattern):
+    """``(b|bb)+$``: ``validate`` said ok (the fixed probe alphabet has no ``b``), and each triage search of a
+    ``bbb...b!`` message then ran its full 2 s."""
+    from fsdp_matrix import patterns
+
+    assert "backtrack" in (patterns.check(pattern) or "")
+
+
+def test_the_probes_refuse_no_rule_of_matrix_yaml():
+    """The probes made of a pattern's own characters must not refuse a linear pattern: every rule of matrix.yaml."""
+    from pathlib import Path
+
+    import yaml
+
+    from fsdp_matrix import patterns
+
+    text = (Path(__file__).resolve().parents[1] / "matrix.yaml").read_text()
+    found = [m for m in _matches(yaml.safe_load(text))]
+    assert len(found) > 20 and [p for p in found if patterns.check(p)] == []
+
+
+def _matches(node):
+    """Every ``match`` and ``stack`` string under ``node``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("match", "stack") and isinstance(value, str):
+                yield value
+            else:
+                yield from _matches(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _matches(value)
+
+
+def test_a_spent_budget_skips_every_search_and_says_so():
+    from fsdp_matrix import patterns
+
+    with patterns.budget(0.0) as spent:
+        assert patterns.search("a", "a") is None and patterns.search("b", "b") is None
+    assert (
+        spent.line()
+        == "the 0s budget for all regex searches ran out (2 searches of 2 patterns skipped, taken as no match)"
+    )
+    assert patterns.search("a", "a") is not None  # outside the budget, searched as before

@@ -325,3 +325,44 @@ def test_an_endless_paste_is_read_up_to_a_bound_and_the_cut_is_said(capsys):
     assert len(text) <= MAX_BYTES and stream.given <= triage_cli.MAX_READ + MAX_BYTES
     err = capsys.readouterr().err.strip()
     assert "read its first" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.timeout(40)
+def test_defect14_triage_searches_within_one_time_budget_and_says_what_it_skipped(tmp_path, monkeypatch, capsys):
+    """A rule regex the probes miss cost 2 s per search, with one 'timed out' line each: 5 tracebacks took 45 s
+    (9 lines), 40 took 257 s. Now a rule is not searched again after its first timeout, every search shares one
+    budget, and one line says what was skipped."""
+    from fsdp_matrix import patterns
+    from tests.helpers import matrix_data, write_matrix
+
+    monkeypatch.setattr(patterns, "check", lambda pattern: None)  # a regex the probes do not catch
+    data = matrix_data()
+    data["cases"][0]["expect"].insert(0, {"error": {"type": "RuntimeError", "match": "(b|bb)+$"}, "source": "s"})
+    matrix = write_matrix(tmp_path, data)
+    paste = "".join(
+        f'Traceback (most recent call last):\n  File "x.py", line {i}, in f\nRuntimeError: {"b" * (40 + i)}!\n'
+        for i in range(40)
+    )
+    (tmp_path / "paste.txt").write_text(paste)
+    triage_cli.main([str(tmp_path / "paste.txt"), "--matrix", str(matrix), "--versions", "torch=2.13.0,peft=0.21.2"])
+    err = [line for line in capsys.readouterr().err.splitlines() if "regex" in line]
+    assert len(err) == 1 and "timed out" in err[0] and "not searched again" in err[0], err
+
+
+@pytest.mark.timeout(120)
+def test_dev_zero_is_one_line_not_two_contradictory_ones(capsys):
+    """``triage /dev/zero`` said 'the paste is larger than 64 MiB: read its first 64 MiB only', then 'the paste is
+    empty'."""
+    assert cli.main(["triage", "/dev/zero", "--versions", "torch=2.13.0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "64 MiB" in err[0] and "no text" in err[0], err
+
+
+def test_two_tracebacks_each_claim_cites_only_frames_of_the_traceback_that_matched():
+    """A paste of transformers#27542's FlatParameter traceback and llamafactory#3550's DoRA one: lora-requires-grad's
+    evidence cited 'PEFT: frame in peft.tuners.lora.dora', a frame of the other traceback."""
+    text = paste_of("transformers27542_flatparameter.txt") + paste_of("llamafactory3550_dora_rank0.txt")
+    found = {m.case.id: m for m in claims(match(MATRIX, parse(text)))}
+    requires_grad = " ".join(found["lora-requires-grad"].hits[0].evidence)
+    assert "dora" not in requires_grad and "message: exact" in requires_grad, requires_grad
+    assert "frame in peft.tuners.lora.dora" in " ".join(found["dora-sharded-weight"].hits[0].evidence)

@@ -2,21 +2,23 @@
 
 ``add`` writes one night's records (the newest record of every cell under RESULTS, with the confirmations the
 nightly appended) into the DB, with what the night's bisects named when given ``--nightly nightly.json``. A night
-already in the DB is not written again (exit 0, said on stderr). ``hud`` writes the static HUD page of the last
+already in the DB from the same runs is not written again (exit 0, said on stderr); a night id held by other runs is
+refused (exit 2). ``hud`` writes the static HUD page of the last
 ``--nights`` nights. Exit 2 on unusable input, in one line.
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import argparse
 import json
+import sqlite3
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 from fsdp_matrix.errors import MatrixError
-from fsdp_matrix.history.db import HistoryError, Night, add_night, culprits_from_nightly
-from fsdp_matrix.history.hud import load_hud, render_hud
+from fsdp_matrix.history.db import HistoryError, Night, add_night, culprits_from_nightly, db_error
+from fsdp_matrix.history.hud import MAX_NIGHTS, load_hud, render_hud
 from fsdp_matrix.paths import writable_file
 from fsdp_matrix.records import Skipped, iter_records, latest
 from fsdp_matrix.usage import OneLineParser, flat
@@ -34,8 +36,7 @@ def _night(results: Path, name: Optional[str], nightly: Optional[Path]) -> Night
     for skip in skipped:
         print(f"history: {skip}", file=sys.stderr)
     night = Night(name or "", records, str(results))
-    if not name:
-        night.night = dt.datetime.fromtimestamp(night.ran_at, dt.timezone.utc).strftime("%Y-%m-%d")
+    night.night = name or night.default_id()
     if nightly is not None:
         try:
             night.culprits = culprits_from_nightly(json.loads(nightly.read_text(encoding="utf-8")))
@@ -63,9 +64,19 @@ def hud_main(args) -> int:
     writable_file(args.out, "-o")
     hud = load_hud(args.db, args.nights)
     args.out.write_text(render_hud(hud, str(args.db)), encoding="utf-8")
-    red = sum(1 for r in hud.rows if r.since)
-    print(f"history hud: {len(hud.nights)} nights, {len(hud.rows)} cells, {red} red -> {args.out}")
+    print(f"history hud: {len(hud.nights)} nights, {len(hud.rows)} cells, {hud.alerts()} -> {args.out}")
     return 0
+
+
+def _nights(text: str) -> int:
+    """An argparse type: a number of nights from 1 to ``MAX_NIGHTS`` (0 or -1 used to show every night)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of nights") from None
+    if not 1 <= value <= MAX_NIGHTS:
+        raise argparse.ArgumentTypeError(f"{text}: give 1 to {MAX_NIGHTS} nights")
+    return value
 
 
 def parser() -> OneLineParser:
@@ -74,19 +85,26 @@ def parser() -> OneLineParser:
     add = sub.add_parser("add", help="add one night's records to the DB")
     add.add_argument("results", type=Path, help="the night's results dir (every cells.jsonl under it)")
     add.add_argument("--db", type=Path, required=True, help="the history DB (created when missing)")
-    add.add_argument("--night", help="the night's id (default: the UTC date its first record was written)")
+    add.add_argument(
+        "--night", help="the night's id (default: the UTC date its first record was written, plus its run ids)"
+    )
     add.add_argument("--nightly", type=Path, help="the night's nightly --json: what its bisects named")
     hud = sub.add_parser("hud", help="write the HUD page")
     hud.add_argument("--db", type=Path, required=True, help="the history DB")
     hud.add_argument("-o", "--out", type=Path, default=Path("hud.html"), help="the page to write (default hud.html)")
-    hud.add_argument("--nights", type=int, default=14, help="nights shown as columns (default 14)")
+    hud.add_argument(
+        "--nights", type=_nights, default=14, help=f"nights shown as columns, 1 to {MAX_NIGHTS} (default 14)"
+    )
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return add_main(args) if args.what == "add" else hud_main(args)
+        try:
+            return add_main(args) if args.what == "add" else hud_main(args)
+        except sqlite3.Error as exc:  # whatever query met it: one line, never a traceback
+            raise db_error(args.db, exc) from None
     except (HistoryError, MatrixError, OSError) as exc:
         print(f"history {args.what}: {flat(exc)}", file=sys.stderr)
         return 2

@@ -9,12 +9,16 @@ Tables (``sqlite3 FILE .schema`` shows them; ``datasette FILE`` browses and quer
 - ``culprits``: per night, combo and cell, what a bisect named: the first changed release, or the first changed
   commit and its PR (from ``nightly --json``).
 
-A night is written once: adding a night id the file already has, or records whose run ids another night already
-holds, writes nothing and says so.
+A night is written once: adding a night id the file already has from the same runs, or records whose run ids another
+night already holds, writes nothing and says so; a night id the file has from other runs is refused (``--night``
+names another night). Without ``--night`` the id is the UTC date plus the records' run ids, so that two runs of one
+day are two nights.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import json
 import sqlite3
 import time
@@ -89,14 +93,49 @@ class Night:
     def ran_at(self) -> float:
         return min((r.finished_at for r in self.records), default=time.time())
 
+    @property
+    def run_ids(self) -> List[str]:
+        """The run ids its records carry, sorted (none for records older than run ids)."""
+        return sorted({r.run_id for r in self.records if r.run_id})
+
+    def default_id(self) -> str:
+        """The UTC date its first record was written, plus its run ids (a digest of them past ``SHOWN_RUNS``)."""
+        date = dt.datetime.fromtimestamp(self.ran_at, dt.timezone.utc).strftime("%Y-%m-%d")
+        runs = self.run_ids
+        if len(runs) > SHOWN_RUNS:
+            digest = hashlib.sha256("+".join(runs).encode()).hexdigest()[:12]
+            return f"{date}-{digest}-{len(runs)}runs"
+        return "-".join([date] + (["+".join(runs)] if runs else []))
+
+
+SHOWN_RUNS = 3
+"""A default night id names this many run ids at most; more (one run per combo) are named by a digest of them."""
+
+
+BUSY_TIMEOUT_S = 60.0
+"""How long a writer waits for another one to finish before giving up: a night's insert takes well under a second,
+but two nightly workflows (or a rerun and its original) may add at the same moment; Python's 5 s default is short
+on a loaded runner."""
+
+
+def db_error(path: Path, exc: sqlite3.Error) -> HistoryError:
+    """One line for an ``sqlite3.Error`` on the DB at ``path``: busy, read-only, or not a usable DB."""
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+        return HistoryError(f"{path}: busy: another writer holds the DB; try again ({text} after {BUSY_TIMEOUT_S:g}s)")
+    if "readonly" in text or "read-only" in text:
+        return HistoryError(f"{path}: the DB is read-only here, nothing written: {text}")
+    return HistoryError(f"{path}: not a usable history DB: {text}")
+
 
 def connect(path: Path) -> sqlite3.Connection:
-    """The DB at ``path`` (created with its tables when new)."""
+    """The DB at ``path`` (created with its tables when new), in autocommit mode: writers open their transaction
+    themselves (``add_night``)."""
     try:
-        db = sqlite3.connect(path)
+        db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         db.executescript(SCHEMA)
     except sqlite3.Error as exc:
-        raise HistoryError(f"{path}: not a usable history DB: {exc}") from None
+        raise db_error(path, exc) from None
     return db
 
 
@@ -131,37 +170,55 @@ def _combo_rows(night: str, records: Iterable[Record]) -> List[Tuple[str, str, s
 
 def already(db: sqlite3.Connection, night: Night) -> Optional[str]:
     """Why ``night`` must not be written (it is in the DB already), or None."""
-    if db.execute("SELECT 1 FROM nights WHERE night = ?", (night.night,)).fetchone():
+    held = db.execute("SELECT run_ids FROM nights WHERE night = ?", (night.night,)).fetchone()
+    runs = set(night.run_ids)
+    if held and set(json.loads(held[0] or "[]")) != runs:
+        others = ", ".join(json.loads(held[0] or "[]")) or "none recorded"
+        raise HistoryError(
+            f"night {night.night} is in the DB already, from other runs ({others}): not written; give another --night"
+        )
+    if held:
         return f"night {night.night} is in the DB already"
-    runs = {r.run_id for r in night.records if r.run_id}
     for other, held in db.execute("SELECT night, run_ids FROM nights"):
         if runs & set(json.loads(held or "[]")):
             return f"its records' runs are night {other}'s already"
     return None
 
 
+def _insert(db: sqlite3.Connection, night: Night) -> None:
+    db.execute(
+        "INSERT INTO nights VALUES (?, ?, ?, ?, ?)",
+        (night.night, night.ran_at, time.time(), night.source, json.dumps(night.run_ids)),
+    )
+    db.executemany("INSERT INTO combos VALUES (?, ?, ?, ?)", _combo_rows(night.night, night.records))
+    db.executemany(
+        "INSERT INTO cells VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [_cell_row(night.night, r) for r in night.records],
+    )
+    db.executemany(
+        "INSERT OR REPLACE INTO culprits VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(night.night, c.combo, c.cell, c.package, c.kind, c.changed, c.subject, c.pr) for c in night.culprits],
+    )
+
+
 def add_night(path: Path, night: Night) -> Optional[str]:
-    """Write ``night`` into the DB at ``path`` in one transaction; the reason it was not written, or None."""
+    """Write ``night`` into the DB at ``path``; the reason it was not written, or None. The check and the insert are
+    one ``BEGIN IMMEDIATE`` transaction: a second writer of the same night waits for the first (up to
+    ``BUSY_TIMEOUT_S``), then is told the night is in the DB already."""
     with closing(connect(path)) as db:
-        why = already(db, night)
-        if why:
-            return why
-        runs = sorted({r.run_id for r in night.records if r.run_id})
-        with db:
-            db.execute(
-                "INSERT INTO nights VALUES (?, ?, ?, ?, ?)",
-                (night.night, night.ran_at, time.time(), night.source, json.dumps(runs)),
-            )
-            db.executemany("INSERT INTO combos VALUES (?, ?, ?, ?)", _combo_rows(night.night, night.records))
-            db.executemany(
-                "INSERT INTO cells VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [_cell_row(night.night, r) for r in night.records],
-            )
-            db.executemany(
-                "INSERT OR REPLACE INTO culprits VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(night.night, c.combo, c.cell, c.package, c.kind, c.changed, c.subject, c.pr) for c in night.culprits],
-            )
-    return None
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                why = already(db, night)
+                if why is None:
+                    _insert(db, night)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("ROLLBACK" if why else "COMMIT")
+        except sqlite3.Error as exc:
+            raise db_error(path, exc) from None
+    return why
 
 
 def culprits_from_nightly(data: Dict[str, Any]) -> List[Culprit]:

@@ -5,8 +5,10 @@ was not in OLD (another verdict, or no record at all: a new combo or cell), and 
 or fix-holds) and now needs attention (crash, hang, env-error, DIFFERENT-ERROR): a fix that used to hold and now
 segfaults is as much a broken night as a REGRESSION. A line of NEW that is not a record is an alert too (its verdict
 is unknown), and so are vanished records: a combo of OLD with no record in NEW (a combo missing, an empty results file,
-a report with no entries), or one that lost more than MAX_DROP of its records. An UNEXPECTED-FIX is listed on its
-own, without an alert: it means upstream fixed something, and matrix.yaml wants updating.
+a report with no entries), or one that lost more than MAX_DROP of its records, and a recorded verdict that became
+``skipped`` (a requirement or platform signature that started to match hides the cell, whatever it would say now).
+An UNEXPECTED-FIX is listed on its own, without an alert: it means upstream fixed something, and matrix.yaml wants
+updating.
 
 The nightly reruns each flipped cell before it counts (fsdp_matrix/confirm.py): ``with_confirmation`` moves a flip
 its reruns did not repeat out of its group into ``flaky``, where it raises no alert. A record the previous night
@@ -72,6 +74,8 @@ class ReportDiff:
     """Passed in OLD (reproduced or fix-holds); crash, hang, env-error or DIFFERENT-ERROR in NEW."""
     unexpected_fixes: List[Change] = field(default_factory=list)
     """UNEXPECTED-FIX in NEW and not in OLD: upstream changed, update matrix.yaml."""
+    skipped: List[Change] = field(default_factory=list)
+    """Another verdict in OLD, ``skipped`` in NEW: the cell is no longer judged (an alert)."""
     changed: List[Change] = field(default_factory=list)
     """Every other verdict change between two recorded entries."""
     added: List[Change] = field(default_factory=list)
@@ -95,6 +99,7 @@ class ReportDiff:
             self.regressions
             or self.broken
             or self.unexpected_fixes
+            or self.skipped
             or self.changed
             or self.added
             or self.removed
@@ -104,8 +109,8 @@ class ReportDiff:
     @property
     def alerts(self) -> List[str]:
         """What fails a nightly, one line each: new regressions, passing cells that now need attention, and lines of
-        NEW that are not records, and records lost beyond ``MAX_DROP``."""
-        return [_fmt(c) for c in self.regressions + self.broken] + self.lost + self.unreadable
+        NEW that are not records, records lost beyond ``MAX_DROP``, and cells now skipped."""
+        return [_fmt(c) for c in self.regressions + self.broken + self.skipped] + self.lost + self.unreadable
 
 
 def load_report(path: Path) -> Dict[str, Any]:
@@ -158,7 +163,7 @@ def with_confirmation(diff: ReportDiff, statuses: Dict[Key, str]) -> ReportDiff:
     out = ReportDiff(
         added=diff.added, removed=diff.removed, versions=diff.versions, lost=diff.lost, unreadable=diff.unreadable
     )
-    for name in ("regressions", "broken", "unexpected_fixes", "changed"):
+    for name in ("regressions", "broken", "unexpected_fixes", "skipped", "changed"):
         for change in getattr(diff, name):
             marked = replace(change, confirmation=statuses.get((change.column, change.cell)))
             (out.flaky if marked.confirmation == FLAKY else getattr(out, name)).append(marked)
@@ -204,6 +209,8 @@ def compare(old: Dict[str, Any], new: Dict[str, Any], max_drop: float = MAX_DROP
             diff.regressions.append(change)
         elif now == Verdict.UNEXPECTED_FIX.value:
             diff.unexpected_fixes.append(change)
+        elif now == Verdict.SKIPPED.value and was is not None:
+            diff.skipped.append(change)
         elif _passed(was) and _passed(now) is False and Verdict(now).needs_attention:
             diff.broken.append(change)
         elif was is None:
@@ -245,6 +252,7 @@ def render(diff: ReportDiff, old_name: str = "OLD", new_name: str = "NEW") -> st
         ("NEW REGRESSIONS", diff.regressions),
         ("Passing cells that now need attention", diff.broken),
         ("New unexpected fixes (update matrix.yaml)", diff.unexpected_fixes),
+        ("Cells now skipped", diff.skipped),
         ("Other verdict changes", diff.changed),
         ("Cells added", diff.added),
         ("Cells removed", diff.removed),
@@ -275,7 +283,7 @@ def _share(text: str) -> float:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m fsdp_matrix diff OLD NEW``; argv excludes 'diff'. 1 on an alert (a new REGRESSION, a passing cell
-    that now needs attention), 2 on unreadable input."""
+    that now needs attention, a cell now skipped), 2 on unreadable input."""
     parser = OneLineParser(
         prog="python -m fsdp_matrix diff", description="Cells whose verdict changed between two reports."
     )

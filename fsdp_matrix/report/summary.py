@@ -227,7 +227,7 @@ def summarise(old: Dict[str, Any], new: Dict[str, Any]) -> Summary:
     """diff.compare's changes, grouped: regressions, fixes, other changes."""
     diff: ReportDiff = compare(old, new)
     out = Summary(regressions=diff.regressions + diff.broken, fixes=list(diff.unexpected_fixes))
-    for change in diff.changed + diff.added:
+    for change in diff.changed + diff.skipped + diff.added:
         if change.new in FAILING and not _fails(change.old):
             out.regressions.append(change)
         elif _passes(change.new) and _fails(change.old):

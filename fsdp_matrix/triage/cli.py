@@ -17,7 +17,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix import options
+from fsdp_matrix import options, patterns
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.installed import installed_versions
 from fsdp_matrix.matrix import PACKAGES, Matrix, load_matrix, same_value
@@ -53,10 +53,9 @@ MAX_READ = 64 * 1024 * 1024
 """How much of a paste is read at most (``/dev/zero`` never ends): its head and tail are kept of that much."""
 
 
-def _head_and_tail(stream, limit: int = MAX_BYTES):
+def _bounded_read(stream, limit: int = MAX_BYTES):
     """The stream's first and last ``limit / 2`` characters (or bytes), read in chunks: a traceback's start and its
-    exception line, without holding a whole log of many ranks in memory. At most ``MAX_READ`` is read; a longer
-    paste is cut there, and one line says so."""
+    exception line, without holding a whole log of many ranks in memory; and whether it was cut at ``MAX_READ``."""
     half = limit // 2
     head = stream.read(half)
     tail = head[:0]
@@ -64,23 +63,39 @@ def _head_and_tail(stream, limit: int = MAX_BYTES):
     while True:
         chunk = stream.read(half)
         if not chunk:
-            return head + tail
+            return head + tail, False
         tail = (tail + chunk)[-half:]
         taken += len(chunk)
         if taken >= MAX_READ:
-            print(f"triage: the paste is larger than {MAX_READ >> 20} MiB: read its first {MAX_READ >> 20} MiB only",
-                  file=sys.stderr)  # fmt: skip
-            return head + tail
+            return head + tail, True
+
+
+_CUT = f"the paste is larger than {MAX_READ >> 20} MiB"
+
+
+def _head_and_tail(stream, limit: int = MAX_BYTES):
+    """``_bounded_read``'s text; a paste cut at ``MAX_READ`` is said in one line."""
+    text, cut = _bounded_read(stream, limit)
+    if cut:
+        print(f"triage: {_CUT}: read its first {MAX_READ >> 20} MiB only", file=sys.stderr)
+    return text
 
 
 def _read(source: Optional[str]) -> str:
     """The paste, at most ``MAX_BYTES`` of it: its head and its tail."""
+    return _read_paste(source)[0]
+
+
+def _read_paste(source: Optional[str]) -> Tuple[str, bool]:
+    """The paste, at most ``MAX_BYTES`` of it (its head and its tail), and whether it was cut at ``MAX_READ``."""
     if source in (None, "-"):
         stdin = getattr(sys.stdin, "buffer", None)  # bytes, so that a UTF-16 paste is decoded by its BOM
-        return decode(_head_and_tail(stdin)) if stdin else _head_and_tail(sys.stdin)
+        data, cut = _bounded_read(stdin if stdin else sys.stdin)
+        return (decode(data) if stdin else data), cut
     try:
         with open(source, "rb") as fh:
-            return decode(_head_and_tail(fh))
+            data, cut = _bounded_read(fh)
+            return decode(data), cut
     except OSError as exc:
         raise TriageError(f"{source}: cannot read: {exc.strerror or exc}") from None
 
@@ -284,6 +299,16 @@ def build(
     )
 
 
+def _build_in_budget(matrix: Matrix, paste: Paste, versions, versions_from: str, records: List[Record]) -> Answer:
+    """``build``, its regex searches sharing one time budget (a rule regex that backtracks is searched once, not once
+    per pasted error and rule); one line on stderr says what the budget skipped."""
+    with patterns.budget() as spent:
+        answer = build(matrix, paste, versions, versions_from, records)
+    if spent.line():
+        print(f"triage: {spent.line()}", file=sys.stderr)
+    return answer
+
+
 def _also_line(found: CaseMatch) -> str:
     hit = found.hits[0] if found.hits else None
     via = f"{hit.signature.where}, {_when(hit.signature.rule)}" if hit else "observed records"
@@ -383,7 +408,7 @@ def render(
             f"last {MAX_ERRORS // 2}, {paste.errors_left_out} between them left out",
             file=sys.stderr,
         )
-    answer = build(matrix, paste, versions, versions_from, records)
+    answer = _build_in_budget(matrix, paste, versions, versions_from, records)
     return render_text(answer), len(answer.claims) + len(answer.also) + len(answer.platform)
 
 
@@ -416,16 +441,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         versions, versions_from = installed_versions(PACKAGES), "installed here"
     matrix = load_matrix(args.matrix, check_repros=False)
     records, skipped = load_records(args.results)
-    paste = parse(_read(args.file))
+    text, cut = _read_paste(args.file)
+    paste = parse(text)
+    if not paste.text and cut:  # /dev/zero: one line that says both, not "cut" then "empty"
+        raise TriageError(f"{_CUT} and has no text in its head or tail (NUL bytes, blanks): give the traceback itself")
     if not paste.text:
         raise TriageError("the paste is empty: give a file, or pipe the traceback into stdin")
+    if cut:
+        print(f"triage: {_CUT}: read its first {MAX_READ >> 20} MiB only", file=sys.stderr)
     if paste.errors_left_out:
         print(
             f"triage: {len(paste.errors) + paste.errors_left_out} distinct exception lines: matched the first and the "
             f"last {MAX_ERRORS // 2}, {paste.errors_left_out} between them left out",
             file=sys.stderr,
         )
-    answer = build(matrix, paste, versions, versions_from, records)
+    answer = _build_in_budget(matrix, paste, versions, versions_from, records)
     if args.results is not None:
         lost = f", {len(skipped)} lines skipped (not records; first: {skipped[0]})" if skipped else ""
         answer.records = f"records: {len(records)} read from {args.results}{lost}"

@@ -293,10 +293,21 @@ def _against(
     return None
 
 
+def _own(paste: Paste, errors: List[PastedError]) -> Paste:
+    """The paste with only the frames of the tracebacks whose exception lines the rule matched, so that a paste of
+    two tracebacks cites the matched one's frames only; the whole paste when those lines have no frames."""
+    frames = [f for e in errors for f in e.frames]
+    if not frames or len(set(frames)) == len(set(paste.frames)):
+        return paste
+    return Paste(paste.text, errors, frames, paste.lines, paste.errors_left_out)
+
+
 def _evidence(
-    sig: Signature, paste: Paste, ctx: Context, kind: str, errors: List[PastedError]
+    sig: Signature, whole: Paste, whole_ctx: Context, kind: str, errors: List[PastedError]
 ) -> Tuple[float, List[str], List[str]]:
     """Evidence points, what supports the fit, and the notes on what is missing."""
+    paste = _own(whole, errors)
+    ctx = whole_ctx if paste is whole else read_context(paste)
     err = sig.error
     want = str(err.type).rsplit(".", 1)[-1]
     points, found, notes = POINTS[kind], [f"message: {kind}"], []

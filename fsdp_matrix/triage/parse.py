@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional
+from typing import Deque, Dict, List, Optional, Tuple
 
 PACKAGE_ROOTS = (
     "torch",
@@ -89,6 +89,8 @@ class PastedError:
     """The message, whitespace collapsed."""
     raised_in: Optional[Frame] = None
     """The frame printed right above the exception line (the raise site of a whole traceback), if any."""
+    frames: Tuple[Frame, ...] = ()
+    """The frames printed between the previous exception line and this one: its own traceback's."""
 
     @property
     def short_type(self) -> str:
@@ -177,7 +179,9 @@ def clean_lines(text: str) -> List[str]:
     return out
 
 
-def _exception_at(lines: List[str], i: int, above: Optional[Frame] = None) -> Optional[PastedError]:
+def _exception_at(
+    lines: List[str], i: int, above: Optional[Frame] = None, frames: Tuple[Frame, ...] = ()
+) -> Optional[PastedError]:
     found = _EXC.search(lines[i])
     if not found:
         return None
@@ -187,7 +191,7 @@ def _exception_at(lines: List[str], i: int, above: Optional[Frame] = None) -> Op
         if not nxt or _TRACE_LINE.match(nxt) or _EXC.search(nxt) or nxt.startswith("["):
             break
         parts.append(nxt)
-    return PastedError(found.group("type"), " ".join(" ".join(parts).split()), above)
+    return PastedError(found.group("type"), " ".join(" ".join(parts).split()), above, frames)
 
 
 _RAISE_GAP = 3
@@ -207,21 +211,28 @@ def parse(text: str) -> Paste:
     unique: List[str] = []
     last: Optional[Frame] = None
     last_at = -1
+    current: List[Frame] = []  # the frames since the last exception line: the traceback being read
     for i, line in enumerate(lines):
         if line and line in seen:
             if seen[line] is not None:
                 last, last_at = seen[line], i
+                current.append(last)
+            elif _EXC.search(line):
+                current = []
             continue
         here = None
         for found in _FRAME.finditer(line):
             path = (found.group("q") or found.group("p")).replace("\\", "/")
             here = Frame(path, module_of(path), found.group("fn"))
             frames.append(here)
+            current.append(here)
         if here is not None:
             last, last_at = here, i
         seen[line] = here
         unique.append(line)
-        err = _exception_at(lines, i, last if 0 < i - last_at <= _RAISE_GAP else None)
+        err = _exception_at(lines, i, last if 0 < i - last_at <= _RAISE_GAP else None, tuple(current))
+        if err:
+            current = []
         if err and (err.type, err.message) not in said:
             said.add((err.type, err.message))
             (errors if len(errors) < MAX_ERRORS // 2 else later).append(err)

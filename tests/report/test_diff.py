@@ -132,8 +132,8 @@ def test_defect9_a_passing_cell_that_now_needs_attention_is_an_alert(tmp_path, c
         diff.load_report(_results(tmp_path, "old", old)), diff.load_report(_results(tmp_path, "new", new))
     )
     assert [c.cell for c in result.broken] == [f"dora/{n}-ws2" for n in "abcde"]
-    # a cell that was already failing, or is skipped now, is a change but no alert
-    assert [c.cell for c in result.changed] == ["dora/f-ws2", "dora/g-ws2"]
+    # a cell that was already failing is a change but no alert (one now skipped is an alert of its own: see below)
+    assert [c.cell for c in result.changed] == ["dora/f-ws2"]
     assert diff.main([str(tmp_path / "old"), str(tmp_path / "new")]) == 1
     out = capsys.readouterr().out
     assert "Passing cells that now need attention (5):" in out and "dora/a-ws2: F fix-holds -> !C crash" in out
@@ -215,3 +215,17 @@ def test_a_cell_flaky_last_night_is_compared_by_the_verdict_its_reruns_settled_o
     assert json.loads(old.read_text())["entries"]["cur"]["dora/a-ws2"]["confirmation"]["status"] == "flaky"
     assert diff.main([str(old), str(_results(tmp_path, "new", BASE))]) == 0
     assert "No verdict changed." in capsys.readouterr().out
+
+
+def test_a_verdict_that_becomes_skipped_is_an_alert(tmp_path, capsys):
+    """A skip hides the cell: reproduced, fix-holds or REGRESSION -> skipped was an "other verdict change", exit 0."""
+    old = [make_record("a-ws2", "reproduced"), make_record("b-ws2", "fix-holds"), make_record("c-ws2", "REGRESSION")]
+    old += [make_record("d-ws2", "skipped")]
+    new = [make_record(f"{n}-ws2", "skipped") for n in "abcd"]
+    result = diff.compare(
+        diff.load_report(_results(tmp_path, "old", old)), diff.load_report(_results(tmp_path, "new", new))
+    )
+    assert [c.cell for c in result.skipped] == [f"dora/{n}-ws2" for n in "abc"]
+    assert len(result.alerts) == 3
+    assert diff.main([str(tmp_path / "old"), str(tmp_path / "new")]) == 1
+    assert "Cells now skipped (3):" in capsys.readouterr().out

@@ -264,3 +264,10 @@ def test_many_changes_are_cut_with_and_n_more():
     shown = message.count("\n• ")
     assert 20 < shown < 500 and message.endswith(f"… and {500 - shown} more")
     assert "case-0000/" in message  # in order: the first ones are the ones shown
+
+
+def test_a_cell_now_skipped_is_in_the_summary():
+    """diff.compare files a verdict that became skipped in its own group (an alert); the summary still shows it."""
+    old = {"entries": {"cur": {"dora/a-ws2": {"verdict": "fix-holds"}}}, "columns": []}
+    new = {"entries": {"cur": {"dora/a-ws2": {"verdict": "skipped"}}}, "columns": []}
+    assert [c.cell for c in summary.summarise(old, new).other] == ["dora/a-ws2"]
