@@ -80,12 +80,44 @@ def kind_of(base: str, head: str) -> str:
     return CHANGED
 
 
-def changed_cells(base: AtCommit, head: AtCommit) -> List[CellChange]:
-    """The cells of one combo whose outcome or verdict differs between base and head, in cell order."""
+@dataclass(frozen=True)
+class NotJudged:
+    """One cell of one combo with no result at the base or at the head: nothing says what the pull request did to
+    it, so it never counts as "no change" (an absence is never a pass)."""
+
+    combo: str
+    """The combo's id."""
+    cell: str
+    """``case/cell``."""
+    why: str
+    """At which end the result is missing, and why (no record, the launch's backstop ran out, an env-error)."""
+
+
+def _missing_at(was: Seen, now: Seen, head_built: bool) -> List[str]:
+    # a head that does not build is the pull request's doing: a change (it fails), not an absence
+    ends = [("base", was)] if was.outcome is None else []
+    if now.outcome is None and head_built:
+        ends.append(("head", now))
+    return [f"no result at the {end}: {seen.why}" for end, seen in ends]
+
+
+def not_judged(base: AtCommit, head: AtCommit) -> List[NotJudged]:
+    """The cells of one combo that have no result at the base, or at a head that built, in cell order."""
     out = []
     for cell, was in base.cells.items():
-        now = head.cells.get(cell)
-        if now is not None and _differs(was, now):
+        why = _missing_at(was, head.cells.get(cell, Seen(None, "not run")), head.built)
+        if why:
+            out.append(NotJudged(base.combo, cell, "; ".join(why)))
+    return out
+
+
+def changed_cells(base: AtCommit, head: AtCommit) -> List[CellChange]:
+    """The judged cells of one combo whose outcome or verdict differs between base and head, in cell order (a
+    cell without a result at either end is ``not_judged``, never a change nor "no change")."""
+    out = []
+    for cell, was in base.cells.items():
+        now = head.cells.get(cell, Seen(None, "not run"))
+        if not _missing_at(was, now, head.built) and _differs(was, now):
             out.append(CellChange(base.combo, cell, was, now, kind_of(was.verdict, now.verdict)))
     return out
 

@@ -13,7 +13,7 @@ from typing import List, Optional
 from fsdp_matrix.bisect import commits
 from fsdp_matrix.cells import expand
 from fsdp_matrix.gate.bisects import Bisect, bisect_changes
-from fsdp_matrix.gate.changes import CellChange, Confirm, ConfirmContext, changed_cells
+from fsdp_matrix.gate.changes import CellChange, Confirm, ConfirmContext, changed_cells, not_judged
 from fsdp_matrix.gate.confirming import rerun_changes
 from fsdp_matrix.gate.refs import Refs, resolve_refs
 from fsdp_matrix.gate.request import GateRequest
@@ -59,10 +59,21 @@ def _run_ends(refs: Refs, sel: Selection, runs: CellRuns, beat: Heartbeat, resul
                 result.problems.append(f"{combo.id}: the base {sha[:10]} cannot be run: {why}")
                 break
         if len(ends) == 2:
-            found = changed_cells(*ends)
-            beat.say(f"{combo.id}: {len(found)} of {len(sel.cells)} cells changed")
-            changes += found
+            changes += _judge_combo(combo.id, ends[0], ends[1], beat, result)
     return changes
+
+
+def _judge_combo(combo: str, base: AtCommit, head: AtCommit, beat: Heartbeat, result: GateResult) -> List[CellChange]:
+    """The changed cells of one combo; its cells without a result at either end are listed as not judged, and a
+    combo with no result at all is silent (an alert: nothing of it was seen)."""
+    found, missing = changed_cells(base, head), not_judged(base, head)
+    result.not_judged += missing
+    result.judged += len(base.cells) - len(missing)
+    if base.cells and len(missing) == len(base.cells):
+        result.silent.append(combo)
+    extra = f" ({len(missing)} not judged: no result at the base or the head)" if missing else ""
+    beat.say(f"{combo}: {len(found)} of {len(base.cells)} cells changed{extra}")
+    return found
 
 
 def run_gate(
@@ -75,7 +86,7 @@ def run_gate(
     """The whole gate; MatrixError or EnvError (one line) for bad input, found before anything is installed."""
     sel = select(req)
     refs = resolve_refs(req, req.step.cache / "sources")
-    result = GateResult(req.pin.package, refs, [c.id for c in sel.combos], len(sel.cells))
+    result = GateResult(req.pin.package, refs, [c.id for c in sel.combos], len(sel.cells), req.allow_missing)
     print(
         f"gate: {req.pin.package} {refs.head[:10]} against {refs.base[:10]} (merge base with {refs.base_ref}, "
         f"{refs.pr_commits} commits between): {len(sel.cells)} cells on {', '.join(result.combos)}",

@@ -33,6 +33,8 @@ class GateRequest:
     """Where the JSON answer goes."""
     summary: Optional[Path] = None
     """The markdown summary is appended here (``$GITHUB_STEP_SUMMARY``)."""
+    allow_missing: int = 0
+    """Cells that may go without a result at the base or the head before the gate fails for them."""
     bisect: bool = True
     """Bisect a changed cell over the pull request's commits (when it has several)."""
     step: StepOptions = StepOptions()
@@ -42,6 +44,17 @@ class GateRequest:
     def head(self) -> str:
         """The head ref: the pin's ref, else ``HEAD``."""
         return self.pin.ref or "HEAD"
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 or more")
+    return value
 
 
 def _split(texts: Sequence[str]) -> List[str]:
@@ -71,6 +84,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME==V|NAME=SOURCE@REF",
         help="hold another package at a release or a commit, at base and head alike",
     )
+    p.add_argument(
+        "--allow-missing",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="pass with up to N cells that have no result at the base or the head (default 0: absence fails)",
+    )
     p.add_argument("--no-bisect", dest="bisect", action="store_false", help="list the changes, bisect none")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the answer as JSON")
     p.add_argument("--summary", type=Path, metavar="PATH", help="append the markdown summary ($GITHUB_STEP_SUMMARY)")
@@ -98,6 +118,7 @@ def from_args(args: argparse.Namespace) -> GateRequest:
         holds=list(args.hold),
         json=args.json,
         summary=args.summary,
+        allow_missing=args.allow_missing,
         bisect=args.bisect,
         step=StepOptions.from_args(args),
     )

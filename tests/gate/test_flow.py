@@ -10,6 +10,7 @@ from typing import List
 
 import pytest
 
+from fsdp_matrix.bisect.outcome import Outcome
 from fsdp_matrix.gate.changes import Confirmation
 from fsdp_matrix.gate.cli import main
 from fsdp_matrix.gate.runs import AtCommit, Seen
@@ -188,7 +189,8 @@ class _FlakyOnce(ToyRuns):
         got = super().run(combo, sha, cells, fresh)
         if sha == self.sha and self.cell in got.cells and not self.failed:
             self.failed = True
-            got.cells[self.cell] = Seen(None, "rank 1 was killed (SIGKILL): out of memory")
+            # a rank the OOM killer took: a crash record (no record at all would leave the cell not judged)
+            got.cells[self.cell] = Seen(Outcome.observed("crash", verdict="crash"))
         return got
 
 
