@@ -69,3 +69,61 @@ def test_defect1_allow_missing_lets_up_to_n_cells_go_unjudged(toy, tmp_path) -> 
     script[("base", fix)] = [None]
     code, data, _, _ = judge(toy, tmp_path / "2", script, "--no-bisect", "--allow-missing", "1")
     assert code == 1 and len(data["not_judged"]) == 2
+
+
+# ------------------------------------------- defects 2 and 6: confirmation that the cache and a flake cannot fool
+
+
+def _change(data, cell):
+    return next(c for c in data["changed"] if c["cell"] == cell)
+
+
+@pytest.mark.parametrize(
+    "first_base",
+    [("REGRESSION", "flip marker present (a flake of the machine)"), "hang", "crash", None],
+    ids=["flaky-regression", "hang", "crash", "no-record"],
+)
+def test_defect2_a_flaky_first_base_run_does_not_hide_a_repeatable_regression(toy, tmp_path, first_base) -> None:
+    """The base's first run (cached by commit) flaked; the head failed 3 times out of 3, the base reruns held the
+    fix: the change was listed as flaky, exit 0, no bisect. It is judged against the base reruns instead."""
+    _, _, _, fix, _ = toy
+    script = {("base", fix): [first_base, "fix-holds"], ("head", fix): [("REGRESSION", "gate bug injected")]}
+    code, data, md, _ = judge(toy, tmp_path, script, "--no-bisect")
+    assert code == 1 and data["flaky"] == [] and data["not_judged"] == []
+    got = _change(data, fix)
+    assert (got["base"]["verdict"], got["head"]["verdict"], got["kind"], got["fails"]) == (
+        "fix-holds", "REGRESSION", "fix-broken", True)  # fmt: skip
+    assert "**FAILED**" in md
+
+
+def test_defect2_a_base_hang_equal_to_the_heads_is_rerun_before_comparing(toy, tmp_path) -> None:
+    """A hang in the cached base run and a hang at the head looked alike: no change, passed."""
+    _, _, _, fix, _ = toy
+    code, data, _, _ = judge(toy, tmp_path, {("base", fix): ["hang", "fix-holds"], ("head", fix): ["hang"]})
+    assert code == 1 and _change(data, fix)["kind"] == "fix-broken"
+
+
+def test_defect6_a_cell_the_head_makes_fail_some_of_the_time_fails_the_gate(toy, tmp_path) -> None:
+    """Head REGRESSION, head reruns fix-holds then REGRESSION, base reruns fix-holds twice: listed as flaky, exit 0.
+    The head does not repeat, but it fails where the base never does: the pull request made the cell flaky."""
+    _, _, _, fix, _ = toy
+    script = {("head", fix): ["REGRESSION", "fix-holds", "REGRESSION"]}
+    code, data, md, _ = judge(toy, tmp_path, script)
+    assert code == 1 and data["flaky"] == []
+    got = _change(data, fix)
+    assert (got["kind"], got["fails"], got["bisect"]) == ("made-flaky", True, None)  # a flake is not bisected
+    assert "made flaky" in md
+
+
+def test_defect6_the_heads_records_are_not_read_back_from_the_cache(toy, tmp_path) -> None:
+    """The head's records were kept by commit: a re-run of the job read the lucky pass back and passed again."""
+    _, _, _, fix, quirk = toy
+    _, _, _, runs = judge(toy, tmp_path, {})
+    assert [(end, fresh) for _, end, _, fresh in runs.calls] == [("base", False), ("head", True)]
+
+
+def test_a_head_that_alternates_between_passing_verdicts_is_flaky_and_passes(toy, tmp_path) -> None:
+    _, _, _, _, quirk = toy
+    script = {("base", quirk): ["reproduced"], ("head", quirk): ["UNEXPECTED-FIX", "reproduced", "UNEXPECTED-FIX"]}
+    code, data, _, _ = judge(toy, tmp_path, script)
+    assert code == 0 and [c["cell"] for c in data["flaky"]] == [quirk]
