@@ -7,8 +7,9 @@ crashes or does not build). A cell that now trains where a reported error was ex
 but passes: the pull request fixed a reported bug, and matrix.yaml needs a new rule.
 
 Between the changes and the bisect sits the confirm step (``Confirm``): it may rerun each changed cell and keep
-only the changes that repeat; the others are reported as flaky, and neither fail the gate nor get bisected. The
-default confirms every change as seen.
+only the changes that repeat; the others are reported as flaky, and neither fail the gate nor get bisected, except
+a cell the head made flaky (MADE_FLAKY), which fails and is not bisected. The default confirms every change as
+seen.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ NEW_FAILURE = "new-failure"
 NOW_TRAINS = "now-trains"
 FIXED = "fixed"
 CHANGED = "changed"
-FAILING_KINDS = (FIX_BROKEN, NEW_FAILURE)
+MADE_FLAKY = "made-flaky"
+FAILING_KINDS = (FIX_BROKEN, NEW_FAILURE, MADE_FLAKY)
 """The kinds of change that fail the gate."""
 KIND_TEXT = {
     FIX_BROKEN: "a fix stopped holding",
@@ -34,9 +36,15 @@ KIND_TEXT = {
     NOW_TRAINS: "trains where a reported error was expected (update matrix.yaml)",
     FIXED: "passes now",
     CHANGED: "changed",
+    MADE_FLAKY: "made flaky (fails in some head runs, in no base run; not bisected)",
 }
 _PASSED = (Verdict.REPRODUCED.value, Verdict.FIX_HOLDS.value)
 _NOT_FAILING = (*_PASSED, Verdict.SKIPPED.value, Verdict.UNEXPECTED_FIX.value)
+
+
+def failing(verdict: str) -> bool:
+    """A verdict that fails where the base passed (a hang, a crash, an error, an env that did not build)."""
+    return verdict not in _NOT_FAILING
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,7 @@ class CellChange:
     head: Seen
     """What it did at the head."""
     kind: str
-    """FIX_BROKEN, NEW_FAILURE, NOW_TRAINS, FIXED or CHANGED."""
+    """FIX_BROKEN, NEW_FAILURE, NOW_TRAINS, FIXED, CHANGED, or MADE_FLAKY (the confirm step's)."""
 
     @property
     def fails(self) -> bool:
@@ -68,12 +76,12 @@ def _differs(a: Seen, b: Seen) -> bool:
 
 def kind_of(base: str, head: str) -> str:
     """How a change from verdict ``base`` to verdict ``head`` counts."""
-    failing = head not in _NOT_FAILING
-    if base == Verdict.FIX_HOLDS.value and failing:
+    fails = failing(head)
+    if base == Verdict.FIX_HOLDS.value and fails:
         return FIX_BROKEN
     if head == Verdict.UNEXPECTED_FIX.value:
         return NOW_TRAINS
-    if failing and (base in _PASSED or base == Verdict.SKIPPED.value):
+    if fails and (base in _PASSED or base == Verdict.SKIPPED.value):
         return NEW_FAILURE
     if head in _PASSED and base not in _PASSED:
         return FIXED

@@ -13,7 +13,7 @@ from typing import List, Optional
 from fsdp_matrix.bisect import commits
 from fsdp_matrix.cells import expand
 from fsdp_matrix.gate.bisects import Bisect, bisect_changes
-from fsdp_matrix.gate.changes import CellChange, Confirm, ConfirmContext, changed_cells, not_judged
+from fsdp_matrix.gate.changes import MADE_FLAKY, CellChange, Confirm, ConfirmContext, changed_cells, not_judged
 from fsdp_matrix.gate.confirming import rerun_changes
 from fsdp_matrix.gate.refs import Refs, resolve_refs
 from fsdp_matrix.gate.request import GateRequest
@@ -50,7 +50,7 @@ def _run_ends(refs: Refs, sel: Selection, runs: CellRuns, beat: Heartbeat, resul
         ends: List[AtCommit] = []
         for j, (name, sha) in enumerate((("base", refs.base), ("head", refs.head))):
             beat.update(f"[{2 * i + j + 1}/{total}] {combo.id}: {len(sel.cells)} cells at the {name} {sha[:10]}", True)
-            at = ends[0] if sha == refs.base and ends else runs.run(combo, sha, sel.cells)
+            at = ends[0] if sha == refs.base and ends else _run_end(runs, combo, sha, sel.cells, name, beat)
             if at.reused:
                 result.reused.append(f"{combo.id}@{sha[:10]}")
             ends.append(at)
@@ -61,6 +61,25 @@ def _run_ends(refs: Refs, sel: Selection, runs: CellRuns, beat: Heartbeat, resul
         if len(ends) == 2:
             changes += _judge_combo(combo.id, ends[0], ends[1], beat, result)
     return changes
+
+
+_UNSURE = ("hang", "crash")
+"""Base verdicts that say more about the machine than about the commit: rerun before anything is compared to them."""
+
+
+def _run_end(runs: CellRuns, combo: Combo, sha: str, cells: List[str], name: str, beat: Heartbeat) -> AtCommit:
+    """One end's cells. The head runs fresh (its records are never read back from the cache: a lucky pass there
+    would stick); the base is read back, but a base cell that hung, crashed or left no result (a flake kept by
+    commit would hide the head's failure from every later gate) is run again, fresh, before it is compared."""
+    if name == "head":
+        return runs.run(combo, sha, cells, fresh=True)
+    at = runs.run(combo, sha, cells)
+    unsure = [c for c, s in at.cells.items() if s.outcome is None or s.verdict in _UNSURE] if at.built else []
+    if unsure:
+        beat.say(f"{combo.id}: {len(unsure)} cell(s) hung, crashed or left no result at the base: running them again")
+        again = runs.run(combo, sha, unsure, fresh=True)
+        at.cells.update({c: s for c, s in again.cells.items() if s.outcome is not None})
+    return at
 
 
 def _judge_combo(combo: str, base: AtCommit, head: AtCommit, beat: Heartbeat, result: GateResult) -> List[CellChange]:
@@ -98,7 +117,9 @@ def run_gate(
         # the confirm step: only the changes that repeat count, fail the gate and are bisected
         ctx = ConfirmContext(runs, {c.id: c for c in sel.combos}, refs.base, refs.head)
         result.confirmation = confirm(result.changes, ctx)
-        if req.bisect and result.confirmation.confirmed and not result.problems:
-            beat.update(f"bisecting {len(result.confirmation.confirmed)} changed cell(s)", True)
-            result.named = bisect_changes(req, refs, result.confirmation.confirmed, bisect)
+        # a cell the head made flaky has no answer that repeats: nothing for a search to find
+        repeating = [c for c in result.confirmation.confirmed if c.kind != MADE_FLAKY]
+        if req.bisect and repeating and not result.problems:
+            beat.update(f"bisecting {len(repeating)} changed cell(s)", True)
+            result.named = bisect_changes(req, refs, repeating, bisect)
     return result

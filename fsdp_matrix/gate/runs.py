@@ -1,7 +1,8 @@
 """Cells at one commit of the package under test: its build over a combo's other pins, in a step env keyed on the
 commit, the cells on one launch, read back from their records (the commit bisect's installer and runner,
-bisect/wiring.py). The env's records are kept by commit under the cache, so a base that was run already is read
-back, not run again: a second pull request on the same base costs only its head."""
+bisect/wiring.py). The base's records are kept by commit under the cache, so a base that was run already is read
+back, not run again (where the cache is shared: docs/pages/gate.md); the head always runs fresh (``fresh=True``), so
+a lucky pass of a flaky head is never read back by a re-run of the job."""
 
 from __future__ import annotations
 

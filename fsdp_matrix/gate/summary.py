@@ -135,7 +135,8 @@ def markdown(result: GateResult) -> str:
         out += ["", f"### Not judged (no result at the base or the head{allowed})", "", *_missing_table(result)]
     if result.confirmation.flaky:
         flaky = _table(result, result.confirmation.flaky)
-        out += ["", "### Flaky (did not repeat: no alert, not bisected)", "", *flaky]
+        title = "### Flaky (the head did not repeat, or the base reruns give it too: no alert, not bisected)"
+        out += ["", title, "", *flaky]
     if result.changes and r.pr_commits < 2:
         out += ["", f"One commit between base and head: {short(r, r.head)} is the change."]
     return "\n".join(out) + "\n"
