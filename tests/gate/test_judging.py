@@ -35,6 +35,7 @@ def judge(toy, tmp_path: Path, script: Dict[Tuple[str, str], list], *extra: str,
     argv += ["--cache", str(tmp_path / "cache"), "--json", str(out), "--summary", str(summary), *extra]
     asked: List = []
     code = main(argv, runs=runs, bisect=toy_bisect(asked))
+    runs.asked = asked  # the bisect requests
     data = json.loads(out.read_text()) if out.exists() else None
     return code, data, summary.read_text() if summary.exists() else "", runs
 
@@ -127,3 +128,20 @@ def test_a_head_that_alternates_between_passing_verdicts_is_flaky_and_passes(toy
     script = {("base", quirk): ["reproduced"], ("head", quirk): ["UNEXPECTED-FIX", "reproduced", "UNEXPECTED-FIX"]}
     code, data, _, _ = judge(toy, tmp_path, script)
     assert code == 0 and [c["cell"] for c in data["flaky"]] == [quirk]
+
+
+# ------------------------------------------------- defect 9: one combo that cannot be built hides nothing else
+
+
+def test_defect9_an_unbuildable_base_on_one_combo_does_not_hide_a_failing_change_on_another(toy, tmp_path) -> None:
+    """``--combos toy,toy2``, toy2's base does not build, toy has fix-holds -> REGRESSION: exit 2 'cannot judge',
+    the failing change only in the table, and no bisect for any combo."""
+    _, _, _, fix, _ = toy
+    script = {("head", fix): ["REGRESSION"]}
+    code, data, md, runs = judge(toy, tmp_path, script, unbuilt=[("toy2", "base")], combos="toy,toy2")
+    assert code == 1
+    assert [(c["combo"], c["kind"]) for c in data["changed"]] == [("toy", "fix-broken")]
+    assert len(data["problems"]) == 1 and data["problems"][0].startswith("toy2: the base")
+    assert [r.combo for r in runs.asked] == ["toy"]  # the judged combo is bisected
+    head = md.splitlines()[2]
+    assert head.startswith("**FAILED**") and "toy2: the base" in md
