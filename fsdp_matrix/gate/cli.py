@@ -1,6 +1,8 @@
 """``python -m fsdp_matrix gate --pin NAME=PATH_OR_URL[@HEAD] [--base REF] [--combos IDS] [--cases IDS]``: what
-``nox -s gate`` runs. Exit 0 when nothing fails, 1 on a new failure or a fix that stopped holding, 2 for bad input
-(one line) or a base that cannot be run."""
+``nox -s gate`` runs. Exit 0 when nothing fails; 1 on a failing change (a new failure, a fix that stopped holding, a
+cell made flaky or skipped) in any combo judged, or on cells with no result at either end (beyond --allow-missing);
+2 for bad input (one line) or a combo whose base cannot be run (and no failing change elsewhere); 130/143 when
+interrupted or terminated."""
 
 from __future__ import annotations
 

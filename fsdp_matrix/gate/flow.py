@@ -119,7 +119,7 @@ def run_gate(
         result.confirmation = confirm(result.changes, ctx)
         # a cell the head made flaky has no answer that repeats: nothing for a search to find
         repeating = [c for c in result.confirmation.confirmed if c.kind != MADE_FLAKY]
-        if req.bisect and repeating and not result.problems:
+        if req.bisect and repeating:  # every change is of a judged combo: an unbuilt base leaves none
             beat.update(f"bisecting {len(repeating)} changed cell(s)", True)
             result.named = bisect_changes(req, refs, repeating, bisect)
     return result

@@ -32,7 +32,7 @@ class GateResult:
     named: List[Named] = field(default_factory=list)
     """The commit the bisect named for each confirmed change (empty on a one-commit pull request)."""
     problems: List[str] = field(default_factory=list)
-    """What kept the gate from judging (the base did not build): exit 2."""
+    """Combos the gate could not judge (their base did not build): exit 2, unless another combo fails (exit 1)."""
     reused: List[str] = field(default_factory=list)
     """``combo@commit`` runs read back from the cache rather than run."""
     judged: int = 0
@@ -54,8 +54,11 @@ class GateResult:
 
     @property
     def exit_code(self) -> int:
-        """2 when the gate could not judge, 1 on a failing change or on cells not judged, else 0."""
-        return 2 if self.problems else (1 if self.failures or self.missing_fails else 0)
+        """1 on a failing change in any combo judged (a combo that could not be judged beside it is listed, and
+        hides nothing); else 2 when a combo could not be judged; else 1 on cells not judged; else 0."""
+        if self.failures:
+            return 1
+        return 2 if self.problems else (1 if self.missing_fails else 0)
 
 
 def _verdict(seen: Seen) -> str:
@@ -84,11 +87,12 @@ def _table(result: GateResult, changes: List[CellChange]) -> List[str]:
 
 
 def headline(result: GateResult) -> str:
-    if result.problems:
-        return "**cannot judge**: " + "; ".join(result.problems)
     failing = len(result.failures)
     if failing:
-        return f"**FAILED**: {failing} change(s) fail the gate (a new failure, or a fix that stopped holding)"
+        also = ("; and **cannot judge** " + "; ".join(result.problems)) if result.problems else ""
+        return f"**FAILED**: {failing} change(s) fail the gate (a new failure, or a fix that stopped holding){also}"
+    if result.problems:
+        return "**cannot judge**: " + "; ".join(result.problems)
     if result.missing_fails:
         silent = f"; silent (no result at all): {', '.join(result.silent)}" if result.silent else ""
         return (
