@@ -6,6 +6,7 @@ The toy pull request's head is ``pr`` (p3), its base m0; each cell's runs at eit
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -15,6 +16,7 @@ import pytest
 from fsdp_matrix.gate.cli import main
 from fsdp_matrix.matrix import load_matrix
 from tests.gate.support import Scripted, make_pr_repo, toy_bisect, toy_cells, write_toy_matrix
+from tests.helpers import interrupted_in_one_line, interrupting
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +147,20 @@ def test_defect9_an_unbuildable_base_on_one_combo_does_not_hide_a_failing_change
     assert [r.combo for r in runs.asked] == ["toy"]  # the judged combo is bisected
     head = md.splitlines()[2]
     assert head.startswith("**FAILED**") and "toy2: the base" in md
+
+
+# ------------------------------------------------------------ defect 8: SIGTERM and Ctrl-C end the gate in one line
+
+
+@pytest.mark.parametrize("how, code, said", [("sigint", 130, "interrupted"), ("sigterm", 143, "terminated")])
+def test_defect8_ctrl_c_and_sigterm_end_the_gate_and_its_launch_in_one_line(toy, tmp_path, capsys, how, code, said):
+    """SIGTERM killed the gate and left its launch running unsupervised; Ctrl-C printed a 12-frame traceback."""
+    root, _, matrix, _, _ = toy
+    ended: List = []
+
+    class Interrupted:
+        run = staticmethod(interrupting(how, ended))
+
+    argv = ["--pin", f"toypkg={root / 'toypkg'}@pr", "--combos", "toy", "--matrix", str(matrix)]
+    argv += ["--cache", str(tmp_path / "cache")]
+    interrupted_in_one_line(functools.partial(main, runs=Interrupted()), argv, capsys, code, said, ended)
