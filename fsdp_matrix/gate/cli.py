@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
+from fsdp_matrix.bisect.runner import stopped_by_signal
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.gate.flow import run_gate
 from fsdp_matrix.gate.request import PROG, from_args, parser
@@ -19,7 +20,12 @@ from fsdp_matrix.usage import flat
 
 
 def main(argv: Optional[Sequence[str]] = None, **collaborators) -> int:
-    """``collaborators``: run_gate's ``runs``, ``confirm`` and ``bisect`` (a test's fakes; the real ones by default)."""
+    """``collaborators``: run_gate's ``runs``, ``confirm`` and ``bisect`` (a test's fakes; the real ones by default).
+    Ctrl-C and SIGTERM (a cancelled CI job) end the running launch and the gate in one line, exit 130 / 143."""
+    return stopped_by_signal(PROG, lambda: _main(argv, collaborators))
+
+
+def _main(argv: Optional[Sequence[str]], collaborators: Dict[str, Any]) -> int:
     args = parser().parse_args(argv)
     try:
         req = from_args(args)
