@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Sequence
 from fsdp_matrix.bisect.runner import stopped_by_signal
 from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.gate.flow import run_gate
-from fsdp_matrix.gate.request import PROG, from_args, parser
+from fsdp_matrix.gate.request import PROG, from_args, parser, redacted
 from fsdp_matrix.gate.summary import markdown, to_json
 from fsdp_matrix.paths import writable_file
 from fsdp_matrix.usage import flat
@@ -34,7 +34,7 @@ def _main(argv: Optional[Sequence[str]], collaborators: Dict[str, Any]) -> int:
                 writable_file(path, what)
         result = run_gate(req, **collaborators)
     except MatrixError as exc:
-        print(f"{PROG}: {flat(exc)}", file=sys.stderr)
+        print(f"{PROG}: {redacted(flat(exc))}", file=sys.stderr)  # a pin's credentials never reach the CI log
         return 2
     text = markdown(result)
     print(text, flush=True)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 from fsdp_matrix.bisect.wiring import StepOptions, add_step_arguments
-from fsdp_matrix.envs.sources import SourcePin, is_source, parse_pin_arg
+from fsdp_matrix.envs.sources import SourcePin, is_source, parse_pin_arg, redact_url
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.usage import OneLineParser
 
@@ -44,6 +45,14 @@ class GateRequest:
     def head(self) -> str:
         """The head ref: the pin's ref, else ``HEAD``."""
         return self.pin.ref or "HEAD"
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
+
+
+def redacted(text: str) -> str:
+    """``text`` with every URL in it as ``redact_url`` shows it (``https://***@host/x``): a pin is printed only so."""
+    return _URL.sub(lambda m: redact_url(m.group()), text)
 
 
 def _count(text: str) -> int:
@@ -101,11 +110,14 @@ def parser() -> argparse.ArgumentParser:
 def from_args(args: argparse.Namespace) -> GateRequest:
     """The request, or EnvError (one line) for a pin that is not one source of a package built from source."""
     if len(args.pin) != 1:
-        raise EnvError(f"--pin: give exactly one package under test, got {len(args.pin)}: {' '.join(args.pin)}")
+        shown = " ".join(redacted(p) for p in args.pin)
+        raise EnvError(f"--pin: give exactly one package under test, got {len(args.pin)}: {shown}")
     text = args.pin[0]
     _, _, value = text.partition("=")
     if "==" in text or (value and not is_source(value) and " @ " not in text):
-        raise EnvError(f"--pin {text}: the gate builds the package from its repository: NAME=PATH_OR_URL[@HEAD]")
+        raise EnvError(
+            f"--pin {redacted(text)}: the gate builds the package from its repository: NAME=PATH_OR_URL[@HEAD]"
+        )
     if args.base is not None and not args.base.strip():
         # an unset variable in a script: the default branch in its place would gate against another base unasked
         raise EnvError(f"--base {args.base!r}: names no ref: give a branch, tag or SHA, or leave --base out")
