@@ -164,3 +164,21 @@ def test_defect8_ctrl_c_and_sigterm_end_the_gate_and_its_launch_in_one_line(toy,
     argv = ["--pin", f"toypkg={root / 'toypkg'}@pr", "--combos", "toy", "--matrix", str(matrix)]
     argv += ["--cache", str(tmp_path / "cache")]
     interrupted_in_one_line(functools.partial(main, runs=Interrupted()), argv, capsys, code, said, ended)
+
+
+# ------------------------------------------------------------ defect 15: skipped at the head, a silent combo
+
+
+def test_defect15_a_verdict_that_becomes_skipped_at_the_head_fails(toy, tmp_path) -> None:
+    """fix-holds -> skipped was 'changed', not failing: a cell the pull request stopped exercising passed."""
+    _, _, _, fix, _ = toy
+    code, data, md, _ = judge(toy, tmp_path, {("head", fix): ["skipped"]}, "--no-bisect")
+    assert code == 1 and (_change(data, fix)["kind"], _change(data, fix)["fails"]) == ("now-skipped", True)
+    assert "skipped at the head" in md
+
+
+def test_defect15_a_combo_that_goes_silent_at_the_head_fails_whatever_allow_missing_says(toy, tmp_path) -> None:
+    _, _, _, fix, quirk = toy
+    script = {("head", fix): [None], ("head", quirk): [None]}
+    code, data, md, _ = judge(toy, tmp_path, script, "--no-bisect", "--allow-missing", "10")
+    assert code == 1 and data["silent"] == ["toy"] and "silent" in md
