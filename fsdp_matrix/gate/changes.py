@@ -2,9 +2,10 @@
 
 A cell changed when what it did differs (status, error type, normalised message: bisect/commits.py's comparison)
 or its verdict does. A change fails the gate when the head breaks what held at the base: a fix that stopped holding
-(fix-holds at the base) or a new failure (a reproduced bug that now fails another way, a cell that now hangs,
-crashes or does not build). A cell that now trains where a reported error was expected (UNEXPECTED-FIX) is listed,
-but passes: the pull request fixed a reported bug, and matrix.yaml needs a new rule.
+(fix-holds at the base), a new failure (a reproduced bug that now fails another way, a cell that now hangs,
+crashes or does not build), or a cell that is now skipped (no longer exercised). A cell that now trains where a
+reported error was expected (UNEXPECTED-FIX) is listed, but passes: the pull request fixed a reported bug, and
+matrix.yaml needs a new rule.
 
 Between the changes and the bisect sits the confirm step (``Confirm``): it may rerun each changed cell and keep
 only the changes that repeat; the others are reported as flaky, and neither fail the gate nor get bisected, except
@@ -28,7 +29,8 @@ NOW_TRAINS = "now-trains"
 FIXED = "fixed"
 CHANGED = "changed"
 MADE_FLAKY = "made-flaky"
-FAILING_KINDS = (FIX_BROKEN, NEW_FAILURE, MADE_FLAKY)
+NOW_SKIPPED = "now-skipped"
+FAILING_KINDS = (FIX_BROKEN, NEW_FAILURE, MADE_FLAKY, NOW_SKIPPED)
 """The kinds of change that fail the gate."""
 KIND_TEXT = {
     FIX_BROKEN: "a fix stopped holding",
@@ -36,6 +38,7 @@ KIND_TEXT = {
     NOW_TRAINS: "trains where a reported error was expected (update matrix.yaml)",
     FIXED: "passes now",
     CHANGED: "changed",
+    NOW_SKIPPED: "skipped at the head (no longer exercised)",
     MADE_FLAKY: "made flaky (fails in some head runs, in no base run; not bisected)",
 }
 _PASSED = (Verdict.REPRODUCED.value, Verdict.FIX_HOLDS.value)
@@ -60,7 +63,7 @@ class CellChange:
     head: Seen
     """What it did at the head."""
     kind: str
-    """FIX_BROKEN, NEW_FAILURE, NOW_TRAINS, FIXED, CHANGED, or MADE_FLAKY (the confirm step's)."""
+    """FIX_BROKEN, NEW_FAILURE, NOW_SKIPPED, NOW_TRAINS, FIXED, CHANGED, or MADE_FLAKY (the confirm step's)."""
 
     @property
     def fails(self) -> bool:
@@ -77,6 +80,10 @@ def _differs(a: Seen, b: Seen) -> bool:
 def kind_of(base: str, head: str) -> str:
     """How a change from verdict ``base`` to verdict ``head`` counts."""
     fails = failing(head)
+    if head == Verdict.SKIPPED.value and base != head:
+        # a cell the pull request stopped exercising (a requirement it no longer meets, a new error judged as a
+        # platform's): nothing says the fix still holds
+        return NOW_SKIPPED
     if base == Verdict.FIX_HOLDS.value and fails:
         return FIX_BROKEN
     if head == Verdict.UNEXPECTED_FIX.value:

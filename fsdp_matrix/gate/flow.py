@@ -12,6 +12,7 @@ from typing import List, Optional
 
 from fsdp_matrix.bisect import commits
 from fsdp_matrix.cells import expand
+from fsdp_matrix.errors import EnvError, UnknownCellError
 from fsdp_matrix.gate.bisects import Bisect, bisect_changes
 from fsdp_matrix.gate.changes import MADE_FLAKY, CellChange, Confirm, ConfirmContext, changed_cells, not_judged
 from fsdp_matrix.gate.confirming import rerun_changes
@@ -36,8 +37,14 @@ class Selection:
 def select(req: GateRequest) -> Selection:
     """The combos and cells; UnknownCellError (one line) for an id matrix.yaml does not have."""
     matrix = load_matrix(req.step.matrix)
-    combos = [matrix.combo(i) for i in dict.fromkeys(req.combos)] or [matrix.newest("cpu")]
-    cells = [c.key for c in expand(matrix, req.step.device, req.step.world_size or 2, cases=req.cases)]
+    try:
+        combos = [matrix.combo(i) for i in dict.fromkeys(req.combos)] or [matrix.newest("cpu")]
+        cells = [c.key for c in expand(matrix, req.step.device, req.step.world_size or 2, cases=req.cases)]
+    except UnknownCellError as exc:
+        if req.step.matrix is None:
+            raise
+        # the messages say matrix.yaml: name the file the ids were looked up in
+        raise UnknownCellError(str(exc).replace("in matrix.yaml", f"in {req.step.matrix}")) from None
     return Selection(combos, cells)
 
 
@@ -50,7 +57,7 @@ def _run_ends(refs: Refs, sel: Selection, runs: CellRuns, beat: Heartbeat, resul
         ends: List[AtCommit] = []
         for j, (name, sha) in enumerate((("base", refs.base), ("head", refs.head))):
             beat.update(f"[{2 * i + j + 1}/{total}] {combo.id}: {len(sel.cells)} cells at the {name} {sha[:10]}", True)
-            at = ends[0] if sha == refs.base and ends else _run_end(runs, combo, sha, sel.cells, name, beat)
+            at = _run_end(runs, combo, sha, sel.cells, name, beat)
             if at.reused:
                 result.reused.append(f"{combo.id}@{sha[:10]}")
             ends.append(at)
@@ -105,6 +112,10 @@ def run_gate(
     """The whole gate; MatrixError or EnvError (one line) for bad input, found before anything is installed."""
     sel = select(req)
     refs = resolve_refs(req, req.step.cache / "sources")
+    if refs.base == refs.head:
+        raise EnvError(
+            f"HEAD is the base (or behind it): nothing to gate ({req.head} {refs.head[:10]} is in {refs.base_ref})"
+        )
     result = GateResult(req.pin.package, refs, [c.id for c in sel.combos], len(sel.cells), req.allow_missing)
     print(
         f"gate: {req.pin.package} {refs.head[:10]} against {refs.base[:10]} (merge base with {refs.base_ref}, "

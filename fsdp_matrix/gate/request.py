@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from fsdp_matrix.bisect.installers import parse_pins
 from fsdp_matrix.bisect.wiring import StepOptions, add_step_arguments
-from fsdp_matrix.envs.sources import SourcePin, is_source, parse_pin_arg, redact_url
+from fsdp_matrix.envs.sources import SourcePin, git, is_source, parse_pin_arg, redact_url
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.usage import OneLineParser
 
@@ -53,6 +54,25 @@ _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 def redacted(text: str) -> str:
     """``text`` with every URL in it as ``redact_url`` shows it (``https://***@host/x``): a pin is printed only so."""
     return _URL.sub(lambda m: redact_url(m.group()), text)
+
+
+def _not_inside_a_repo(pin: SourcePin, text: str) -> None:
+    """EnvError (one line) for a local path that is a folder inside a git repository, not its root."""
+    path = Path(pin.repo)
+    if pin.repo.startswith("file://") or not path.is_dir() or (path / ".git").exists() or (path / "HEAD").exists():
+        return
+    top = git(path, "rev-parse", "--show-toplevel", check=False)
+    if top:
+        raise EnvError(f"--pin {redacted(text)}: a folder inside the git repository {top}: give the repository's root")
+
+
+def _check_holds(holds: Sequence[str]) -> None:
+    """EnvError (one line) for a ``--hold`` that cannot be one, before anything is built."""
+    for text in holds:
+        if text[:1] in "'\"" or text[-1:] in "'\"":
+            # the action's ``args`` input is split on spaces, not parsed by a shell: its quotes reach the gate
+            raise EnvError(f"--hold {redacted(text)}: the quotes are part of the value (give it without quotes)")
+    parse_pins([t for t in holds if "==" in t], what="--hold")
 
 
 def _count(text: str) -> int:
@@ -121,7 +141,12 @@ def from_args(args: argparse.Namespace) -> GateRequest:
     if args.base is not None and not args.base.strip():
         # an unset variable in a script: the default branch in its place would gate against another base unasked
         raise EnvError(f"--base {args.base!r}: names no ref: give a branch, tag or SHA, or leave --base out")
+    if value.endswith("@") and " @ " not in text:
+        # the action's head input left empty (an unset variable): the path exists, the ref is what is missing
+        raise EnvError(f"--pin {redacted(text)}: the ref after @ is empty: give a branch, tag or SHA, or leave @ out")
     _, pin = parse_pin_arg(text)  # refuses torch and bitsandbytes from source, and a path that does not exist
+    _not_inside_a_repo(pin, text)
+    _check_holds(args.hold)
     return GateRequest(
         pin=pin,
         base=args.base,

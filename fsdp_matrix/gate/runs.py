@@ -44,8 +44,9 @@ class Seen:
 
     @property
     def why(self) -> str:
-        """The reason's most specific line, clipped."""
-        return clip(last_line(self.reason), 100)
+        """The reason's most specific line, clipped in its middle: its start says what failed, its end the name
+        that is missing (``ImportError: cannot import name 'X'``), and a path between them is what goes."""
+        return clip(last_line(self.reason), 240, middle=True)
 
     def describe(self) -> str:
         return self.outcome.describe() if self.outcome else f"env-error ({self.why})"
@@ -90,7 +91,7 @@ class LaunchCellRuns:
         self, req: GateRequest, say: Callable[[str], None] = print, status: Callable[[str], None] = lambda t: None
     ) -> None:
         self.req, self.say, self.status = req, say, status
-        self.releases = parse_pins([t for t in req.holds if "==" in t])
+        self.releases = parse_pins([t for t in req.holds if "==" in t], what="--hold")
         self.held = resolve_pins([t for t in req.holds if "==" not in t], req.step.cache / "sources")
         if req.pin.package in self.held or req.pin.package in self.releases:
             raise EnvError(f"--hold {req.pin.package}: {req.pin.package} is the package under test (--pin)")

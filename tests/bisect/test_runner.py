@@ -60,7 +60,8 @@ def _record_writer(observed: Observed) -> str:
         duration_s=1.0,
     )
     return (
-        f"assert args[:4] == ['-m', 'fsdp_matrix', 'run', {CELL!r}], args\n"
+        "assert args[:4] == ['-m', 'fsdp_matrix', 'run', '--cells-file'], args\n"
+        + f"assert open(args[4]).read().split() == [{CELL!r}]\n"
         + "assert args[args.index('--device') + 1] == 'cpu' and args[args.index('--world-size') + 1] == '2'\n"
         + "res = args[args.index('--results') + 1]\n"
         + f"rec = json.loads({json.dumps(rec.to_json())!r})\n"
@@ -151,10 +152,9 @@ from pathlib import Path
 from fsdp_matrix.records import Observed, Record, append, env_error
 args = sys.argv[1:]
 assert args[:3] == ["-m", "fsdp_matrix", "run"], args
-cells, rest = [], args[3:]
-while rest and not rest[0].startswith("--"):
-    cells.append(rest.pop(0))
+rest = args[3:]
 opts = dict(zip(rest[::2], rest[1::2]))
+cells = Path(opts["--cells-file"]).read_text().split()
 Path(opts["--results"]).parent.mkdir(parents=True, exist_ok=True)
 with open(Path(opts["--results"]).parent / "launches.txt", "a") as fh:
     fh.write(" ".join(cells) + "\n")

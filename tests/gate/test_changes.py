@@ -7,9 +7,11 @@ import pytest
 from fsdp_matrix.bisect.outcome import Outcome
 from fsdp_matrix.gate.changes import (
     CHANGED,
+    FAILING_KINDS,
     FIX_BROKEN,
     FIXED,
     NEW_FAILURE,
+    NOW_SKIPPED,
     NOW_TRAINS,
     ConfirmContext,
     as_seen,
@@ -34,12 +36,14 @@ from fsdp_matrix.gate.runs import AtCommit, Seen
         ("REGRESSION", "fix-holds", FIXED, False),
         ("hang", "reproduced", FIXED, False),
         ("hang", "crash", CHANGED, False),
-        ("fix-holds", "skipped", CHANGED, False),
+        ("fix-holds", "skipped", NOW_SKIPPED, True),
+        ("reproduced", "skipped", NOW_SKIPPED, True),
+        ("skipped", "skipped", CHANGED, False),
     ],
 )
 def test_kind_of_a_change(base: str, head: str, kind: str, fails: bool) -> None:
     assert kind_of(base, head) == kind
-    assert (kind in (FIX_BROKEN, NEW_FAILURE)) is fails
+    assert (kind in FAILING_KINDS) is fails
 
 
 def _at(commit: str, **cells: Seen) -> AtCommit:
