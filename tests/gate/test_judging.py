@@ -28,12 +28,12 @@ def toy(tmp_path_factory: pytest.TempPathFactory):
     return root, shas, matrix, cells["toy-fix"], cells["toy-quirk"]
 
 
-def judge(toy, tmp_path: Path, script: Dict[Tuple[str, str], list], *extra: str, unbuilt=(), combos="toy"):
-    """Exit code, JSON answer, markdown and the runs of one gate of ``pr`` against main over ``script``."""
+def judge(toy, tmp_path: Path, script: Dict[Tuple[str, str], list], *extra: str, unbuilt=(), combos="toy", head="pr"):
+    """Exit code, JSON answer, markdown and the runs of one gate of ``head`` against main over ``script``."""
     root, shas, matrix, _, _ = toy
     runs = Scripted(shas["m0"], script, unbuilt)
     out, summary = tmp_path / "gate.json", tmp_path / "summary.md"
-    argv = ["--pin", f"toypkg={root / 'toypkg'}@pr", "--combos", combos, "--matrix", str(matrix)]
+    argv = ["--pin", f"toypkg={root / 'toypkg'}@{head}", "--combos", combos, "--matrix", str(matrix)]
     argv += ["--cache", str(tmp_path / "cache"), "--json", str(out), "--summary", str(summary), *extra]
     asked: List = []
     code = main(argv, runs=runs, bisect=toy_bisect(asked))
@@ -182,3 +182,14 @@ def test_defect15_a_combo_that_goes_silent_at_the_head_fails_whatever_allow_miss
     script = {("head", fix): [None], ("head", quirk): [None]}
     code, data, md, _ = judge(toy, tmp_path, script, "--no-bisect", "--allow-missing", "10")
     assert code == 1 and data["silent"] == ["toy"] and "silent" in md
+
+
+def test_a_ref_with_a_slash_is_the_head_as_docs_gate_md_says(toy, tmp_path) -> None:
+    """docs/pages/gate.md said a ref with a slash "reads as part of the path: give its SHA"; the review found that
+    ``--pin peft=<peft>@fix/slash`` works (the docs now say so; this keeps them true)."""
+    from tests.sources_support import git
+
+    root, shas, _, fix, _ = toy
+    git(root / "toypkg", "branch", "-f", "fix/slash", "pr")
+    code, data, _, _ = judge(toy, tmp_path, {("head", fix): ["REGRESSION"]}, "--no-bisect", head="fix/slash")
+    assert code == 1 and data["head"] == shas["p3"] and data["base"] == shas["m0"]
