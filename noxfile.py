@@ -374,11 +374,12 @@ def gate(session: nox.Session) -> None:
     from fsdp_matrix.gate.cli import main as gate_main
 
     code = gate_main(list(session.posargs))
-    if code == 2:
-        # bad input, said in one line already: exit 2 as the command does (a failed session would exit 1)
-        sys.exit(2)
+    if code in (2, 130, 143):
+        # bad input or a base that could not be judged (said already), or a signal: exit as the command does (a
+        # failed session would exit 1)
+        sys.exit(code)
     if code:
-        session.error("the gate failed: a new failure, or a fix that stopped holding (see the summary above)")
+        session.error("the gate failed: a failing change, or cells not judged (see the summary above)")
 
 
 @nox.session

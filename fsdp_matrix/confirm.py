@@ -15,14 +15,19 @@ https://github.com/huggingface/transformers/blob/main/utils/check_bad_commit.py)
 - ``unconfirmed``: no rerun left a verdict (the env could not be rebuilt): nothing refutes the flip, so it alerts,
   and nothing is bisected.
 
-The decision (``decide``) is pure; the reruns come from a callback (``Rerun``), so the nightly and the pull-request
-gate share it and tests drive it without an env.
+The pull-request gate reads the same reruns more strictly (``decide_gate``): a change is flaky only when the *head*
+does not repeat, and is judged against what the base reruns give, not against the base's first run (which a gate
+reads back from its cache, flake and all). A head that fails in some of its runs where no base run fails is
+``made-flaky``: a pull request must not make a cell flaky, so it fails the gate (the nightly still calls it flaky).
+
+The decisions (``decide``, ``decide_gate``) are pure; the reruns come from a callback (``Rerun``), so the nightly
+and the pull-request gate share it and tests drive it without an env.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Generic, Hashable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from fsdp_matrix.records import Confirmation
 
@@ -32,6 +37,9 @@ CONFIRMED, FLAKY, NOT_THE_SOURCES, UNCONFIRMED = "confirmed", "flaky", "not-the-
 ALERTING = (CONFIRMED, NOT_THE_SOURCES, UNCONFIRMED)
 """The statuses whose flip still alerts (when the diff calls it an alert); only CONFIRMED is bisected."""
 TONIGHT, PREVIOUS = "tonight", "previous"
+MADE_FLAKY = "made-flaky"
+"""The gate's reading only: the head does not repeat, and some head run fails where no base run does."""
+T = TypeVar("T", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,39 @@ def decide(flip: Flip, reruns: Sequence[Optional[str]], at_previous: Sequence[Op
     else:
         status = FLAKY
     return Confirmation(status=status, previous=flip.old, reruns=list(reruns), at_previous=list(at_previous))
+
+
+@dataclass(frozen=True)
+class GateCall(Generic[T]):
+    """What the gate makes of one change from its first runs and its reruns at both ends."""
+
+    status: str
+    """CONFIRMED, UNCONFIRMED (no head rerun ran), NOT_THE_SOURCES (the base gives the head's result too), FLAKY
+    (the head does not repeat, and fails nowhere the base does not) or MADE_FLAKY (it fails where the base never
+    does)."""
+    base: T
+    """What the base gives, from its reruns (the first passing one when they disagree); its first run only when no
+    rerun ran. The change is judged against this, not against the first base run."""
+
+
+def decide_gate(
+    first_base: T,
+    first_head: T,
+    base_reruns: Sequence[Optional[T]],
+    head_reruns: Sequence[Optional[T]],
+    failing: Callable[[T], bool],
+) -> GateCall[T]:
+    """The gate's status of a change seen as ``first_base`` -> ``first_head``, from fresh reruns at both ends (None:
+    a rerun that left no result); ``failing`` says which results fail (the base's kind of change aside)."""
+    bases = [v for v in base_reruns if v is not None] or [first_base]
+    heads = [first_head, *(v for v in head_reruns if v is not None)]
+    base = next((b for b in bases if not failing(b)), bases[0])
+    if len(set(heads)) > 1:
+        made = any(failing(h) for h in heads) and not any(failing(b) for b in bases)
+        return GateCall(MADE_FLAKY if made else FLAKY, base)
+    if first_head in bases:
+        return GateCall(NOT_THE_SOURCES, first_head)
+    return GateCall(CONFIRMED if len(heads) > 1 else UNCONFIRMED, base)
 
 
 def _rerun_all(column: str, cells: Tuple[str, ...], at: str, runs: int, rerun: Rerun, out: Confirmed) -> List[Dict]:

@@ -166,3 +166,36 @@ def test_a_flaky_cell_is_recorded_flaky_and_only_the_broken_one_alerts_and_is_bi
     assert marked[cells["toy-broken"]].reruns == ["REGRESSION", "REGRESSION"]
     saved = {f["cell"]: f["status"] for f in json.loads(out.read_text())["confirmed"]}
     assert saved == {cells["toy-flaky"]: FLAKY, cells["toy-broken"]: CONFIRMED}
+
+
+# ------------------------------------------------------------------- the gate's stricter reading (decide_gate)
+
+
+def _failing(v: str) -> bool:
+    return v not in ("fix-holds", "reproduced", "UNEXPECTED-FIX")
+
+
+@pytest.mark.parametrize(
+    ("first_base", "first_head", "base_reruns", "head_reruns", "status", "base"),
+    [
+        # the base reruns judge the flip, not the first (cached) base run
+        ("REGRESSION", "crash", ["fix-holds", "fix-holds"], ["crash", "crash"], confirm.CONFIRMED, "fix-holds"),
+        ("hang", "REGRESSION", ["fix-holds", "fix-holds"], ["REGRESSION"] * 2, confirm.CONFIRMED, "fix-holds"),
+        # the base gives the head's verdict too: not the pull request's doing
+        ("fix-holds", "REGRESSION", ["REGRESSION"] * 2, ["REGRESSION"] * 2, NOT_THE_SOURCES, "REGRESSION"),
+        # the head does not repeat: flaky, unless it fails where the base never does (the PR made it flaky)
+        ("fix-holds", "REGRESSION", ["fix-holds"] * 2, ["fix-holds", "REGRESSION"], "made-flaky", "fix-holds"),
+        ("fix-holds", "REGRESSION", ["fix-holds", "hang"], ["fix-holds", "REGRESSION"], FLAKY, "fix-holds"),
+        ("reproduced", "UNEXPECTED-FIX", ["reproduced"] * 2, ["reproduced"] * 2, FLAKY, "reproduced"),
+        # reruns that could not run: the first runs stand
+        ("fix-holds", "REGRESSION", [None, None], [None, None], UNCONFIRMED, "fix-holds"),
+    ],
+)
+def test_decide_gate(first_base, first_head, base_reruns, head_reruns, status, base) -> None:
+    got = confirm.decide_gate(first_base, first_head, base_reruns, head_reruns, _failing)
+    assert (got.status, got.base) == (status, base)
+
+
+def test_the_nightly_reading_is_kept() -> None:
+    """The nightly still calls a head that does not repeat flaky, whatever the base reruns say."""
+    assert confirm.decide(FLIP, ["REGRESSION", "fix-holds"], ["fix-holds", "fix-holds"]).status == FLAKY

@@ -84,10 +84,27 @@ def parse_pins(pins: Sequence[str], what: str = "--pin") -> Dict[str, str]:
     return out
 
 
+def _runs(interpreter: Path) -> bool:
+    try:
+        return subprocess.run([str(interpreter), "-c", ""], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def _create_venv(venv: Path, python: str) -> None:
-    if (venv / "bin" / "python").exists():
-        return
-    proc = subprocess.run(["uv", "venv", "--quiet", "--python", python, str(venv)], capture_output=True, text=True)
+    """Create ``venv`` unless it has an interpreter that runs. One that does not (a restored cache whose
+    ``bin/python`` link points at a Python that moved: the env's name keys on the Python version, not on the
+    interpreter's path) is recreated with ``--clear``, which takes its stamp with it, so the install runs again."""
+    interpreter = venv / "bin" / "python"
+    clear = []
+    if interpreter.exists() or interpreter.is_symlink():
+        if _runs(interpreter):
+            return
+        target = f" (a link to {os.readlink(interpreter)}, which is gone)" if not interpreter.exists() else ""
+        print(f"env {venv.name}: its interpreter does not run{target}: recreating it and reinstalling", flush=True)
+        clear = ["--clear"]
+    cmd = ["uv", "venv", "--quiet", *clear, "--python", python, str(venv)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise EnvError(f"uv venv {venv} failed: {clip(proc.stderr.strip(), 500, tail=True)}")
 

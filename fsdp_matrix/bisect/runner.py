@@ -118,7 +118,13 @@ class LaunchRunner:
             matrix=self.matrix,
         )
         names = ("results", "device", "world_size", "combo", "resume", "matrix")
-        return [str(venv / "bin" / "python"), "-m", "fsdp_matrix", "run", *cells, *to_argv(opts, names)]
+        # the ids go in a file: 80,000 of them on the command line passed the kernel's limit (E2BIG)
+        opts.results.mkdir(parents=True, exist_ok=True)
+        fd, listed = tempfile.mkstemp(prefix="cells-", suffix=".txt", dir=opts.results)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("".join(f"{cell}\n" for cell in cells))
+        python = str(venv / "bin" / "python")
+        return [python, "-m", "fsdp_matrix", "run", "--cells-file", listed, *to_argv(opts, names)]
 
     def recorded(self, venv: Path) -> Dict[str, Record]:
         path = self.results_dir(venv) / RECORDS_FILE
@@ -157,12 +163,19 @@ class LaunchRunner:
 
     def _launch(self, venv: Path, cells: Sequence[str], label: str, already: int, total: int) -> Launched:
         self.launches += 1
-        lines: List[str] = []
         results = self.results_dir(venv)
+        argv = self.command(venv, cells)
+        try:
+            return self._supervise(argv, results, label, already, total)
+        finally:
+            Path(argv[argv.index("--cells-file") + 1]).unlink(missing_ok=True)
+
+    def _supervise(self, argv: List[str], results: Path, label: str, already: int, total: int) -> Launched:
+        lines: List[str] = []
         with bytecode_on_import():
             # own session: on the backstop timeout the whole launch (torchrun and its ranks) is killed
             proc = subprocess.Popen(
-                self.command(venv, cells),
+                argv,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

@@ -1,6 +1,7 @@
 """The commit bisect of the confirmed changes over the pull request's first-parent commits (bisect/commits.py, the
 one commit bisect; bisect/wiring.py wires it): one search per combo and world size, its changed cells sharing every
-step. The base and head runs are already in the cache, so the bisect installs and launches only the commits between.
+step. The base's and the head's envs are already in the cache (and the base's records: the head's are never kept), so
+the bisect installs only the commits between. A change the head made flaky is not bisected (flow.py).
 """
 
 from __future__ import annotations

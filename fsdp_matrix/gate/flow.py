@@ -12,8 +12,9 @@ from typing import List, Optional
 
 from fsdp_matrix.bisect import commits
 from fsdp_matrix.cells import expand
+from fsdp_matrix.errors import EnvError, UnknownCellError
 from fsdp_matrix.gate.bisects import Bisect, bisect_changes
-from fsdp_matrix.gate.changes import CellChange, Confirm, ConfirmContext, changed_cells
+from fsdp_matrix.gate.changes import MADE_FLAKY, CellChange, Confirm, ConfirmContext, changed_cells, not_judged
 from fsdp_matrix.gate.confirming import rerun_changes
 from fsdp_matrix.gate.refs import Refs, resolve_refs
 from fsdp_matrix.gate.request import GateRequest
@@ -36,8 +37,14 @@ class Selection:
 def select(req: GateRequest) -> Selection:
     """The combos and cells; UnknownCellError (one line) for an id matrix.yaml does not have."""
     matrix = load_matrix(req.step.matrix)
-    combos = [matrix.combo(i) for i in dict.fromkeys(req.combos)] or [matrix.newest("cpu")]
-    cells = [c.key for c in expand(matrix, req.step.device, req.step.world_size or 2, cases=req.cases)]
+    try:
+        combos = [matrix.combo(i) for i in dict.fromkeys(req.combos)] or [matrix.newest("cpu")]
+        cells = [c.key for c in expand(matrix, req.step.device, req.step.world_size or 2, cases=req.cases)]
+    except UnknownCellError as exc:
+        if req.step.matrix is None:
+            raise
+        # the messages say matrix.yaml: name the file the ids were looked up in
+        raise UnknownCellError(str(exc).replace("in matrix.yaml", f"in {req.step.matrix}")) from None
     return Selection(combos, cells)
 
 
@@ -50,7 +57,7 @@ def _run_ends(refs: Refs, sel: Selection, runs: CellRuns, beat: Heartbeat, resul
         ends: List[AtCommit] = []
         for j, (name, sha) in enumerate((("base", refs.base), ("head", refs.head))):
             beat.update(f"[{2 * i + j + 1}/{total}] {combo.id}: {len(sel.cells)} cells at the {name} {sha[:10]}", True)
-            at = ends[0] if sha == refs.base and ends else runs.run(combo, sha, sel.cells)
+            at = _run_end(runs, combo, sha, sel.cells, name, beat)
             if at.reused:
                 result.reused.append(f"{combo.id}@{sha[:10]}")
             ends.append(at)
@@ -59,10 +66,40 @@ def _run_ends(refs: Refs, sel: Selection, runs: CellRuns, beat: Heartbeat, resul
                 result.problems.append(f"{combo.id}: the base {sha[:10]} cannot be run: {why}")
                 break
         if len(ends) == 2:
-            found = changed_cells(*ends)
-            beat.say(f"{combo.id}: {len(found)} of {len(sel.cells)} cells changed")
-            changes += found
+            changes += _judge_combo(combo.id, ends[0], ends[1], beat, result)
     return changes
+
+
+_UNSURE = ("hang", "crash")
+"""Base verdicts that say more about the machine than about the commit: rerun before anything is compared to them."""
+
+
+def _run_end(runs: CellRuns, combo: Combo, sha: str, cells: List[str], name: str, beat: Heartbeat) -> AtCommit:
+    """One end's cells. The head runs fresh (its records are never read back from the cache: a lucky pass there
+    would stick); the base is read back, but a base cell that hung, crashed or left no result (a flake kept by
+    commit would hide the head's failure from every later gate) is run again, fresh, before it is compared."""
+    if name == "head":
+        return runs.run(combo, sha, cells, fresh=True)
+    at = runs.run(combo, sha, cells)
+    unsure = [c for c, s in at.cells.items() if s.outcome is None or s.verdict in _UNSURE] if at.built else []
+    if unsure:
+        beat.say(f"{combo.id}: {len(unsure)} cell(s) hung, crashed or left no result at the base: running them again")
+        again = runs.run(combo, sha, unsure, fresh=True)
+        at.cells.update({c: s for c, s in again.cells.items() if s.outcome is not None})
+    return at
+
+
+def _judge_combo(combo: str, base: AtCommit, head: AtCommit, beat: Heartbeat, result: GateResult) -> List[CellChange]:
+    """The changed cells of one combo; its cells without a result at either end are listed as not judged, and a
+    combo with no result at all is silent (an alert: nothing of it was seen)."""
+    found, missing = changed_cells(base, head), not_judged(base, head)
+    result.not_judged += missing
+    result.judged += len(base.cells) - len(missing)
+    if base.cells and len(missing) == len(base.cells):
+        result.silent.append(combo)
+    extra = f" ({len(missing)} not judged: no result at the base or the head)" if missing else ""
+    beat.say(f"{combo}: {len(found)} of {len(base.cells)} cells changed{extra}")
+    return found
 
 
 def run_gate(
@@ -75,7 +112,11 @@ def run_gate(
     """The whole gate; MatrixError or EnvError (one line) for bad input, found before anything is installed."""
     sel = select(req)
     refs = resolve_refs(req, req.step.cache / "sources")
-    result = GateResult(req.pin.package, refs, [c.id for c in sel.combos], len(sel.cells))
+    if refs.base == refs.head:
+        raise EnvError(
+            f"HEAD is the base (or behind it): nothing to gate ({req.head} {refs.head[:10]} is in {refs.base_ref})"
+        )
+    result = GateResult(req.pin.package, refs, [c.id for c in sel.combos], len(sel.cells), req.allow_missing)
     print(
         f"gate: {req.pin.package} {refs.head[:10]} against {refs.base[:10]} (merge base with {refs.base_ref}, "
         f"{refs.pr_commits} commits between): {len(sel.cells)} cells on {', '.join(result.combos)}",
@@ -87,7 +128,9 @@ def run_gate(
         # the confirm step: only the changes that repeat count, fail the gate and are bisected
         ctx = ConfirmContext(runs, {c.id: c for c in sel.combos}, refs.base, refs.head)
         result.confirmation = confirm(result.changes, ctx)
-        if req.bisect and result.confirmation.confirmed and not result.problems:
-            beat.update(f"bisecting {len(result.confirmation.confirmed)} changed cell(s)", True)
-            result.named = bisect_changes(req, refs, result.confirmation.confirmed, bisect)
+        # a cell the head made flaky has no answer that repeats: nothing for a search to find
+        repeating = [c for c in result.confirmation.confirmed if c.kind != MADE_FLAKY]
+        if req.bisect and repeating:  # every change is of a judged combo: an unbuilt base leaves none
+            beat.update(f"bisecting {len(repeating)} changed cell(s)", True)
+            result.named = bisect_changes(req, refs, repeating, bisect)
     return result

@@ -1,7 +1,8 @@
 """Cells at one commit of the package under test: its build over a combo's other pins, in a step env keyed on the
 commit, the cells on one launch, read back from their records (the commit bisect's installer and runner,
-bisect/wiring.py). The env's records are kept by commit under the cache, so a base that was run already is read
-back, not run again: a second pull request on the same base costs only its head."""
+bisect/wiring.py). The base's records are kept by commit under the cache, so a base that was run already is read
+back, not run again (where the cache is shared: docs/pages/gate.md); the head always runs fresh (``fresh=True``), so
+a lucky pass of a flaky head is never read back by a re-run of the job."""
 
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ class Seen:
 
     @property
     def why(self) -> str:
-        """The reason's most specific line, clipped."""
-        return clip(last_line(self.reason), 100)
+        """The reason's most specific line, clipped in its middle: its start says what failed, its end the name
+        that is missing (``ImportError: cannot import name 'X'``), and a path between them is what goes."""
+        return clip(last_line(self.reason), 240, middle=True)
 
     def describe(self) -> str:
         return self.outcome.describe() if self.outcome else f"env-error ({self.why})"
@@ -89,7 +91,7 @@ class LaunchCellRuns:
         self, req: GateRequest, say: Callable[[str], None] = print, status: Callable[[str], None] = lambda t: None
     ) -> None:
         self.req, self.say, self.status = req, say, status
-        self.releases = parse_pins([t for t in req.holds if "==" in t])
+        self.releases = parse_pins([t for t in req.holds if "==" in t], what="--hold")
         self.held = resolve_pins([t for t in req.holds if "==" not in t], req.step.cache / "sources")
         if req.pin.package in self.held or req.pin.package in self.releases:
             raise EnvError(f"--hold {req.pin.package}: {req.pin.package} is the package under test (--pin)")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from pathlib import Path
 from typing import List
 
 from fsdp_matrix import options
@@ -15,8 +17,28 @@ from fsdp_matrix.verdicts import Verdict
 def parser() -> options.Parser:
     p = options.Parser(prog="fsdp_matrix run", description=main.__doc__)
     p.add_argument("cells", nargs="*", help="CASE/CELL or CELL ids; none means every cell (of --cases)")
+    p.add_argument(
+        "--cells-file",
+        type=Path,
+        metavar="PATH",
+        help="more ids, one a line (what bisect, upgrade and the gate pass: a list too long for a command line)",
+    )
     options.add_arguments(p.add_argument)
     return p
+
+
+def cell_refs(args: argparse.Namespace) -> List[str]:
+    """The ids asked for: the positional ones, then those of ``--cells-file`` (blank lines skipped)."""
+    if args.cells_file is None:
+        return list(args.cells)
+    try:
+        listed = args.cells_file.read_text(encoding="utf-8").split()
+    except OSError as exc:
+        raise UnknownCellError(f"--cells-file {args.cells_file}: {exc.strerror or exc}") from None
+    if not listed and not args.cells:
+        # none would mean every cell: an empty list is not a request for the whole matrix
+        raise UnknownCellError(f"--cells-file {args.cells_file}: lists no cell")
+    return [*args.cells, *listed]
 
 
 def main(argv: List[str]) -> int:
@@ -37,12 +59,13 @@ def main(argv: List[str]) -> int:
     except UnknownCellError as exc:
         raise UnknownCellError(f"--cases: {exc}") from None
     # an id names its own layout (-ws4-n2); a bare one without a suffix takes the run's
-    cells = [find_cell(matrix, ref, device, None if parse_layout(ref) else world_size) for ref in args.cells]
+    refs = cell_refs(args)
+    cells = [find_cell(matrix, ref, device, None if parse_layout(ref) else world_size) for ref in refs]
     cells = cells or sorted(selected, key=lambda c: c.layout != (world_size, nodes))
     if opts.cases:
         cells = [c for c in cells if c.case in opts.cases]
     if not cells:
-        raise UnknownCellError(f"no cell of {', '.join(args.cells)} is in --cases {','.join(opts.cases or [])}")
+        raise UnknownCellError(f"no cell of {', '.join(refs)} is in --cases {','.join(opts.cases or [])}")
     session = open_session(opts, matrix, launches=opts.results / "launches" / "cli")
     failed = 0
     layouts = sorted({c.layout for c in cells})

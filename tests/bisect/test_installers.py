@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,25 @@ def test_defect12_the_checkout_is_found_from_any_working_directory(tmp_path: Pat
     monkeypatch.chdir(tmp_path)
     assert harness_root() == Path(__file__).resolve().parents[2]
     assert PinnedInstaller(load_matrix(FIXTURE).combo("old"), "peft", tmp_path).harness[1] == str(harness_root())
+
+
+def test_defect7_a_cached_env_whose_interpreter_link_dangles_is_recreated_and_reinstalled(tmp_path, capsys) -> None:
+    """Review 2026-11-28, defect 7: a restored cache whose ``bin/python`` points at an interpreter that moved (a
+    setup-python patch release) was taken as current; ``uv venv`` then refused the existing folder and every gate
+    on that base said "did not build or import". It is recreated (``uv venv --clear``), and its stamp goes with it,
+    so the install runs again; one line says why."""
+    from fsdp_matrix.bisect.installers import _create_venv
+    from fsdp_matrix.envs.build import STAMP
+
+    venv = tmp_path / "env-x"
+    _create_venv(venv, sys.executable)
+    (venv / STAMP).write_text('{"hash": "current"}')
+    python = venv / "bin" / "python"
+    python.unlink()
+    python.symlink_to(tmp_path / "gone" / "python3.11")  # the link dangles
+    capsys.readouterr()
+    _create_venv(venv, sys.executable)
+    ran = subprocess.run([str(python), "-c", "print(1)"], capture_output=True, text=True)
+    assert ran.stdout.strip() == "1" and not (venv / STAMP).exists()
+    said = capsys.readouterr().out.strip().splitlines()
+    assert len(said) == 1 and "does not run" in said[0] and "recreating" in said[0], said

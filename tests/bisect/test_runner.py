@@ -60,7 +60,8 @@ def _record_writer(observed: Observed) -> str:
         duration_s=1.0,
     )
     return (
-        f"assert args[:4] == ['-m', 'fsdp_matrix', 'run', {CELL!r}], args\n"
+        "assert args[:4] == ['-m', 'fsdp_matrix', 'run', '--cells-file'], args\n"
+        + f"assert open(args[4]).read().split() == [{CELL!r}]\n"
         + "assert args[args.index('--device') + 1] == 'cpu' and args[args.index('--world-size') + 1] == '2'\n"
         + "res = args[args.index('--results') + 1]\n"
         + f"rec = json.loads({json.dumps(rec.to_json())!r})\n"
@@ -151,10 +152,9 @@ from pathlib import Path
 from fsdp_matrix.records import Observed, Record, append, env_error
 args = sys.argv[1:]
 assert args[:3] == ["-m", "fsdp_matrix", "run"], args
-cells, rest = [], args[3:]
-while rest and not rest[0].startswith("--"):
-    cells.append(rest.pop(0))
+rest = args[3:]
 opts = dict(zip(rest[::2], rest[1::2]))
+cells = Path(opts["--cells-file"]).read_text().split()
 Path(opts["--results"]).parent.mkdir(parents=True, exist_ok=True)
 with open(Path(opts["--results"]).parent / "launches.txt", "a") as fh:
     fh.write(" ".join(cells) + "\n")
@@ -218,3 +218,24 @@ def test_several_cells_whose_launch_hits_the_backstop_are_untestable(tmp_path: P
     runner = LaunchRunner(tmp_path / "cache", timeout=1, resume=False, say=lambda s: None)
     with pytest.raises(Untestable, match="backstop --timeout ran out"):
         runner.run_cells(env, "x", ["case/a-ws2", "case/b-ws2"])
+
+
+def test_defect15_cell_ids_go_to_the_launch_in_a_file_not_on_its_command_line(tmp_path: Path) -> None:
+    """Review 2026-11-28: 80,000 cells ended in ``OSError: [Errno 7] Argument list too long`` (every id was an
+    argument of the launch)."""
+    runner = LaunchRunner(tmp_path / "cache", say=lambda s: None)
+    cells = [f"case/cell{i}-ws2" for i in range(80_000)]
+    argv = runner.command(tmp_path / "env-x", cells)
+    assert not set(cells) & set(argv) and sum(map(len, argv)) < 2_000
+    listed = Path(argv[argv.index("--cells-file") + 1])
+    assert listed.read_text().split() == cells
+
+
+def test_the_run_command_reads_its_cells_from_a_file_and_keeps_positional_ids(tmp_path: Path) -> None:
+    from fsdp_matrix.runner.cli import cell_refs, parser
+
+    listed = tmp_path / "cells.txt"
+    listed.write_text("case/a-ws2\n\ncase/b-ws2\n")
+    assert cell_refs(parser().parse_args(["case/z-ws2", "--cells-file", str(listed)])) == [
+        "case/z-ws2", "case/a-ws2", "case/b-ws2"]  # fmt: skip
+    assert cell_refs(parser().parse_args(["case/z-ws2"])) == ["case/z-ws2"]

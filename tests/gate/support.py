@@ -25,7 +25,7 @@ from fsdp_matrix.bisect import commits
 from fsdp_matrix.bisect.outcome import Outcome
 from fsdp_matrix.bisect.search import Prepared
 from fsdp_matrix.cells import expand
-from fsdp_matrix.gate.runs import AtCommit, seen
+from fsdp_matrix.gate.runs import AtCommit, Seen, seen
 from fsdp_matrix.matrix import Combo, load_matrix
 from fsdp_matrix.verdicts import Verdict
 from tests.sources_support import PYPROJECT, commit, git
@@ -67,8 +67,9 @@ def make_pr_repo(repo: Path) -> Dict[str, str]:
     return shas
 
 
-def write_toy_matrix(root: Path, pins: Dict[str, str]) -> Path:
-    """matrix.yaml of one combo (``toy``: ``pins``) and the two toy cases, with their repros, under ``root``."""
+def write_toy_matrix(root: Path, pins: Dict[str, str], combos: Sequence[str] = ("toy",)) -> Path:
+    """matrix.yaml of the combos ``combos`` (default one, ``toy``), each with ``pins``, and the two toy cases, with
+    their repros, under ``root``."""
     cases = []
     for case, call in (("toy-fix", "behave"), ("toy-quirk", "quirk")):
         (root / f"{case.replace('-', '_')}.py").write_text(CASE.format(case=case, call=call))
@@ -78,7 +79,8 @@ def write_toy_matrix(root: Path, pins: Dict[str, str]) -> Path:
                       "repro": f"{case.replace('-', '_')}.py", "grids": [{"toy": ["plain"]}],
                       "expect": [{**expect, "source": "the toy repo"}]})  # fmt: skip
     path = root / "matrix.yaml"
-    path.write_text(yaml.safe_dump({"combos": [{"id": "toy", "pins": pins, "tags": ["test"]}], "cases": cases}))
+    listed = [{"id": c, "pins": pins, "tags": ["test"]} for c in combos]
+    path.write_text(yaml.safe_dump({"combos": listed, "cases": cases}))
     return path
 
 
@@ -147,3 +149,46 @@ def toy_bisect(asked: list):
         return 0, commits.to_json(q, found, commits.render(q, found, start), start)
 
     return bisect
+
+
+# ---------------------------------------------------------------- scripted outcomes: what each run of a cell gives
+
+NO_RECORD = None
+"""A scripted run that left no record (the launch was killed before the cell, or wrote nothing)."""
+_STATUS = {"fix-holds": "ok", "UNEXPECTED-FIX": "ok", "hang": "hang", "crash": "crash", "skipped": "skipped"}
+
+
+def scripted_seen(value) -> Seen:
+    """A Seen from a scripted value: None (no record), a verdict, or (verdict, message) for an error that differs
+    in its message only (a flake of the machine against the pull request's own failure)."""
+    if value is None:
+        return Seen(None, "no record for any cell: the backstop --timeout ran out")
+    verdict, message = value if isinstance(value, tuple) else (value, value)
+    status = _STATUS.get(verdict, "error")
+    return Seen(Outcome.observed(status, "RuntimeError", message, verdict))
+
+
+class Scripted:
+    """CellRuns of scripted outcomes: ``script[(end, cell)]`` (end ``base`` or ``head``) lists what each run of the
+    cell at that end gives, in order, the last one repeating; a cell without a script passes (fix-holds). Every run
+    is counted in ``calls``; ``unbuilt`` names (combo, end) pairs that do not build."""
+
+    def __init__(self, base: str, script: Dict[Tuple[str, str], list], unbuilt: Sequence[Tuple[str, str]] = ()):
+        self.base, self.script, self.unbuilt = base, script, set(unbuilt)
+        self.used: Dict[Tuple[str, str, str], int] = {}
+        self.calls: list = []
+        """(combo, end, cells, fresh) of every run asked for."""
+
+    def next(self, combo: str, end: str, cell: str):
+        values = self.script.get((end, cell), ["fix-holds"])
+        n = self.used.get((combo, end, cell), 0)
+        self.used[(combo, end, cell)] = n + 1
+        return values[min(n, len(values) - 1)]
+
+    def run(self, combo: Combo, sha: str, cells: Sequence[str], fresh: bool = False) -> AtCommit:
+        end = "base" if sha == self.base else "head"
+        self.calls.append((combo.id, end, tuple(cells), fresh))
+        if (combo.id, end) in self.unbuilt:
+            why = f"toypkg {sha[:10]} did not build or import: no module named setuptools"
+            return AtCommit(combo.id, sha, {c: Seen(None, why) for c in cells}, built=False)
+        return AtCommit(combo.id, sha, {c: scripted_seen(self.next(combo.id, end, c)) for c in cells})
