@@ -45,10 +45,12 @@ from fsdp_matrix.rules import (  # noqa: F401 (re-exported: the models' home bef
     Strict,
     any_when,
 )
+from fsdp_matrix.shipped import cases_root
 from fsdp_matrix.yamlsafe import load_yaml, one_line
 
 RAISE = " (split the case, or set FSDP_MATRIX_MAX_CELLS to raise it)"
-DEFAULT_MATRIX = Path(__file__).resolve().parent.parent / "matrix.yaml"
+DEFAULT_MATRIX = cases_root() / "matrix.yaml"
+"""The repo's matrix.yaml, or an installed wheel's copy (fsdp_matrix/shipped.py)."""
 
 
 class Pins(Strict):
