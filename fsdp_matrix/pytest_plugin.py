@@ -23,6 +23,7 @@ from fsdp_matrix import options
 from fsdp_matrix.cells import Cell, expand
 from fsdp_matrix.errors import MatrixError, ResultsError
 from fsdp_matrix.expectations import Expected
+from fsdp_matrix.installed import uncovered
 from fsdp_matrix.matrix import Matrix, load_matrix
 from fsdp_matrix.options import LaunchOptions
 from fsdp_matrix.records import Record
@@ -200,9 +201,20 @@ def matrix_session(request: pytest.FixtureRequest) -> Session:
         pytest.exit(f"fsdp-matrix: {exc}", returncode=pytest.ExitCode.INTERRUPTED)
     if not hasattr(config, "workerinput"):
         # without xdist this process runs every collected cell, in collection order: queue them all now
-        session.prefetch(_collected_cells(request.session))
+        cells = _collected_cells(request.session)
+        session.prefetch(cells)
+        say_uncovered(config, session, cells)
     yield session
     session.close()
+
+
+def say_uncovered(config: pytest.Config, session: Session, cells: List[Cell]) -> None:
+    """One terminal line per cell no rule of matrix.yaml covers at the installed versions, before any runs: it
+    fails (DIFFERENT-ERROR), and the line says why up front (fsdp_matrix.installed.uncovered)."""
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    for line in uncovered((c.key, session.expected(c)) for c in cells):
+        if tr is not None:
+            tr.write_line(line)
 
 
 @pytest.hookimpl(wrapper=True)

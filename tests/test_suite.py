@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from fsdp_matrix.cells import Cell
+from fsdp_matrix.expectations import Expected
 from fsdp_matrix.matrix import load_matrix
-from fsdp_matrix.pytest_plugin import gate_marks, record_properties
+from fsdp_matrix.pytest_plugin import gate_marks, record_properties, say_uncovered
 from fsdp_matrix.records import Observed, Record
 from fsdp_matrix.suite.entry import names_the_suite
 
@@ -140,3 +141,27 @@ def test_the_entry_point_wakes_only_for_the_suite() -> None:
     assert names_the_suite([str(suite)]) and names_the_suite([f"{suite / 'test_cells.py'}::test_cell"])
     assert not names_the_suite(["tests/test_cells.py", "-k", "lora"])
     assert not names_the_suite(["fsdp_matrix.suitecase", str(ROOT / "tests"), "-m", "cpu_gate"])
+
+
+def test_a_cell_no_rule_covers_is_named_on_the_terminal_before_it_runs() -> None:
+    lines: list = []
+
+    class Terminal:
+        def write_line(self, line: str) -> None:
+            lines.append(line)
+
+    class Plugins:
+        def get_plugin(self, name: str) -> object:
+            return Terminal() if name == "terminalreporter" else None
+
+    class Config:
+        pluginmanager = Plugins()
+
+    class Session:
+        def expected(self, cell: Cell) -> Expected:
+            return Expected("none") if cell.case == "new" else Expected("ok")
+
+    say_uncovered(Config(), Session(), [Cell("old", ()), Cell("new", ())])
+    assert lines == [
+        "not covered: new/ws2: no rule of matrix.yaml matches it at the installed versions; it runs and fails"
+    ]
