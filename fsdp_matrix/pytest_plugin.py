@@ -248,6 +248,7 @@ def record_properties(rec: Record) -> List[Tuple[str, str]]:
     observed["message"] = message[0][:300] if message else None
     expected = Expected.from_json(rec.expected)
     return [
+        ("cell", rec.key),
         ("verdict", rec.verdict),
         ("expected", expected.describe()),
         ("expected_signature", _signature({k: rec.expected.get(k) for k in ("kind", "error_type", "match", "module")})),

@@ -111,7 +111,8 @@ def _record(**kw) -> Record:
 def test_record_properties_name_verdict_signatures_and_versions() -> None:
     src = {"peft": {"url": "file:///peft", "ref": None, "commit": "e" * 40, "dirty": None, "release": "0.13.2"}}
     props = dict(record_properties(_record(sources=src)))
-    assert props["verdict"] == "REGRESSION" and props["expected"] == "ok" and props["rule_source"] == "peft#1"
+    assert props["cell"] == "c/a-ws2" and props["verdict"] == "REGRESSION" and props["expected"] == "ok"
+    assert props["rule_source"] == "peft#1"
     assert json.loads(props["expected_signature"]) == {"kind": "ok"}
     assert json.loads(props["observed_signature"]) == {
         "status": "error",
