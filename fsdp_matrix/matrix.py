@@ -142,6 +142,17 @@ class Combo(Strict):
     """Package -> a PEP 508 direct reference to build it from instead of its pin, e.g.
     ``git+https://github.com/huggingface/peft@main`` (see fsdp_matrix/envs/sources.py); ``--pin`` overrides it."""
 
+    @field_validator("id")
+    @classmethod
+    def _not_installed(cls, value: str) -> str:
+        from fsdp_matrix.installed import INSTALLED
+
+        if value == INSTALLED:  # records of either would be filed under the other's id
+            raise ValueError(
+                f"{INSTALLED!r} is the combo of the caller's own env (run --env installed): pick another id"
+            )
+        return value
+
     @model_validator(mode="after")
     def _sources_fit(self) -> Combo:
         from fsdp_matrix.rules import REFUSED

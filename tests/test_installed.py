@@ -51,3 +51,16 @@ def test_uncovered_names_each_cell_no_rule_matches() -> None:
     assert got == [
         "not covered: c/a-ws2: no rule of matrix.yaml matches it at the installed versions; it runs and fails"
     ]
+
+
+def test_no_combo_of_matrix_yaml_may_take_the_installed_id(tmp_path: Path) -> None:
+    from fsdp_matrix.errors import MatrixConfigError
+    from fsdp_matrix.matrix import load_matrix
+    from tests.helpers import matrix_data, write_matrix
+
+    data = matrix_data()
+    data["combos"][0]["id"] = "installed"
+    with pytest.raises(
+        MatrixConfigError, match=r"combos\[0\]\(installed\)\.id: 'installed' is the combo of the caller's own env"
+    ):
+        load_matrix(write_matrix(tmp_path, data))
