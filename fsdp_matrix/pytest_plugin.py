@@ -3,19 +3,27 @@
 A test passes exactly when the observed outcome matches the expected one (reproduced / fix-holds). Any other
 verdict fails with ``expected … / observed …`` and each rank's traceback or stack; skipped cells are pytest skips
 that carry their reason.
+
+Each cell's test carries its verdict, expected and observed signatures and the versions as ``user_properties``
+(``record_properties``): pytest writes them into ``--report-log`` (pytest-reportlog) and ``--junitxml`` alike, the
+formats upstream CI scripts read (docs/pages/upstream-ci.md). Markers ``cpu_gate`` and ``gpu_nightly`` select the
+gate and the nightly (``gate_marks``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
 import pytest
 
 from fsdp_matrix import options
 from fsdp_matrix.cells import Cell, expand
 from fsdp_matrix.errors import MatrixError, ResultsError
+from fsdp_matrix.expectations import Expected
+from fsdp_matrix.installed import uncovered
 from fsdp_matrix.matrix import Matrix, load_matrix
 from fsdp_matrix.options import LaunchOptions
 from fsdp_matrix.records import Record
@@ -71,6 +79,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "layout: a cell whose grid pins its own world size or node count (4 ranks, 2 nodes): a launch of its own; "
         "deselect with -m 'not layout'",
     )
+    config.addinivalue_line("markers", f"cpu_gate: {GATE_HELP}")
+    config.addinivalue_line("markers", f"gpu_nightly: {NIGHTLY_HELP}")
     _options(config)
     if config.getoption("--progress-line") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(Progress(config), "fsdp-matrix-progress")
@@ -136,10 +146,31 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(
         "cell",
         [
-            pytest.param(c, id=c.key, marks=[pytest.mark.cell] + ([pytest.mark.layout] if c.layout != default else []))
+            pytest.param(
+                c,
+                id=c.key,
+                marks=[pytest.mark.cell, *([pytest.mark.layout] if c.layout != default else []), *gate_marks(c)],
+            )
             for c in cells
         ],
     )
+
+
+GATE_HELP = (
+    "a cell of the CPU gate: 2 ranks on one node on CPU (gloo), no torch.compile; every such cell of the old combo "
+    "ran in minutes on 2 cores (docs/pages/upstream-ci.md)"
+)
+NIGHTLY_HELP = "a cell of the GPU nightly: every cell on cuda (nccl), at the world sizes the visible GPUs allow"
+
+
+def gate_marks(cell: Cell) -> List[Any]:
+    """``cpu_gate`` for a CPU cell of 2 ranks on one node without torch.compile (a compile cell restarts the ranks
+    and compiles for tens of seconds: it belongs to the full matrix); ``gpu_nightly`` for every cuda cell."""
+    if cell.device == "cuda":
+        return [pytest.mark.gpu_nightly]
+    if cell.layout == (2, 1) and cell.params_dict.get("compile", "none") == "none":
+        return [pytest.mark.cpu_gate]
+    return []
 
 
 def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
@@ -170,9 +201,20 @@ def matrix_session(request: pytest.FixtureRequest) -> Session:
         pytest.exit(f"fsdp-matrix: {exc}", returncode=pytest.ExitCode.INTERRUPTED)
     if not hasattr(config, "workerinput"):
         # without xdist this process runs every collected cell, in collection order: queue them all now
-        session.prefetch(_collected_cells(request.session))
+        cells = _collected_cells(request.session)
+        session.prefetch(cells)
+        say_uncovered(config, session, cells)
     yield session
     session.close()
+
+
+def say_uncovered(config: pytest.Config, session: Session, cells: List[Cell]) -> None:
+    """One terminal line per cell no rule of matrix.yaml covers at the installed versions, before any runs: it
+    fails (DIFFERENT-ERROR), and the line says why up front (fsdp_matrix.installed.uncovered)."""
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    for line in uncovered((c.key, session.expected(c)) for c in cells):
+        if tr is not None:
+            tr.write_line(line)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -193,7 +235,40 @@ def _collected_cells(session: pytest.Session) -> List[Cell]:
     ]
 
 
-def check_record(rec: Record) -> None:
+def _signature(data: dict) -> str:
+    return json.dumps({k: v for k, v in data.items() if v not in (None, "", [], {})}, sort_keys=True)
+
+
+def record_properties(rec: Record) -> List[Tuple[str, str]]:
+    """What a report-log line or a JUnit ``<properties>`` of a cell says: its verdict, the expected and observed
+    signatures, the versions and source builds, as text (JSON for the structured ones): the same in both formats."""
+    obs = rec.observed
+    message = (obs.error_message or "").strip().splitlines()
+    observed = {"status": obs.status, "error_type": obs.error_type, "location": obs.location}
+    observed["message"] = message[0][:300] if message else None
+    expected = Expected.from_json(rec.expected)
+    return [
+        ("cell", rec.key),
+        ("verdict", rec.verdict),
+        ("expected", expected.describe()),
+        ("expected_signature", _signature({k: rec.expected.get(k) for k in ("kind", "error_type", "match", "module")})),
+        ("observed_signature", _signature(observed)),
+        ("line", rec.line),
+        ("rule_source", expected.source or ""),
+        ("versions", json.dumps(rec.versions, sort_keys=True)),
+        ("sources", json.dumps(rec.sources, sort_keys=True)),
+        ("combo", rec.combo or ""),
+        ("device", rec.device),
+        ("world_size", str(rec.world_size)),
+    ]
+
+
+def check_record(rec: Record, item: Optional[pytest.Item] = None) -> None:
+    """Pass, skip or fail the cell's test by its verdict; given the test's item (``request.node``), first stamp the
+    record's properties on it (``record_properties``). Appended to ``user_properties`` as ``record_property`` does,
+    without its warning under JUnit's default xunit2 family (pytest writes them there all the same)."""
+    if item is not None:
+        item.user_properties.extend(record_properties(rec))
     verdict = Verdict(rec.verdict)
     if verdict is Verdict.SKIPPED:
         pytest.skip(rec.observed.error_message or "skipped")

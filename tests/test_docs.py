@@ -195,7 +195,8 @@ def _check_nox(words: List[str], capsys, pytestconfig) -> None:
 def _check_pytest_flags(args: List[str], pytestconfig) -> None:
     """Options handed to pytest: each is declared by pytest or a plugin of this run (the matrix plugin's --cases...)."""
     for flag in _flags(args):
-        dest = {"-k": "keyword", "-m": "markexpr", "-x": "exitfirst", "-n": "numprocesses"}.get(flag)
+        dest = {"-k": "keyword", "-m": "markexpr", "-x": "exitfirst", "-n": "numprocesses", "-p": "plugins"}.get(flag)
+        dest = {"--junitxml": "xmlpath", "--junit-xml": "xmlpath"}.get(flag, dest)
         pytestconfig.getoption(dest or flag.lstrip("-").replace("-", "_"))  # ValueError: pytest has no such option
     _check_values(args)
 
@@ -222,6 +223,8 @@ def _check_words(words: List[str], capsys, pytestconfig) -> None:
         return None
     if program in ("torchrun", "accelerate"):
         return _check_launch(rest)
+    if program == "pytest" and rest[:2] == ["--pyargs", "fsdp_matrix.suite"]:  # the suite, as upstream runs it
+        return _check_pytest_flags(rest[2:], pytestconfig)
     if program in ("python", "pytest") and rest and rest[0].endswith(".py"):
         assert (ROOT / rest[0]).is_file(), f"{rest[0]}: no such file"
         if program == "pytest":

@@ -6,5 +6,5 @@ Passes when the observed outcome matches the expectation (reproduced / fix-holds
 from fsdp_matrix.pytest_plugin import check_record
 
 
-def test_cell(cell, matrix_session):
-    check_record(matrix_session.run(cell))
+def test_cell(cell, matrix_session, request):
+    check_record(matrix_session.run(cell), request.node)

@@ -1,15 +1,19 @@
-"""``python -m fsdp_matrix run [CELL ...]``: cells on a batched launch without pytest (bisect steps, scripts)."""
+"""``python -m fsdp_matrix run [CELL ...]``: cells on a batched launch without pytest (bisect steps, scripts).
+
+``--env installed`` runs them in this interpreter's env as the ``installed`` combo (fsdp_matrix/installed.py): what
+is installed are its pins, and records are filed under it; the way upstream projects run it in their own CI."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Optional
 
 from fsdp_matrix import options
 from fsdp_matrix.cells import expand, find_cell, parse_layout
 from fsdp_matrix.errors import UnknownCellError
+from fsdp_matrix.installed import INSTALLED, uncovered
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.verdicts import Verdict
 
@@ -24,6 +28,12 @@ def parser() -> options.Parser:
         help="more ids, one a line (what bisect, upgrade and the gate pass: a list too long for a command line)",
     )
     options.add_arguments(p.add_argument)
+    p.add_argument(
+        "--env",
+        choices=[INSTALLED],
+        help="installed: run in this interpreter's env as it is, as the combo 'installed' (its pins: what is "
+        "installed, source builds with their commits); records are filed under it",
+    )
     return p
 
 
@@ -41,6 +51,20 @@ def cell_refs(args: argparse.Namespace) -> List[str]:
     return [*args.cells, *listed]
 
 
+def env_line(versions: Dict[str, Optional[str]], sources: Dict[str, Dict]) -> str:
+    """``combo installed: torch 2.13.0, peft 0.14.0.dev0 @ 1a2b3c4 (rules of 0.13.2), ...``: what the cells run on."""
+    from fsdp_matrix.envs.sources import shown
+
+    parts = []
+    for name, version in versions.items():
+        if version is None or name == "python":
+            continue
+        src = sources.get(name)
+        rules = f" (rules of {src.get('release') or version})" if src and src.get("commit") else ""
+        parts.append(f"{name} {shown(version, src)}{rules}")
+    return f"combo {INSTALLED}: " + ", ".join(parts) + f"; python {versions.get('python')}"
+
+
 def main(argv: List[str]) -> int:
     """Run cells outside pytest (bisect steps, scripts). Exit 0 when every verdict passed, 1 otherwise."""
     p = parser()
@@ -49,6 +73,10 @@ def main(argv: List[str]) -> int:
         opts = options.from_namespace(args)
     except options.OptionError as exc:
         p.error(str(exc))
+    if args.env == INSTALLED:
+        if opts.combo not in (None, INSTALLED):
+            p.error(f"--env installed files its records under combo {INSTALLED!r}: leave out --combo {opts.combo}")
+        opts = opts.model_copy(update={"combo": INSTALLED})
     from fsdp_matrix.runner.factory import open_session, resolve_device, run_layout
 
     matrix = load_matrix(opts.matrix)
@@ -70,7 +98,11 @@ def main(argv: List[str]) -> int:
     failed = 0
     layouts = sorted({c.layout for c in cells})
     shown = ", ".join(f"world size {ws}" + (f" on {n} nodes" if n > 1 else "") for ws, n in layouts)
+    if args.env == INSTALLED:
+        print(env_line(session.versions, session.sources), file=sys.stderr, flush=True)
     print(f"{len(cells)} cell(s) to run ({device}, {shown})", file=sys.stderr, flush=True)
+    for line in uncovered((c.key, session.expected(c)) for c in cells):
+        print(line, file=sys.stderr, flush=True)
     try:
         session.prefetch(cells)
         for cell in cells:

@@ -13,7 +13,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from fsdp_matrix import records
 from fsdp_matrix.cells import Cell, unmet_requirement
-from fsdp_matrix.envs.sources import env_sources, rule_versions
+from fsdp_matrix.envs.direct import installed_sources
+from fsdp_matrix.envs.sources import rule_versions
 from fsdp_matrix.errors import LaunchError, ResultsError
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
@@ -97,8 +98,9 @@ class Session:
         self._refused: Dict[Tuple[int, int], str] = {}
         self._active: Optional[Launcher] = None
         records.check_appendable(self.results)  # before any launch: a cell that ran must not lose its verdict
-        self.sources: Dict[str, Dict] = env_sources(versions=self.versions)
-        """This env's source builds (fsdp_matrix.envs.sources): stamped on every record, and matched by --resume."""
+        self.sources: Dict[str, Dict] = installed_sources(self.versions)
+        """This env's source builds (a nox source pin, or a PEP 610 direct URL: fsdp_matrix.envs.direct): stamped on
+        every record, and matched by --resume."""
         self._recorded: Dict[Tuple[str, str], Record] = {}
         if self.resume and (self.results / records.RECORDS_FILE).exists():
             newest: Dict[Tuple[str, str], Record] = {}

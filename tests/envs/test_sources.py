@@ -226,7 +226,7 @@ def test_a_source_build_is_judged_as_its_release_base_and_the_record_says_so(mon
     cell = find_cell(matrix, "no-split-modules/lora-orig0-cls_env_unset-shape_plain-ws2", "cpu", 2)
     versions = {"torch": "2.13.0", "peft": "0.13.3.dev0", "transformers": "4.46.3", "accelerate": "1.1.1"}
     main_after_013 = {"peft": {"url": "/c", "ref": "main", "commit": "7717550a08", "dirty": None, "release": "0.13.0"}}
-    monkeypatch.setattr(session_mod, "env_sources", lambda versions=None: main_after_013)
+    monkeypatch.setattr(session_mod, "installed_sources", lambda versions: main_after_013)
     run = session_mod.Session(matrix, None, tmp_path, versions)  # type: ignore[arg-type]
     expected = run.expected(cell)
     assert expected.kind == "error"  # 0.13.3.dev0 matches no rule; as 0.13.0 it matches the no-split-modules error rule
@@ -235,7 +235,7 @@ def test_a_source_build_is_judged_as_its_release_base_and_the_record_says_so(mon
     assert rec.sources == main_after_013 and rec.schema == SCHEMA
     assert rec.line.endswith("[changed on main, not released yet (peft 7717550 judged as 0.13.0)]")
     released = {"peft": {**main_after_013["peft"], "release": "0.14.0"}}
-    monkeypatch.setattr(session_mod, "env_sources", lambda versions=None: released)
+    monkeypatch.setattr(session_mod, "installed_sources", lambda versions: released)
     assert session_mod.Session(matrix, None, tmp_path, versions).expected(cell).kind == "ok"  # type: ignore[arg-type]
 
 

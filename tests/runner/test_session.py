@@ -232,7 +232,7 @@ def test_resume_under_a_combo_keeps_only_records_of_the_installed_versions_and_s
     from fsdp_matrix.runner import session as session_module
 
     # this env's peft is a source build (what fsdp_matrix.envs.sources reads from the env's prefix)
-    monkeypatch.setattr(session_module, "env_sources", lambda prefix=None, versions=None: dict(_SRC))
+    monkeypatch.setattr(session_module, "installed_sources", lambda versions: dict(_SRC))
     session, launcher = _session(tmp_path, combo="current", versions=env)
     for cell in cells:
         session.run(cell)
