@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from pydantic import Field, field_validator
 
+from fsdp_matrix.match import same_value  # noqa: F401 (re-exported: its home before match.py)
 from fsdp_matrix.rules import Scalar, Strict
 
 BUILTIN_AXES = {"device": ("cpu", "cuda"), "world_size": None, "nodes": None}
@@ -43,13 +44,6 @@ class Axis(Strict):
         if "\n" in value.strip():
             raise ValueError("meaning must be one line")
         return value
-
-
-def same_value(value: Any, want: Any) -> bool:
-    """Axis values compare as written, except that YAML writes orig as 0/1 or false/true: those are alike."""
-    if isinstance(value, bool) or isinstance(want, bool):
-        return isinstance(value, (bool, int)) and isinstance(want, (bool, int)) and bool(value) == bool(want)
-    return value == want
 
 
 def allowed(value: Any, values: Optional[Iterable[Any]]) -> bool:

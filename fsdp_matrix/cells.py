@@ -6,8 +6,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from fsdp_matrix.axes import LAYOUT_AXES, cell_id, parse_layout, same_value
+from fsdp_matrix.axes import LAYOUT_AXES, cell_id, parse_layout
 from fsdp_matrix.errors import UnknownCellError
+from fsdp_matrix.match import matches, unmet, which_mismatch  # noqa: F401 (re-exported: their home before match.py)
 from fsdp_matrix.matrix import Case, Matrix, Requirement
 
 
@@ -105,40 +106,7 @@ def find_cell(matrix: Matrix, ref: str, device: str = "cpu", world_size: Optiona
     raise UnknownCellError(f"cell id {cid!r} is in several cases ({', '.join(h.case for h in hits)}); write CASE/CELL")
 
 
-def matches(when: Dict[str, Any], context: Dict[str, Any]) -> bool:
-    """True when every key of ``when`` is in ``context`` with the given value (a list means any of them)."""
-    for key, want in when.items():
-        if key not in context:
-            return False
-        options = want if isinstance(want, list) else [want]
-        if not any(same_value(context[key], o) for o in options):
-            return False
-    return True
-
-
-def which_mismatch(when: Dict[str, Any], context: Dict[str, Any]) -> Optional[str]:
-    """Why ``when`` does not match ``context`` (``wrap: fsdp2 != decoder_layer``), or None when it matches."""
-    for key, want in when.items():
-        if key not in context:
-            return f"{key}: this cell has no {key} axis"
-        options = want if isinstance(want, list) else [want]
-        if not any(same_value(context[key], o) for o in options):
-            return (
-                f"{key}: {context[key]!r} not in {options!r}"
-                if isinstance(want, list)
-                else f"{key}: {context[key]!r} != {want!r}"
-            )
-    return None
-
-
 def unmet_requirement(requires: Iterable[Requirement], cell: Cell) -> Optional[str]:
-    """The reason a cell cannot run on this device/world size, or None."""
+    """The reason a cell cannot run on this device/world size, or None (the first unmet of ``requires``)."""
     ctx = cell.context()
-    for req in requires:
-        if not matches(req.when, ctx):
-            continue
-        if req.device and cell.device != req.device:
-            return f"needs {req.device}, this run is on {cell.device}: {req.reason}"
-        if req.min_world_size and cell.world_size < req.min_world_size:
-            return f"needs world size >= {req.min_world_size}, this run has {cell.world_size}: {req.reason}"
-    return None
+    return next((reason for req in requires if (reason := unmet(req, ctx))), None)

@@ -13,15 +13,12 @@ why); ``expected_for`` is its verdict and ``explain`` prints its trials, so the 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 from fsdp_matrix import patterns
-from fsdp_matrix.cells import Cell, matches, unmet_requirement, which_mismatch
+from fsdp_matrix.cells import Cell, unmet_requirement
+from fsdp_matrix.match import hits, unmet, version_matches, version_mismatch, why  # noqa: F401 (re-exported)
 from fsdp_matrix.matrix import Case, Rule
 from fsdp_matrix.rules import ErrorSignature, PlatformRule
 
@@ -128,41 +125,8 @@ class Trace:
     """The outcome of the platform skips and the case's rules (requirements aside, as the session records it)."""
 
 
-@functools.lru_cache(maxsize=4096)
-def version_matches(spec: str, installed: Optional[str]) -> bool:
-    if installed is None:
-        return False
-    try:
-        # local labels such as +cpu or +cu121 do not change which release it is
-        return SpecifierSet(spec).contains(Version(installed).public, prereleases=True)
-    except InvalidVersion:
-        return False
-
-
-def version_mismatch(specs: Mapping[str, str], versions: Mapping[str, Optional[str]]) -> Optional[str]:
-    """The first ``versions`` specifier the env fails (``torch 2.13.0 not <2.7``), or None."""
-    for pkg, spec in specs.items():
-        if not version_matches(spec, versions.get(pkg)):
-            return f"{pkg} {versions.get(pkg) or '(not installed)'} not {spec}"
-    return None
-
-
 def rule_matches(rule: Rule, cell: Cell, versions: Mapping[str, Optional[str]]) -> bool:
-    return matches(rule.when, cell.context()) and version_mismatch(rule.versions, versions) is None
-
-
-def _why(whens: List[Dict[str, Any]], specs: Mapping[str, str], cell: Cell, versions) -> Tuple[bool, str]:
-    ctx = cell.context()
-    misses = [which_mismatch(w, ctx) for w in whens]
-    if all(misses):
-        return False, "when " + (
-            misses[0] if len(misses) == 1 else "; ".join(f"[{i}] {m}" for i, m in enumerate(misses))
-        )
-    off = version_mismatch(specs, versions)
-    if off:
-        return False, f"versions: {off}"
-    said = [f"{k} {versions.get(k)} {v}" for k, v in specs.items()]
-    return True, "matches" + (f" ({', '.join(said)})" if said else "")
+    return hits(rule, cell.context(), versions)
 
 
 def _rule_expected(rule: Rule, index: int) -> Expected:
@@ -188,13 +152,14 @@ def _signature_json(rule: PlatformRule) -> Dict[str, Any]:
 def _requirement_trials(case: Case, cell: Cell) -> List[Trial]:
     """The case's ``requires``, each tried for ``cell``: the first unmet one decides (the session skips the cell)."""
     trials: List[Trial] = []
+    ctx = cell.context()
     for i, req in enumerate(case.requires):
-        miss = which_mismatch(req.when, cell.context())
+        held, miss = why(req, ctx, {})
         need = f"device {req.device}" if req.device else f"world size >= {req.min_world_size}"
-        unmet = miss is None and unmet_requirement([req], cell) is not None
-        why = f"when {miss}" if miss else (f"unmet: needs {need}" if unmet else f"met: needs {need}")
-        decides = unmet and not any(t.decides for t in trials)
-        trials.append(Trial("requires", f"requires[{i}]", unmet, why, f"skip ({req.reason})", decides))
+        not_met = held and unmet(req, ctx) is not None
+        why_text = miss if not held else (f"unmet: needs {need}" if not_met else f"met: needs {need}")
+        decides = not_met and not any(t.decides for t in trials)
+        trials.append(Trial("requires", f"requires[{i}]", not_met, why_text, f"skip ({req.reason})", decides))
     return trials
 
 
@@ -203,11 +168,9 @@ def trace(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> Trac
     trials = _requirement_trials(case, cell)
     requirement = unmet_requirement(case.requires, cell)
     expected: Optional[Expected] = None
+    ctx = cell.context()
     for i, skip in enumerate(case.platform.skips):
-        hit, why = _why(skip.alternatives(), skip.versions, cell, versions)
-        present = [f"{p} {versions[p]} is installed" for p in skip.absent if versions.get(p)]
-        if hit and present:
-            hit, why = False, "absent: " + ", ".join(present)
+        hit, said = why(skip, ctx, versions)
         decides = hit and expected is None
         if decides:
             expected = Expected("skip", reason=skip.reason, source=skip.source, platform=skip.id)
@@ -216,13 +179,13 @@ def trace(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> Trac
                 "platform skip",
                 f"platform.skips[{i}]({skip.id})",
                 hit,
-                why,
+                said,
                 f"skip ({skip.reason})",
                 decides,
             )
         )
     for i, rule in enumerate(case.expect):
-        hit, why = _why([rule.when], rule.versions, cell, versions)
+        hit, said = why(rule, ctx, versions)
         decides = hit and expected is None
         if decides:
             expected = _rule_expected(rule, i)
@@ -231,14 +194,14 @@ def trace(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> Trac
                 "case rule",
                 f"expect[{i}]",
                 hit,
-                why,
+                said,
                 _rule_expected(rule, i).describe(),
                 decides,
             )
         )
     signatures = []
     for i, sig in enumerate(case.platform.signatures):
-        hit, why = _why(sig.alternatives(), sig.versions, cell, versions)
+        hit, said = why(sig, ctx, versions)
         if hit:
             signatures.append(_signature_json(sig))
         fits = " or ".join(f"{e.type}: /{e.match}/" for e in sig.errors)
@@ -247,7 +210,7 @@ def trace(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> Trac
                 "platform signature",
                 f"platform.signatures[{i}]({sig.id})",
                 hit,
-                why,
+                said,
                 f"skipped ({sig.reason}) if an error the case did not expect fits {fits}",
             )
         )
@@ -269,28 +232,18 @@ def expected_for(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) 
         (
             Expected("skip", reason=skip.reason, source=skip.source, platform=skip.id)
             for skip in case.platform.skips
-            if _hits(skip.alternatives(), skip.versions, ctx, versions)
-            and not any(versions.get(p) for p in skip.absent)
+            if hits(skip, ctx, versions)
         ),
         None,
     )
     if expected is None:
         rules = enumerate(case.expect)
-        expected = next((_rule_expected(r, i) for i, r in rules if _hits([r.when], r.versions, ctx, versions)), None)
+        expected = next((_rule_expected(r, i) for i, r in rules if hits(r, ctx, versions)), None)
     expected = expected or Expected("none")
-    signatures = [
-        _signature_json(sig)
-        for sig in case.platform.signatures
-        if _hits(sig.alternatives(), sig.versions, ctx, versions)
-    ]
+    signatures = [_signature_json(sig) for sig in case.platform.signatures if hits(sig, ctx, versions)]
     if signatures:
         expected = Expected(**{**expected.__dict__, "signatures": tuple(signatures)})
     return expected
-
-
-def _hits(whens: List[Dict[str, Any]], specs: Mapping[str, str], ctx: Dict[str, Any], versions) -> bool:
-    # _why's verdict without its words
-    return any(matches(w, ctx) for w in whens) and version_mismatch(specs, versions) is None
 
 
 def error_fits(

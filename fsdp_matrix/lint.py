@@ -29,11 +29,11 @@ from typing import Dict, List, Mapping, Tuple
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix.cells import Cell, expand_case, matches
+from fsdp_matrix.cells import Cell, expand_case
 from fsdp_matrix.evidence import PLATFORM, problems, read_all
 from fsdp_matrix.expectations import trace
+from fsdp_matrix.match import matches
 from fsdp_matrix.matrix import Case, Matrix
-from fsdp_matrix.rules import any_when
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def lint(matrix: Matrix) -> List[Finding]:
         cells = all_cells[case.id]
         for r, rule in enumerate(case.expect):
             where = f"cases[{i}]({case.id}).expect[{r}]"
-            chosen = [c for c in cells if matches(rule.when, c.context())]
+            chosen = [c for c in cells if any(matches(w, c.context()) for w in rule.alternatives())]
             if not chosen:
                 out.append(Finding(where, f"when {rule.when} selects no cell of the case"))
                 continue
@@ -121,11 +121,11 @@ def lint(matrix: Matrix) -> List[Finding]:
                     out.append(Finding(where, f"duplicates platform.signatures[{s}]({sig.id}); delete it"))
             # a skip for envs that lack a package never decides the envs that have it, which the case's rules are for
             earlier = [
-                (f"platform.skips[{s}]({p.id})", any_when(p.when), p.versions)
+                (f"platform.skips[{s}]({p.id})", p.alternatives(), p.versions)
                 for s, p in enumerate(platform.skips)
                 if not p.absent
             ]
-            earlier += [(f"expect[{e}]", [x.when], x.versions) for e, x in enumerate(case.expect[:r])]
+            earlier += [(f"expect[{e}]", x.alternatives(), x.versions) for e, x in enumerate(case.expect[:r])]
             shadow = _shadowing(chosen, rule.versions, earlier)
             if shadow:
                 what = "duplicates" if shadow.startswith("platform") and rule.skip is not None else "is shadowed by"

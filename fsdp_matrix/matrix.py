@@ -36,6 +36,7 @@ from fsdp_matrix.rules import (  # noqa: F401 (re-exported: the models' home bef
     PACKAGES,
     RULE_PACKAGES,
     ErrorSignature,
+    ExpectRule,
     Platform,
     PlatformSignature,
     PlatformSkip,
@@ -193,7 +194,8 @@ class Case(Strict):
     """Each grid is a product of axes; the case's cells are the union of its grids. An empty axis is refused: it
     would silently drop every cell of its grid."""
     requires: List[Requirement] = []
-    expect: List[Rule] = Field(min_length=1)
+    """What a cell needs from the machine: rules with ``skip`` and ``device``/``min_world_size``."""
+    expect: List[ExpectRule] = Field(min_length=1)
     """Rules in order; the first that matches a cell gives its expected outcome (after the platform's skips)."""
     axes: Dict[str, Axis] = {}
     """Axes of this case only (a user's case has its own knobs), declared like the top-level ``axes:``."""
@@ -229,10 +231,10 @@ class Case(Strict):
         """A ``when`` naming an axis or a value that no cell has would never match: a dead rule, silently. Checked by
         the Matrix, after the grids are checked against the declared axes (a typo in a grid is named there)."""
         axes = self.grid_axes()
-        named = [(f"expect[{i}].when", rule.when) for i, rule in enumerate(self.expect)]
-        named += [(f"requires[{i}].when", req.when) for i, req in enumerate(self.requires)]
-        for where, when in named:
-            for key, want in when.items():
+        named = [(f"expect[{i}].when", rule) for i, rule in enumerate(self.expect)]
+        named += [(f"requires[{i}].when", req) for i, req in enumerate(self.requires)]
+        for where, rule in named:
+            for key, want in (item for when in rule.alternatives() for item in when.items()):
                 if key not in axes and key not in BUILTIN_AXES:
                     have = ", ".join(sorted(axes) + list(BUILTIN_AXES))
                     raise ValueError(f"{where}.{key}: unknown axis {key!r} (this case has: {have})")

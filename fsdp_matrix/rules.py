@@ -1,4 +1,6 @@
-"""The rule models of matrix.yaml: a case's expectations and requirements, and the platform rules every case shares.
+"""The rule model of matrix.yaml: one ``Rule`` for a case's expectations and requirements and for the platform rules
+every case shares, one ``when`` (a mapping, or a list of mappings), one word for the reason (``skip``). How a cell
+and an env are matched against a rule is fsdp_matrix.match.
 
 Platform rules hold the facts about an env that are not any case's bug ("FSDP2 has no CPU path before torch 2.7"),
 written once. Two kinds, with a fixed precedence (see ``expectations.trace``):
@@ -12,12 +14,15 @@ written once. Two kinds, with a fixed precedence (see ``expectations.trace``):
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Union
+import re
+from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails
 
 from fsdp_matrix import patterns
+from fsdp_matrix.match import any_when  # noqa: F401 (re-exported: its home before match.py)
 
 PACKAGES = ("torch", "peft", "transformers", "accelerate", "bitsandbytes")
 """The packages every combo pins and every record reports."""
@@ -111,36 +116,82 @@ class WarningSignature(Strict):
 
 OUTCOMES = ("ok", "error", "skip", "hang", "warning")
 """A rule gives exactly one of these."""
+_PLATFORM_ID = r"^[a-z0-9][a-z0-9-]*$"
 
 
 class Rule(Strict):
-    """One known behaviour: when params and versions match, this is the expected outcome."""
+    """One rule, in one grammar for every place matrix.yaml has rules: when the cell (``when``) and the env
+    (``versions``, ``absent``) fit, this is the outcome. Where it stands says how it is used (``Case``/``Platform``
+    check which fields each place takes):
+
+    - a case's ``expect``: the first that fits gives the cell's expected outcome;
+    - a case's ``requires``: a ``skip`` with what the cell needs from the machine (``device``, ``min_world_size``);
+      unmet, the cell is skipped before it runs;
+    - the platform's ``skips``: a ``skip`` tried before every case's rules;
+    - the platform's ``signatures``: a ``skip`` with ``errors``: an observed error that the case's rule did not
+      expect, and that fits one of them, is judged skipped.
+
+    ``reason:`` is read as ``skip:`` (the platform's and the requirements' spelling before the grammar was one).
+    """
 
     id: Optional[str] = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._+-]*$")
-    """Short name, unique in its case: the rule is ``<case>/<id>`` in ``explain`` and in the case's evidence file
-    (``docs/pages/evidence/<case>.md``, a ``## <case>/<id>`` section). matrix.yaml names every rule (a test checks)."""
-    when: When = {}
-    """Cell params (plus ``device`` and ``world_size``) to match; a list matches any of its values."""
+    """Short name, unique in its case (``<case>/<id>`` in ``explain`` and in the case's evidence file,
+    ``docs/pages/evidence/<case>.md``, a ``## <case>/<id>`` section), or in the platform's skips or signatures
+    (``platform/<id>``, named in records' ``expected``). matrix.yaml names every case rule (a test checks); a platform
+    rule must have one."""
+    when: Union[When, List[When]] = {}
+    """Cell params (plus ``device``, ``world_size`` and ``nodes``) to match, a list in a value matching any of its
+    values; or a list of such mappings, of which any may match (e.g. accelerate reached through ``entry:
+    accelerate`` or through one of checkpoint-roundtrip's ``save`` paths)."""
     versions: Dict[str, str] = {}
-    """Package name -> PEP 440 specifier, e.g. ``{peft: ">=0.14"}``."""
+    """Package name -> PEP 440 specifier, e.g. ``{peft: ">=0.14"}``: the envs it is about."""
+    absent: List[str] = []
+    """Optional packages (OPTIONAL_PACKAGES) the env must lack for the rule to apply, e.g. ``[trl]``: a combo that
+    pins no trl cannot run a TRL cell. A ``versions`` specifier cannot say "not installed"."""
+    device: Optional[Literal["cuda"]] = None
+    """A requirement's device: the cell runs only there."""
+    min_world_size: Optional[int] = Field(default=None, ge=1)
+    """A requirement's world size: the cell runs only at this many ranks or more."""
     ok: Optional[Literal[True]] = None
     error: Optional[ErrorSignature] = None
-    skip: Optional[str] = None
-    """Reason the cell cannot run in such an env (observed, e.g. no 4-bit on CPU); never a pass or a fail."""
+    skip: Optional[str] = Field(default=None, min_length=1)
+    """Why the cell cannot run in such an env (observed, e.g. no 4-bit on CPU); never a pass or a fail. For a
+    signature: the reason an error that fits ``errors`` is judged skipped."""
     hang: Optional[HangExpectation] = None
     """The cell hangs (the bug): reproduced when it is declared hung within ``timeout_s`` and a rank's stack fits."""
     warning: Optional[WarningSignature] = None
     """The cell trains, and raises this warning (the bug): reproduced when some rank's run() raised it."""
     no_warning: Optional[WarningSignature] = None
     """With ``ok``: the cell trains without raising this warning (the fix); raising it is a REGRESSION."""
-    source: str = Field(min_length=1)
-    """Where the behaviour comes from, in one line: the upstream link and the combos it was observed on. The longer
-    account of what was read and observed is the rule's evidence (see fsdp_matrix.evidence)."""
+    errors: List[ErrorSignature] = []
+    """A signature's errors: any of these, as the env raises them (the message regex is searched, the module matched
+    by prefix)."""
+    source: Optional[str] = Field(default=None, min_length=1)
+    """Where the behaviour comes from, in one line: the upstream link and the combos it was observed on (every rule
+    but a requirement gives one). The longer account of what was read and observed is the rule's evidence (see
+    fsdp_matrix.evidence)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reason_is_skip(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "reason" in data:
+            if "skip" in data:
+                raise ValueError("give the reason once, as skip: (reason: is its older spelling)")
+            data = {("skip" if k == "reason" else k): v for k, v in data.items()}
+        return data
 
     @field_validator("versions")
     @classmethod
     def _specifiers(cls, value: Dict[str, str]) -> Dict[str, str]:
         return check_versions(value)
+
+    @field_validator("absent")
+    @classmethod
+    def _optional(cls, value: List[str]) -> List[str]:
+        for name in value:
+            if name not in OPTIONAL_PACKAGES:
+                raise ValueError(f"{name!r} is not an optional package (one of {', '.join(OPTIONAL_PACKAGES)})")
+        return value
 
     @model_validator(mode="after")
     def _one_outcome(self) -> Rule:
@@ -151,66 +202,65 @@ class Rule(Strict):
             raise ValueError(f"no_warning goes with ok, not with {given[0]}")
         return self
 
-
-class Requirement(Strict):
-    """A condition a cell needs from the machine; unmet means skipped with ``reason``."""
-
-    when: When = {}
-    device: Optional[Literal["cuda"]] = None
-    min_world_size: Optional[int] = Field(default=None, ge=1)
-    reason: str = Field(min_length=1)
-
-
-class PlatformRule(Strict):
-    """A fact about an env that any case can meet, written once for all of them."""
-
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
-    """Named in explain's output, in records' ``expected`` and in the line of a judged cell."""
-    when: Union[When, List[When]] = {}
-    """Cells it is about: one mapping, or a list of mappings of which any may match (e.g. accelerate reached
-    through ``entry: accelerate`` or through one of checkpoint-roundtrip's ``save`` paths)."""
-    versions: Dict[str, str] = {}
-    """Package name -> PEP 440 specifier: the envs it is about."""
-    reason: str = Field(min_length=1)
-    """The fact, as the skipped cell's reason."""
-    source: str = Field(min_length=1)
-    """The observation it was written from, in one line; the longer account is its evidence (``## platform/<id>``
-    in ``docs/pages/evidence/platform.md``)."""
-
-    @field_validator("versions")
-    @classmethod
-    def _specifiers(cls, value: Dict[str, str]) -> Dict[str, str]:
-        return check_versions(value)
+    @property
+    def reason(self) -> Optional[str]:
+        """The skip's reason (a platform rule's or a requirement's ``reason:``)."""
+        return self.skip
 
     def alternatives(self) -> List[When]:
-        return list(self.when) if isinstance(self.when, list) else [self.when]
+        """The mappings of ``when``, of which any may match."""
+        return any_when(self.when)
 
 
-class PlatformSkip(PlatformRule):
-    """Skip the selected cells before they run (tried before the case's rules)."""
+def _only(rule: Rule, place: str, allowed: Tuple[str, ...], needs: Tuple[str, ...] = ()) -> Rule:
+    """``rule`` if it gives only the fields ``allowed`` where it stands (``place``), and every field of ``needs``;
+    else pydantic's own error on that field (``expect[3].source: Field required``, ``requires[0].ok: Extra inputs
+    are not permitted``), as when each place had a model of its own."""
+    errors = [
+        InitErrorDetails(type="extra_forbidden", loc=(k,), input=getattr(rule, k))
+        for k in sorted(rule.model_fields_set)
+        if k not in allowed and getattr(rule, k) not in (None, [], {})
+    ]
+    errors += [InitErrorDetails(type="missing", loc=(k,), input=place) for k in needs if getattr(rule, k) in (None, [])]
+    if errors:
+        raise ValidationError.from_exception_data(place, errors)
+    return rule
 
-    absent: List[str] = []
-    """Optional packages (OPTIONAL_PACKAGES) the env must lack for the skip to apply, e.g. ``[trl]``: a combo that
-    pins no trl cannot run a TRL cell. A ``versions`` specifier cannot say "not installed"."""
 
-    @field_validator("absent")
-    @classmethod
-    def _optional(cls, value: List[str]) -> List[str]:
-        for name in value:
-            if name not in OPTIONAL_PACKAGES:
-                raise ValueError(f"{name!r} is not an optional package (one of {', '.join(OPTIONAL_PACKAGES)})")
-        return value
+_MATCHING = ("id", "when", "versions", "absent")
 
 
-class PlatformSignature(PlatformRule):
-    """Judge an observed error that no rule of the case expected ``skipped``, when it fits one of ``errors``."""
+def _expect_rule(rule: Rule) -> Rule:
+    outcomes = ("ok", "error", "skip", "hang", "warning", "no_warning")
+    return _only(rule, "a case's expect", (*_MATCHING, *outcomes, "source"), ("source",))
 
-    errors: List[ErrorSignature] = Field(min_length=1)
-    """Any of these, as the env raises them (the message regex is searched, the module matched by prefix)."""
+
+def _requirement(rule: Rule) -> Rule:
+    return _only(rule, "a case's requires", ("id", "when", "device", "min_world_size", "skip", "source"), ("skip",))
+
+
+def _platform(rule: Rule, kind: str, extra: Tuple[str, ...]) -> Rule:
+    _only(rule, f"the platform's {kind}", (*_MATCHING, "skip", "source", *extra), ("id", "skip", "source", *extra))
+    if not re.match(_PLATFORM_ID, rule.id or ""):  # narrower than a case rule's: no dots or pluses
+        pattern = dict(type="string_pattern_mismatch", loc=("id",), input=rule.id, ctx={"pattern": _PLATFORM_ID})
+        raise ValidationError.from_exception_data(kind, [InitErrorDetails(**pattern)])
+    return rule
+
+
+ExpectRule = Annotated[Rule, AfterValidator(_expect_rule)]
+"""A rule of a case's ``expect``."""
+Requirement = Annotated[Rule, AfterValidator(_requirement)]
+"""A rule of a case's ``requires``: a ``skip`` with the ``device`` or ``min_world_size`` the cell needs."""
+PlatformSkip = Annotated[Rule, AfterValidator(lambda rule: _platform(rule, "skips", ()))]
+"""A rule of the platform's ``skips``."""
+PlatformSignature = Annotated[Rule, AfterValidator(lambda rule: _platform(rule, "signatures", ("errors",)))]
+"""A rule of the platform's ``signatures``: a ``skip`` with ``errors``."""
+PlatformRule = Rule
+"""The platform's rules are Rules (its older name)."""
 
 
 class Platform(Strict):
-    """The ``platform:`` section of matrix.yaml."""
+    """The ``platform:`` section of matrix.yaml: the facts about an env that are not any case's bug."""
 
     skips: List[PlatformSkip] = []
     signatures: List[PlatformSignature] = []
@@ -225,8 +275,3 @@ class Platform(Strict):
                     raise ValueError(f"duplicate platform {kind} id {rule.id!r}")
                 seen.add(rule.id)
         return self
-
-
-def any_when(value: Any) -> List[When]:
-    """The mappings of a ``when`` that may be one mapping or a list of them."""
-    return list(value) if isinstance(value, list) else [value]

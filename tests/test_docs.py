@@ -138,19 +138,16 @@ def _check_fsdp_matrix(words: List[str], capsys) -> None:
 
 @cache
 def _noxfile() -> Tuple[Set[str], Set[str]]:
-    """The session names of noxfile.py, and the flags its own option parser adds (``--pre``, ``--pin``)."""
+    """The session names of noxfile.py, and the flags of the option parser its sessions read (``--pre``, ``--pin``:
+    fsdp_matrix/sessions.py)."""
+    from fsdp_matrix import sessions as nox_sessions
+
     tree = ast.parse((ROOT / "noxfile.py").read_text())
     sessions = set()
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and any("nox.session" in ast.unparse(d) for d in node.decorator_list):
             sessions.add(node.name)
-    flags = {
-        arg.value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("add_argument")
-        for arg in node.args
-        if isinstance(arg, ast.Constant) and str(arg.value).startswith("--")
-    }
+    flags = {flag for action in nox_sessions.parser()._actions for flag in action.option_strings}
     return sessions, flags
 
 

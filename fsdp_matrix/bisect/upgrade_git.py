@@ -23,12 +23,14 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix.bisect.commits import Commit, CommitInstaller, describe, first_parent_line, same_observation
+from fsdp_matrix.bisect.commit_request import CommitInstaller
+from fsdp_matrix.bisect.commit_search import same_observation
 from fsdp_matrix.bisect.installers import PinnedInstaller
 from fsdp_matrix.bisect.outcome import Outcome
 from fsdp_matrix.bisect.search import CellAnswer, CellsRunner, Step, bisect_cells, install_bound
-from fsdp_matrix.envs.sources import SourcePin, git, parse_source, repository
+from fsdp_matrix.envs.sources import SourcePin, parse_source, repository
 from fsdp_matrix.errors import EnvError
+from fsdp_matrix.git import Commit, describe, first_parent_line, git, is_repository
 
 
 def parse_git_args(texts: Sequence[str], bumps: Mapping[str, str]) -> Dict[str, SourcePin]:
@@ -46,7 +48,7 @@ def parse_git_args(texts: Sequence[str], bumps: Mapping[str, str]) -> Dict[str, 
         pin = parse_source(package, repo.strip())
         if pin.ref:
             raise EnvError(f"--git {text}: a repository, not a ref (the refs are the releases' tags)")
-        if pin.local and not git(pin.repo, "rev-parse", "--git-dir", check=False):
+        if pin.local and not is_repository(pin.repo):
             raise EnvError(f"--git {text}: {pin.repo} is not a git repository")
         out[package] = pin
     return out

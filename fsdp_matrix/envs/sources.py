@@ -23,9 +23,7 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +31,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
 
 from fsdp_matrix.errors import EnvError
+
+# git itself is asked through fsdp_matrix.git; these names stay importable from here for older callers
+from fsdp_matrix.git import archive, git, is_repository, mirror, pr_number, release_base, rev, working_files  # noqa: F401
 from fsdp_matrix.rules import REFUSED
 
 SOURCE_PACKAGES = ("peft", "transformers", "accelerate", "trl")
@@ -43,7 +43,6 @@ SOURCE_PACKAGES = ("peft", "transformers", "accelerate", "trl")
 SOURCES_FILE = "fsdp-matrix-sources.json"
 """Written into an env next to its stamp: which packages came from which source (read back by records)."""
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*@\s*(\S+)\s*$")
-_PR = re.compile(r"\(#(\d+)\)\s*$")
 _HIDDEN = "***"
 """What a URL shows in place of its credentials."""
 _HELPER = (
@@ -203,19 +202,6 @@ def parse_pin_arg(text: str, base: Optional[Path] = None) -> Tuple[str, SourcePi
     return canonicalize_name(name.strip()), parse_source(name.strip(), value.strip(), base)
 
 
-def git(
-    repo: Path | str, *args: str, check: bool = True, text: bool = True, env: Optional[Mapping[str, str]] = None
-) -> str:
-    """stdout of ``git -C repo ARGS`` (``env``: added to the environment); EnvError with git's last line when it
-    fails."""
-    full = {**os.environ, **env} if env else None
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=text, timeout=600, env=full)
-    if check and proc.returncode != 0:
-        err = (proc.stderr or "").strip().splitlines() if text else []
-        raise EnvError(f"git {' '.join(args[:3])} in {repo}: {err[-1] if err else f'exit {proc.returncode}'}")
-    return proc.stdout.strip() if text else proc.stdout
-
-
 def default_cache() -> Path:
     return Path(os.environ.get("FSDP_MATRIX_SOURCE_CACHE") or Path(tempfile.gettempdir()) / "fsdp-matrix-sources")
 
@@ -226,42 +212,7 @@ def repository(pin: SourcePin, cache: Path) -> Path:
         return Path(pin.repo)
     # the mirror's config holds the URL without credentials; they reach git through its credential helper
     url, env = credentials(pin.repo)
-    mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
-    if (mirror / "HEAD").exists():
-        git(mirror, "fetch", "--quiet", "--prune", "--tags", "origin", env=env)
-    else:
-        mirror.parent.mkdir(parents=True, exist_ok=True)
-        git(mirror.parent, "clone", "--quiet", "--mirror", url, str(mirror), env=env)
-    return mirror
-
-
-def rev(repo: Path, ref: str) -> str:
-    """The full SHA ``ref`` names in ``repo`` (a branch, tag, remote branch or commit)."""
-    for candidate in (ref, f"origin/{ref}"):
-        sha = git(repo, "rev-parse", "--verify", "--quiet", f"{candidate}^{{commit}}", check=False)
-        if sha:
-            return sha
-    raise EnvError(f"{repo}: no commit named {ref!r}")
-
-
-def release_base(repo: Path, commit: str, pattern: str = "v[0-9]*") -> Optional[str]:
-    """The newest release tag (no pre- or dev release) that is an ancestor of ``commit``, as a version string."""
-    best: Optional[Version] = None
-    for tag in git(repo, "tag", "--merged", commit, "--list", pattern).split():
-        try:
-            version = Version(tag.lstrip("v"))
-        except InvalidVersion:
-            continue
-        if not (version.is_prerelease or version.is_devrelease) and (best is None or version > best):
-            best = version
-    return str(best) if best else None
-
-
-def working_files(repo: Path) -> List[str]:
-    """Tracked files plus untracked files that are not ignored, as git lists them (deleted tracked files left out)."""
-    out = git(repo, "ls-files", "-z", "-co", "--exclude-standard", text=False)
-    names = sorted({n.decode() for n in out.split(b"\0") if n})
-    return [n for n in names if os.path.lexists(repo / n)]
+    return mirror(url, cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16], env)
 
 
 def tree_hash(repo: Path, files: List[str]) -> str:
@@ -272,24 +223,6 @@ def tree_hash(repo: Path, files: List[str]) -> str:
         mode = b"x" if os.access(path, os.X_OK) and not path.is_symlink() else b"-"
         digest.update(name.encode() + b"\0" + mode + hashlib.sha256(data).digest())
     return digest.hexdigest()[:16]
-
-
-def _archive(repo: Path, commit: str, dest: Path) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    try:
-        with tempfile.TemporaryFile() as fh:
-            proc = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit], stdout=fh, timeout=600)
-            if proc.returncode != 0:
-                raise EnvError(f"git archive {commit} in {repo} failed (exit {proc.returncode})")
-            fh.seek(0)
-            with tarfile.open(fileobj=fh) as tar:
-                if hasattr(tarfile, "tar_filter"):  # Python >= 3.10.12 / 3.11.4: no absolute paths or links out
-                    tar.extractall(tmp, filter="tar")
-                else:
-                    tar.extractall(tmp)  # git archive of a commit: paths stay inside the tree
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _copy_tree(repo: Path, files: List[str], dest: Path) -> None:
@@ -308,7 +241,7 @@ def resolve(pin: SourcePin, cache: Optional[Path] = None) -> Resolved:
     """Resolve the pin to a commit (+ dirty hash) and materialise its snapshot under the cache (reused if there)."""
     cache = cache or default_cache()
     repo = repository(pin, cache)
-    if not git(repo, "rev-parse", "--git-dir", check=False):
+    if not is_repository(repo):
         raise EnvError(f"{pin.package} source {redact_url(pin.repo)}: not a git repository")
     dirty: Optional[str] = None
     files: List[str] = []
@@ -328,7 +261,7 @@ def resolve(pin: SourcePin, cache: Optional[Path] = None) -> Resolved:
         if dirty:
             _copy_tree(repo, files, snapshot)
         else:
-            _archive(repo, commit, snapshot)
+            archive(repo, commit, snapshot)
     base = release_base(repo, commit)
     return Resolved(pin.package, redact_url(pin.repo), pin.ref, commit, dirty, base, str(snapshot))
 
@@ -375,12 +308,6 @@ def shown(version: Optional[str], source: Optional[Mapping]) -> Optional[str]:
     if not source or not source.get("commit"):
         return version
     return f"{version or '?'} @ {source['commit'][:7]}" + ("+dirty" if source.get("dirty") else "")
-
-
-def pr_number(subject: str) -> Optional[int]:
-    """The PR number a squash-merge subject ends with: ``Fix X (#2167)`` -> 2167."""
-    match = _PR.search(subject)
-    return int(match.group(1)) if match else None
 
 
 def resolve_pins(texts: List[str], cache: Optional[Path] = None) -> Dict[str, Resolved]:

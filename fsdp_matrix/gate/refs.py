@@ -7,13 +7,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from fsdp_matrix.bisect.commits import Commit, describe, first_parent_line
-from fsdp_matrix.envs.sources import git, repository, rev
+from fsdp_matrix.envs.sources import repository
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.gate.request import GateRequest
 
-DEFAULT_BRANCHES = ("main", "master")
-"""Tried in this order when the repository does not say which branch ``origin/HEAD`` follows."""
+# git is asked through fsdp_matrix.git; these names stay importable from here
+from fsdp_matrix.git import (  # noqa: F401
+    DEFAULT_BRANCHES,
+    Commit,
+    default_branch,
+    describe,
+    first_parent_line,
+    git,
+    is_dirty,
+    merge_base,
+    rev,
+)
 
 
 @dataclass(frozen=True)
@@ -41,20 +50,8 @@ class Refs:
         return len(self.line) - 1
 
 
-def default_branch(repo: Path) -> str:
-    """The branch ``origin/HEAD`` follows, else the first of ``main``/``master`` that exists; EnvError otherwise."""
-    text = git(repo, "symbolic-ref", "--quiet", "--short", "refs/remotes/origin/HEAD", check=False)
-    if text:
-        return text
-    for name in DEFAULT_BRANCHES:
-        for ref in (name, f"origin/{name}"):
-            if git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False):
-                return ref
-    raise EnvError(f"{repo}: no default branch found (no origin/HEAD, main or master): give --base REF")
-
-
 def _is_dirty(repo: Path, local: bool) -> bool:
-    return local and bool(git(repo, "status", "--porcelain", "--untracked-files=no", check=False))
+    return local and is_dirty(repo)
 
 
 def resolve_refs(req: GateRequest, sources_cache: Path) -> Refs:
@@ -65,7 +62,7 @@ def resolve_refs(req: GateRequest, sources_cache: Path) -> Refs:
     head = rev(repo, req.head)
     base_ref = req.base or default_branch(repo)
     base_tip = rev(repo, base_ref)
-    if not git(repo, "merge-base", base_tip, head, check=False):
+    if not merge_base(repo, base_tip, head):
         raise EnvError(f"--base {base_ref}: no common history with {req.head} ({head[:10]})")
     base, line = first_parent_line(repo, base_tip, head)
     commits = {c.sha: c for c in describe(repo, line)}

@@ -10,8 +10,9 @@ from typing import List, Optional, Sequence
 
 from fsdp_matrix.bisect.installers import parse_pins
 from fsdp_matrix.bisect.wiring import StepOptions, add_step_arguments
-from fsdp_matrix.envs.sources import SourcePin, git, is_source, parse_pin_arg, redact_url
+from fsdp_matrix.envs.sources import SourcePin, is_source, parse_pin_arg, redact_url
 from fsdp_matrix.errors import EnvError
+from fsdp_matrix.git import git
 from fsdp_matrix.usage import OneLineParser
 
 PROG = "fsdp-matrix gate"

@@ -11,8 +11,9 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from fsdp_matrix.cells import Cell, expand_case, matches
-from fsdp_matrix.expectations import expected_for, version_matches
+from fsdp_matrix.cells import Cell, expand_case
+from fsdp_matrix.expectations import expected_for
+from fsdp_matrix.match import any_when, matches, version_matches
 from fsdp_matrix.matrix import Case, Combo, Matrix
 
 IDENTITY_KEYS = ("adapter", "model", "entry")
@@ -72,7 +73,8 @@ def _order(combo: Combo, packages: List[str]) -> Tuple:
 
 
 def _rule_cells(case: Case, rule: Any) -> List[Cell]:
-    return [c for c in expand_case(case) if matches(getattr(rule, "when", None) or {}, c.context())]
+    whens = any_when(getattr(rule, "when", None) or {})
+    return [c for c in expand_case(case) if any(matches(w, c.context()) for w in whens)]
 
 
 def _first_training_combo(matrix: Matrix, case: Case, index: int) -> Optional[Combo]:
@@ -156,11 +158,11 @@ def _missing_options(matrix: Matrix, versions: Mapping[str, Optional[str]]) -> L
 def workarounds(matrix: Matrix, case: Case, index: int, versions: Mapping[str, Optional[str]]) -> List[Workaround]:
     """The matched rule's cells with one of its ``when`` settings changed that train on these versions, by the
     ``ok`` rule that says so; a setting the user's release lacks (a platform skip) is left out."""
-    when = getattr(case.expect[index], "when", None) or {}
+    whens = any_when(getattr(case.expect[index], "when", None) or {})
     lacking = set(_missing_options(matrix, versions)) - {"device", "world_size", "nodes"}
     found: Dict[Tuple[int, str], List[str]] = {}
     for cell in expand_case(case):
-        change = _change(when, cell)
+        change = next((c for w in whens if (c := _change(w, cell))), None)
         if change is None or change.split("=", 1)[0] in lacking:
             continue
         expected = expected_for(case, cell, versions)

@@ -377,7 +377,7 @@ def test_two_launches_that_never_started_say_so_in_the_env_error(tmp_path):
     note = "ranks did not rendezvous within 300s"
     for number in (1, 2):
         state = SimpleNamespace(started={}, submitted=[], byes=set(), env_removed=[], number=number)
-        launcher._replace(SimpleNamespace(state=state, agents=[], number=number, gone=False), note)
+        launcher._replace(SimpleNamespace(state=state, torchrun_log=str, number=number, gone=False), note)
     run = launcher._done[task.key]
     first = run.note.splitlines()[0]
     assert run.status == "env-error" and first.startswith(note) and "2 launches in a row" in first, first
