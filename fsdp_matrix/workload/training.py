@@ -145,7 +145,8 @@ def judge_collectives(
     world_size: int,
     micro_steps: int,
 ) -> tuple:
-    """collectives.judge against what the cell's ``wrap`` promises (no ``params``: the units found)."""
-    params = params or {}
-    promise = promise_of(model, params.get("wrap"), world_size, str(params.get("shard", "full")))
+    """collectives.judge against what the cell's ``wrap`` and ``shard`` promise (no ``params``: the units found, and
+    the strategy they run taken as asked)."""
+    shard = None if params is None else str(params.get("shard", "full"))
+    promise = promise_of(model, (params or {}).get("wrap"), world_size, shard)
     return judge_counts(spy, units, promise, micro_steps)
