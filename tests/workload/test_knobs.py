@@ -8,7 +8,7 @@ import torch
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload.adapters import add_adapter
 from fsdp_matrix.workload.checks import trainable_names
-from fsdp_matrix.workload.knobs import torch_compile
+from fsdp_matrix.workload.knobs import CompileProbe, Knobs, compiled_frames, torch_compile
 from fsdp_matrix.workload.models import build_model
 from fsdp_matrix.workload.training import train_and_check
 from fsdp_matrix.workload.wrapping import wrap
@@ -40,3 +40,15 @@ def test_a_compile_cell_where_nothing_was_compiled_fails(ctx):
         wrapped, names = _compiled(ctx)
         with pytest.raises(CheckFailed, match=r"compile: the cell asked compile whole and dynamo compiled 0 frames"):
             train_and_check(wrapped, ctx, trainable=names, params=PARAMS)
+
+
+def test_a_compile_cell_that_compiled_passes_and_says_how_much(ctx):
+    wrapped, names = _compiled(ctx)
+    checks = train_and_check(wrapped, ctx, trainable=names, params=PARAMS)
+    assert checks["compiled_frames"] > 0
+
+
+def test_a_cell_without_compile_is_not_judged_on_it():
+    probe = CompileProbe.start(Knobs())
+    assert probe.judge() == ({}, [])
+    assert compiled_frames() is not None  # torch 2.4 .. 2.13 count frames in torch._dynamo.utils.counters
