@@ -146,7 +146,9 @@ def _healthy_cells(device="cpu"):
 
 
 def _earlier(results, cell, verdict, status, combo="local", versions=None, device="cpu", sources=None, expected=None):
+    """A record this harness wrote earlier (its version stamped, as Session stamps it)."""
     from fsdp_matrix.records import Observed, Record
+    from fsdp_matrix.runner.session import harness_version
 
     rec = Record(
         case=cell.case,
@@ -162,6 +164,7 @@ def _earlier(results, cell, verdict, status, combo="local", versions=None, devic
         combo=combo,
         run_id="earlier",
         sources=sources or {},
+        harness=harness_version(),
     )
     records.append(results, rec)
 
@@ -438,3 +441,19 @@ def test_resume_reruns_records_of_an_older_harness(tmp_path):
     session.prefetch([cell])
     session.run(cell)
     assert launcher.ran == [cell.key]
+
+
+def test_a_record_says_which_harness_judged_it_and_under_which_requirement(tmp_path):
+    from fsdp_matrix.runner.session import harness_version
+
+    cell = _healthy_cells()[0]
+    needing = _matrix_requiring(tmp_path, "{min_world_size: 2, reason: two ranks at least}")
+    session, _ = _session_of(needing, tmp_path / "res", resume=False)
+    rec = session.run(cell)
+    assert rec.harness == harness_version() and rec.harness.startswith(f"{records.SCHEMA}-")
+    assert rec.requires == [{"min_world_size": 2, "reason": "two ranks at least"}]
+    [back] = records.iter_records(tmp_path / "res" / records.RECORDS_FILE)
+    assert (back.harness, back.requires, back.schema) == (rec.harness, rec.requires, records.SCHEMA)
+    # the same requirement, still met: --resume keeps the record
+    session, launcher = _session_of(needing, tmp_path / "res", resume=True)
+    assert session.run(cell).run_id == rec.run_id and launcher.ran == []
