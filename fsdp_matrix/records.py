@@ -25,8 +25,10 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from fsdp_matrix.clip import clip
 from fsdp_matrix.errors import MatrixError, ResultsError
 
-SCHEMA = 5
-"""5: ``confirmation`` (the nightly's reruns of a cell whose verdict flipped: confirmed, or flaky).
+SCHEMA = 6
+"""6: ``harness`` (the harness version that judged the cell) and ``requires`` (the case's requirements it was judged
+under): ``--resume`` keeps only records of this harness, and a skip only while its reason still holds.
+5: ``confirmation`` (the nightly's reruns of a cell whose verdict flipped: confirmed, or flaky).
 4: ``nodes`` (``world_size`` is the global world size, over every node), ``versions.trl`` (TRL, None where the
 env has none), ``RankResult.warnings`` (the warnings each rank's run() raised; rules may expect one, or its absence).
 3: ``Observed.env_removed`` (the caller's variables kept from the ranks). 2: ``sources`` (packages built from a git
@@ -166,6 +168,13 @@ class Record:
     confirmation: Optional[Confirmation] = None
     """The nightly's reruns of this cell when its verdict flipped since the previous night (schema 5; None: not a
     flip, or not rerun). The nightly appends a copy of tonight's record with it filled in."""
+    harness: str = ""
+    """The harness that judged the cell: the record schema and a digest of the code that runs and judges a cell
+    (``runner.session.harness_version``; schema 6, empty before). ``--resume`` keeps only records of the running
+    harness: a newer one judges with more checks."""
+    requires: List[Dict[str, Any]] = field(default_factory=list)
+    """The case's ``requires`` entries (matrix.yaml) that apply to this cell, as it was judged under them (schema 6;
+    empty where none apply, and in older records). A skip's reason is ``observed.error_message``."""
     schema: int = SCHEMA
     """Record format version."""
 

@@ -338,7 +338,16 @@ HOSTILE_STATE = ["patch_adamw", "warn_error", "sys_path", "anomaly", "matmul", "
 WORKER_UNDOES = {"warn_error"}
 """State the worker itself restores after every cell: run() runs inside ``warnings.catch_warnings`` (it records
 the cell's warnings), so a filter the cell set is gone before the next cell, and the probe after it proves it."""
-LEAKED_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_SHARDING_STRATEGY": "1", "ACCELERATE_MIXED_PRECISION": "no"}
+LEAKED_ENV = {
+    "ACCELERATE_USE_FSDP": "true",
+    "FSDP_SHARDING_STRATEGY": "1",
+    "ACCELERATE_MIXED_PRECISION": "no",
+    # variables that change what a cell exercises (runner/protocol.py; review 2026-11-28 defect 4)
+    "TORCH_COMPILE_DISABLE": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+    "CUDA_LAUNCH_BLOCKING": "1",
+    "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+}
 """The caller's shell steering accelerate's FSDP choices: the ranks must start without them."""
 
 

@@ -189,12 +189,12 @@ def test_schema_4_records_each_ranks_warnings_and_older_records_read_without_the
 
 
 def test_schema_5_records_a_flips_confirmation_and_older_records_read_without_one(tmp_path):
-    assert records.SCHEMA == 5
+    assert records.SCHEMA >= 5
     rec = _record()
     rec.confirmation = records.Confirmation(status="flaky", previous="fix-holds", reruns=["fix-holds", "fix-holds"])
     records.append(tmp_path, rec)
     line = json.loads((tmp_path / "cells.jsonl").read_text())
-    assert line["schema"] == 5 and line["confirmation"]["status"] == "flaky"
+    assert line["schema"] == records.SCHEMA and line["confirmation"]["status"] == "flaky"
     [back] = list(records.iter_records(tmp_path / "cells.jsonl"))
     assert back.confirmation == rec.confirmation
     del line["confirmation"]
@@ -202,6 +202,20 @@ def test_schema_5_records_a_flips_confirmation_and_older_records_read_without_on
     (tmp_path / "old.jsonl").write_text(json.dumps(line) + "\n")
     [old] = list(records.iter_records(tmp_path / "old.jsonl"))
     assert old.confirmation is None and old.schema == 4
+
+
+def test_schema_6_records_the_harness_and_requirements_and_older_records_read_without_them(tmp_path):
+    assert records.SCHEMA == 6
+    rec = _record()
+    rec.harness, rec.requires = "6-0123456789ab", [{"device": "cuda", "reason": "needs a GPU"}]
+    records.append(tmp_path, rec)
+    line = json.loads((tmp_path / "cells.jsonl").read_text())
+    assert (line["schema"], line["harness"], line["requires"]) == (6, rec.harness, rec.requires)
+    del line["harness"], line["requires"]
+    line["schema"] = 5
+    (tmp_path / "old.jsonl").write_text(json.dumps(line) + "\n")
+    [old] = list(records.iter_records(tmp_path / "old.jsonl"))
+    assert (old.harness, old.requires, old.schema) == ("", [], 5)
 
 
 def test_a_record_holds_the_global_world_size_and_the_node_count(tmp_path):

@@ -46,20 +46,63 @@ ENV_DEVICE = "FSDP_MATRIX_DEVICE"
 """``cpu`` or ``cuda``: what the ranks run on."""
 
 
-STRIPPED_ENV_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "TORCHELASTIC_")
-"""The caller's variables a rank never inherits: accelerate and transformers take their FSDP choices from
-``ACCELERATE_*`` / ``FSDP_*`` (``ACCELERATE_USE_FSDP=true`` in a shell made every accelerate cell a false
-REGRESSION), and ``TORCHELASTIC_*`` is torchrun's own business per launch. The batched runner is not
-``accelerate launch``: a cell that wants one sets it itself, and ``Launcher.env`` sets one on purpose."""
+STRIPPED_ENV_PREFIXES = (
+    "ACCELERATE_",
+    "FSDP_",
+    "PARALLELISM_CONFIG_",
+    "TORCHELASTIC_",
+    "TORCH_COMPILE_",
+    "TORCHDYNAMO_",
+    "TORCHINDUCTOR_",
+    "TORCH_NCCL_",
+    "TORCH_FORCE_",
+)
+"""The caller's variables a rank never inherits, because they change what a cell exercises:
+
+- ``ACCELERATE_*`` / ``FSDP_*`` / ``PARALLELISM_CONFIG_*``: accelerate's and transformers' FSDP choices
+  (``ACCELERATE_USE_FSDP=true`` in a shell made every accelerate cell a false REGRESSION);
+- ``TORCHELASTIC_*``: torchrun's own business, per launch;
+- ``TORCH_COMPILE_*`` / ``TORCHDYNAMO_*`` / ``TORCHINDUCTOR_*``: ``TORCH_COMPILE_DISABLE=1`` or
+  ``TORCHDYNAMO_DISABLE=1`` turned every compile cell into a pass with nothing compiled (1.3 s instead of 10.9 s,
+  reliability review 2026-11-28 defect 4); the others change what dynamo traces and inductor generates;
+- ``TORCH_NCCL_*``: ProcessGroupNCCL's error handling and blocking wait decide whether a stuck collective raises,
+  aborts or waits: a hang would be judged as another outcome;
+- ``TORCH_FORCE_*``: ``TORCH_FORCE_(NO_)WEIGHTS_ONLY_LOAD`` flips what every ``torch.load`` of a checkpoint cell does.
+
+The batched runner is not ``accelerate launch``: a cell that wants one of these sets it itself, and
+``Launcher.env`` sets one on purpose."""
+STRIPPED_ENV_NAMES = (
+    "CUDA_LAUNCH_BLOCKING",
+    "TORCH_DISTRIBUTED_DEBUG",
+    "TORCH_SHOW_CPP_STACKTRACES",
+    "TORCH_USE_CUDA_DSA",
+    "NCCL_BLOCKING_WAIT",
+    "NCCL_ASYNC_ERROR_HANDLING",
+    "NCCL_DESYNC_DEBUG",
+)
+"""Single variables stripped for the same reason: ``CUDA_LAUNCH_BLOCKING`` makes every kernel synchronous (an
+asynchronous CUDA error surfaces at another call, a race disappears); ``TORCH_DISTRIBUTED_DEBUG`` wraps the process
+group in one that checks every collective first (a mismatch raises its own error, earlier); the C++ stack traces and
+device-side assertions change the error text the rules match; the ``NCCL_*`` three are torch's older spellings of
+``TORCH_NCCL_*``. The rest of ``NCCL_*`` and ``GLOO_*`` passes: socket interfaces, InfiniBand and P2P transports are
+the machine's, a run may need them to start at all, and they change how bytes move, not which collectives FSDP calls
+or what a cell computes."""
 KEPT_ENV = (ENV_LAUNCH, ENV_DEVICE)
 """Ours, though they match no prefix above; everything else (RANK, WORLD_SIZE, MASTER_*, the socket-interface
-variables GLOO_/NCCL_/TP_SOCKET_IFNAME, the HF_* offline settings, ...) passes through."""
+variables GLOO_/NCCL_/TP_SOCKET_IFNAME, the HF_* offline settings, OMP_NUM_THREADS, ...) passes through."""
+
+
+def stripped(name: str) -> bool:
+    """Is the caller's variable ``name`` kept from the ranks (STRIPPED_ENV_PREFIXES, STRIPPED_ENV_NAMES)? The
+    harness's own (``FSDP_MATRIX_*``, KEPT_ENV) never are."""
+    if name.startswith("FSDP_MATRIX_") or name in KEPT_ENV:
+        return False
+    return name.startswith(STRIPPED_ENV_PREFIXES) or name in STRIPPED_ENV_NAMES
 
 
 def launch_environ(base: Dict[str, str]) -> Tuple[Dict[str, str], List[str]]:
     """The ranks' environment from the caller's ``base``, and the names removed (for the records)."""
-    ours = ("FSDP_MATRIX_", *KEPT_ENV)  # the harness's own settings (FSDP_MATRIX_TORCH_CPU_INDEX, a test's dir, ...)
-    removed = sorted(k for k in base if k.startswith(STRIPPED_ENV_PREFIXES) and not k.startswith(ours))
+    removed = sorted(k for k in base if stripped(k))
     return {k: v for k, v in base.items() if k not in removed}, removed
 
 

@@ -5,14 +5,16 @@ Both front ends use it: the pytest plugin (one test per cell) and ``python -m fs
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from fsdp_matrix import records
-from fsdp_matrix.cells import Cell, unmet_requirement
+from fsdp_matrix.cells import Cell, matches, unmet_requirement
 from fsdp_matrix.envs.direct import installed_sources
 from fsdp_matrix.envs.sources import rule_versions
 from fsdp_matrix.errors import LaunchError, ResultsError
@@ -26,6 +28,35 @@ from fsdp_matrix.verdicts import ABOUT_THE_BUG, Verdict, make_record
 
 KEPT_ON_RESUME = ABOUT_THE_BUG | {Verdict.SKIPPED.value}
 """Verdicts that ``--resume`` keeps: the cell ran to an outcome about the bug, or was decided not to run here."""
+
+
+HARNESS_CODE = (
+    "workload",
+    "runner",
+    "case.py",
+    "cells.py",
+    "expectations.py",
+    "patterns.py",
+    "records.py",
+    "rules.py",
+    "verdicts.py",
+)
+"""The harness's code that runs a cell and judges it (``fsdp_matrix/`` paths): what ``harness_version`` digests."""
+
+
+@functools.cache
+def harness_version() -> str:
+    """``<record schema>-<12 hex digits>``: the record schema and a sha256 of HARNESS_CODE's Python files (path and
+    bytes). Stamped on every record; ``--resume`` keeps only records of the running harness, since a newer one judges
+    with more checks (records of a harness before the collectives check were kept: reliability review 2026-11-28,
+    defect 5). Any change to that code reruns the cells, a docstring's too: a stale verdict costs more than a rerun."""
+    root = Path(records.__file__).resolve().parent
+    digest = hashlib.sha256()
+    for part in HARNESS_CODE:
+        files = [root / part] if part.endswith(".py") else sorted((root / part).rglob("*.py"))
+        for file in files:
+            digest.update(file.relative_to(root).as_posix().encode() + b"\0" + file.read_bytes() + b"\0")
+    return f"{records.SCHEMA}-{digest.hexdigest()[:12]}"
 
 
 def resumable(rec: Record) -> bool:
@@ -105,7 +136,7 @@ class Session:
         if self.resume and (self.results / records.RECORDS_FILE).exists():
             newest: Dict[Tuple[str, str], Record] = {}
             for rec in records.iter_records(self.results / records.RECORDS_FILE):
-                if self._same_env(rec):
+                if self._same_env(rec) and self._same_harness(rec):
                     key = (rec.key, rec.device)
                     if key not in newest or rec.finished_at >= newest[key].finished_at:
                         newest[key] = rec
@@ -118,15 +149,35 @@ class Session:
         the floating combo's versions move nightly: a record made before is another env's answer."""
         return rec.combo == self.combo and rec.versions == dict(self.versions) and rec.sources == self.sources
 
+    @staticmethod
+    def _same_harness(rec: Record) -> bool:
+        """A record this harness would write: the same record schema and harness version (``harness_version``)."""
+        return rec.schema == records.SCHEMA and rec.harness == harness_version()
+
+    def _requires(self, cell: Cell) -> List[Dict[str, Any]]:
+        """The case's requirements that apply to ``cell`` (their ``when`` matches it), as matrix.yaml gives them."""
+        ctx = cell.context()
+        return [
+            r.model_dump(mode="json", exclude_defaults=True)
+            for r in self.matrix.case(cell.case).requires
+            if matches(r.when, ctx)
+        ]
+
     def expected(self, cell: Cell) -> Expected:
         # a source build is judged as its release base (fsdp_matrix.envs.sources.rule_versions)
         return expected_for(self.matrix.case(cell.case), cell, rule_versions(self.versions, self.sources))
 
     def _resumed(self, cell: Cell, expected: Expected) -> Optional[Record]:
-        """The earlier record ``--resume`` keeps for this cell: one of this env, judged under the rule that decides
-        the cell now. After a rule is fixed, its cells run again rather than keep the old rule's verdict."""
+        """The earlier record ``--resume`` keeps for this cell: one of this env and harness, judged under the rule
+        that decides the cell now, and skipped (or not) for the same reason as now. After a rule is fixed, its cells
+        run again rather than keep the old rule's verdict; a skip whose requirement was lifted runs, and a run whose
+        case now requires what this run lacks is skipped."""
         rec = self._recorded.get((cell.key, cell.device))
-        return rec if rec is not None and expected.judges_like(rec.expected) else None
+        if rec is None or not expected.judges_like(rec.expected):
+            return None
+        if rec.verdict == Verdict.SKIPPED.value:
+            return rec if self._skip_reason(cell, expected) == rec.observed.error_message else None
+        return rec if unmet_requirement(self.matrix.case(cell.case).requires, cell) is None else None
 
     def prefetch(self, cells: List[Cell]) -> None:
         """Queue every cell that will run, so ranks go from one to the next without waiting for the caller."""
@@ -203,6 +254,7 @@ class Session:
                 self.run_id,
                 self.sources,
             )
+        rec = replace(rec, harness=harness_version(), requires=self._requires(cell))
         file = self._results_file()
         try:
             records.append(self.results, rec)

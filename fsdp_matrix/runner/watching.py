@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field, replace
-from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from fsdp_matrix.records import RankResult
 from fsdp_matrix.runner import procs
@@ -299,7 +299,7 @@ def _finish(
     ranks.update({r.rank: r for r in extra})
     start = min(state.started.get(key, {0: now}).values())
     end = state.end_t.get(key, now) if status in ("ok", "error") and not extra else now
-    problems = sorted({p for ps in state.clean.get(key, {}).values() for p in ps if p != "another rank is not clean"})
+    problems = merged_problems(state.clean.get(key, {}).values())
     run = CellRun(
         key=key,
         status=status,
@@ -313,6 +313,24 @@ def _finish(
         env_removed=list(state.env_removed),
     )
     return Finished(key, run, tuple(sorted(dump)))
+
+
+_LISTED = "global state changed by the cell: "
+"""The head of the hygiene problem whose tail is a ``, ``-joined list of changes (runner/hygiene.py)."""
+
+
+def merged_problems(per_rank: Iterable[Sequence[str]]) -> List[str]:
+    """Every rank's hygiene problems once, sorted: the lists of global-state changes merged into one line, each change
+    named once (a world shrunk to one rank changes $WORLD_SIZE on every rank and $RANK on rank 1 only: two distinct
+    lines named $WORLD_SIZE twice)."""
+    plain, changes = set(), set()
+    for problems in per_rank:
+        for problem in problems:
+            if problem.startswith(_LISTED):
+                changes.update(problem[len(_LISTED) :].split(", "))
+            elif problem != "another rank is not clean":
+                plain.add(problem)
+    return sorted(plain | ({_LISTED + ", ".join(sorted(changes))} if changes else set()))
 
 
 def _stuck(state: LaunchState, key: str, status: str, since: float, note: str, now: float) -> Finished:

@@ -111,6 +111,7 @@ def run_cell(fn: Callable[[Dict[str, Any], Any], Any], params: Dict[str, Any], c
         warnings.simplefilter("always")
         try:
             checks = _checks(fn(dict(params), ctx))
+            _world_kept(ctx)
             result = RankResult(rank=rank, status="ok", checks=checks)
         except KeyboardInterrupt:
             raise
@@ -121,6 +122,21 @@ def run_cell(fn: Callable[[Dict[str, Any], Any], Any], params: Dict[str, Any], c
     result.warnings = _warnings(caught)
     result.duration_s = round(time.monotonic() - start, 4)
     return result
+
+
+def _world_kept(ctx: Any) -> None:
+    """CheckFailed unless the process group still has the world size the cell's id names: a cell that re-initialised
+    it (or whose library did) ran in a world of its own, and every check it made holds trivially there (reliability
+    review 2026-11-28, defect 3). Cells that train check it themselves too, before and after (workload/checks.py)."""
+    from torch import distributed as dist
+
+    promised = getattr(ctx, "world_size", None)
+    have = dist.get_world_size() if dist.is_initialized() else 1
+    if promised is not None and have != promised:
+        from fsdp_matrix.errors import CheckFailed
+
+        ranks = "rank" if have == 1 else "ranks"
+        raise CheckFailed(f"world: the process group has {have} {ranks} after the cell, the cell's id names {promised}")
 
 
 class ReturnError(TypeError):

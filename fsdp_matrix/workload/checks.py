@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from typing import Dict, Iterable, Iterator, List, Optional
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from torch import distributed as dist
@@ -175,6 +175,31 @@ def _local_grad_squares(model: nn.Module) -> Dict[str, float]:
     return out
 
 
+def world_seen() -> Tuple[int, int]:
+    """(world size, rank) of the process group this rank is in now; (1, 0) without one. Not collective."""
+    if not dist.is_initialized():
+        return 1, 0
+    return dist.get_world_size(), dist.get_rank()
+
+
+def world_failures(promised: int, before: Tuple[int, int], after: Tuple[int, int]) -> List[str]:
+    """The world the cell's id names, before and after training: its process group has ``promised`` ranks and this
+    rank is one of them. A library that re-initialises the group (or a launcher variable lost on the way) leaves each
+    rank training alone in a 1-rank world: FSDP1 falls back to NO_SHARD, nothing is exchanged, and every other check
+    holds trivially (reliability review 2026-11-28, defect 3)."""
+    failures = []
+    if before[0] != promised or after[0] != promised:
+        ranks = "rank" if before[0] == 1 else "ranks"
+        failures.append(
+            f"world: the process group had {before[0]} {ranks} before training and {after[0]} after, "
+            f"the cell was promised {promised}"
+        )
+    outside = sorted({r for _, r in (before, after) if not 0 <= r < promised})
+    if outside:
+        failures.append(f"world: rank {outside[0]} is outside the cell's ranks 0..{promised - 1}")
+    return failures
+
+
 def sum_over_ranks(values: List[float], device: torch.device) -> List[float]:
     """Element-wise sum over all ranks (the values themselves without a process group)."""
     if not dist.is_initialized() or not values:
@@ -183,6 +208,18 @@ def sum_over_ranks(values: List[float], device: torch.device) -> List[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return [float(x) for x in t.tolist()]
+
+
+def _trainable_set_failures(trainable: set, present: set, now_trainable: List[str]) -> List[str]:
+    """Trainable names not in the model, and a trainable set that wrapping or training changed."""
+    failed = []
+    unknown = sorted(trainable - present)
+    if unknown:
+        failed.append(f"{len(unknown)} trainable tensors are not in the model: {unknown[:5]}")
+    if sorted(trainable) != now_trainable:
+        flipped = sorted(trainable.symmetric_difference(now_trainable))
+        failed.append(f"requires_grad differs from the trainable set taken before wrapping: {flipped[:5]}")
+    return failed
 
 
 class TrainingChecks:
@@ -201,9 +238,12 @@ class TrainingChecks:
         self._read_as: Optional[tuple] = None  # (model id, raw names) of the snapshot, to read the same tensors
         self.losses: List[float] = []
         self.grad_steps: List[Dict[str, float]] = []
+        self.world_before = world_seen()
+        """(world size, rank) when the checks were set up: before training (and, for the Trainer, before wrapping)."""
 
     def snapshot(self, model: nn.Module) -> None:
         """Every parameter before training, by cleaned name. Collective under FSDP."""
+        self.world_before = world_seen()
         kind = wrapper_kind(model)
         raw = full_parameters(model, kind)
         self._read_as = (id(model), list(raw))
@@ -243,8 +283,10 @@ class TrainingChecks:
         grads = {n: math.sqrt(sum(step.get(n, 0.0) for step in self.grad_steps)) for n in train}
         no_grad = [n for n in train if not (grads[n] > 0 and math.isfinite(grads[n]))]
         norms = [math.sqrt(sum(v for n, v in step.items() if n in trainable)) for step in self.grad_steps]
+        world_after = world_seen()
         checks = {
             "wrapper": kind,
+            "world_seen": [self.world_before[0], world_after[0]],
             "steps": len(self.losses),
             "losses": self.losses,
             "grad_norms": norms,
@@ -255,19 +297,14 @@ class TrainingChecks:
             "frozen_changed": frozen_changed,
             **(extra or {}),
         }
-        failed = Failures()
+        failed = Failures(world_failures(self.world_size, self.world_before, world_after))
         if kind not in FSDP_KINDS:
             failed.append(f"model is {type(model).__name__} ({kind}), not FSDP")
         if not self.losses or not all(math.isfinite(x) for x in self.losses):
             failed.append(f"loss not finite: {self.losses}")
         if not all(n > 0 and math.isfinite(n) for n in norms[1:]):
             failed.append(f"trainable grad norm not > 0 from step 1 on: {norms}")
-        unknown = sorted(trainable - set(self.before))
-        if unknown:
-            failed.append(f"{len(unknown)} trainable tensors are not in the model: {unknown[:5]}")
-        if sorted(trainable) != now_trainable:
-            flipped = sorted(trainable.symmetric_difference(now_trainable))
-            failed.append(f"requires_grad differs from the trainable set taken before wrapping: {flipped[:5]}")
+        failed += _trainable_set_failures(trainable, set(self.before), now_trainable)
         if missing:
             failed.append(f"{len(missing)} tensors appeared or vanished in training: {missing[:5]}")
         if not frozen:

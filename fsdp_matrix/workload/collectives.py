@@ -11,7 +11,10 @@ the parameters are really sharded (world size > 1, a sharding strategy that shar
 - every unit that holds trainable parameters all-gathers at least once per forward (``k`` times), and
   reduce-scatters at most once: accumulation defers it to the last micro-step (``no_sync`` /
   ``set_requires_gradient_sync(False)`` / ``accumulate()`` / the Trainer's loop). A unit of frozen weights only is
-  not judged (a module a step never calls, such as a disabled adapter's, is legitimate there).
+  not judged (a module a step never calls, such as a disabled adapter's, is legitimate there);
+- every unit that holds trainable parameters reduce-scatters at least once over the run, and the run all-gathers
+  (a world of one rank per cell trained alone: 0 of each, reliability review 2026-11-28 defect 3);
+- no FSDP1 unit runs NO_SHARD unless the cell asked ``shard: none`` (FSDP1's fallback on a 1-rank group).
 
 torch 2.13 calls ``all_gather_single`` / ``reduce_scatter_single``; older releases ``all_gather_into_tensor`` /
 ``reduce_scatter_tensor`` (``_all_gather_base`` / ``_reduce_scatter_base`` before them): every name this torch has is
@@ -173,10 +176,29 @@ class Promise:
     """The parameters are really sharded (world size > 1, a strategy that shards): the counts are judged."""
     deferred_sync: bool = True
     """The loop defers gradient sync to the last micro-step (every entry here does, as its users do)."""
+    world_size: int = 1
+    """Ranks the cell's id names."""
+    shard: Optional[str] = "full"
+    """The ``shard`` axis the cell asked (``full`` where it has none); None: not known (a caller that gave no
+    params), then what the units run is taken as asked."""
+    strategies: Dict[str, str] = field(default_factory=dict)
+    """FSDP1 unit name -> the sharding strategy it runs (``NO_SHARD``, ...); empty under FSDP2."""
 
 
-def promise_of(model: nn.Module, wrap: Optional[str], world_size: int, shard: str = "full") -> Promise:
-    """What ``wrap`` promises for ``model`` (its unwrapped or wrapped form): see SHARDED_WRAPS."""
+def fsdp1_strategies(model: nn.Module) -> Dict[str, str]:
+    """Each FSDP1 unit's sharding strategy by unit name (what FSDP1 chose: NO_SHARD on a 1-rank group)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return {
+        unit_name(n): m.sharding_strategy.name
+        for n, m in model.named_modules()
+        if isinstance(m, FullyShardedDataParallel)
+    }
+
+
+def promise_of(model: nn.Module, wrap: Optional[str], world_size: int, shard: Optional[str] = "full") -> Promise:
+    """What ``wrap`` promises for ``model`` (its unwrapped or wrapped form): see SHARDED_WRAPS. ``shard`` None: the
+    cell's ``shard`` axis is not known; the counts are judged when no unit runs NO_SHARD or HYBRID_SHARD."""
     kind = SHARDED_WRAPS.get(wrap or "")
     if kind == "layers":
         units = sorted(set(decoder_layer_names(model))) + ["<root>"]
@@ -184,7 +206,12 @@ def promise_of(model: nn.Module, wrap: Optional[str], world_size: int, shard: st
         units = ["<root>"]
     else:
         units = sorted(fsdp_unit_modules(model))
-    return Promise(units, world_size > 1 and shard in ("full", "grad_op"))
+    strategies = fsdp1_strategies(model)
+    if shard is None:
+        shards = not any(s == "NO_SHARD" or "HYBRID" in s for s in strategies.values())
+    else:
+        shards = shard in ("full", "grad_op")
+    return Promise(units, world_size > 1 and shards, world_size=world_size, shard=shard, strategies=strategies)
 
 
 def per_step(spy: CollectiveSpy) -> List[Dict[str, int]]:
@@ -210,6 +237,42 @@ def _unshard_judged(name: str, module: nn.Module) -> bool:
     return strategy is None or getattr(strategy, "name", "") in ("FULL_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
 
+def _fallbacks(promise: Promise) -> List[str]:
+    """FSDP1 units that run NO_SHARD where the cell asked a sharding strategy over more than one rank: FSDP1's
+    fallback on a 1-rank group (or a policy that picked it), a failed sharding promise unless the cell asked
+    ``shard: none``."""
+    if promise.world_size < 2 or promise.shard in (None, "none"):
+        return []
+    fell = sorted(u for u, strategy in promise.strategies.items() if strategy == "NO_SHARD")
+    if not fell:
+        return []
+    return [
+        f"collectives: {len(fell)}/{len(promise.strategies)} FSDP1 units run NO_SHARD, the cell asked "
+        f"{promise.shard} sharding over {promise.world_size} ranks: {fell[:3]}"
+    ]
+
+
+def _never_exchanged(spy: CollectiveSpy, units: Dict[str, Tuple[nn.Module, bool, bool]]) -> List[str]:
+    """Where the promise is sharded: a trainable unit whose gradients were never reduce-scattered in any optimizer
+    step, and a run that all-gathered nothing at all. Over the whole run, not per step: the first step of FSDP1 with
+    bf16 mixed precision counted 0 reduce-scatters in fix-holds cells (mixed-dtype ``mp_bf16``, the TRL entry in
+    bf16), then 2 and 8 per step. A unit of frozen weights only is not judged (LoRA added after ``fully_shard``
+    leaves every unit frozen: its plain tensors are judged by "ranks agree")."""
+    total = Counter()
+    for counts in spy.steps:
+        total.update(counts)
+    failures = [
+        f"collectives: unit {name} reduce-scattered 0 times in {len(spy.steps)} optimizer steps (its trainable "
+        "gradients were never sharded)"
+        for name, (_, _, trains) in sorted(units.items())
+        if trains and not total.get(("reduce_scatter", name), 0)
+    ]
+    trains = any(t for _, _, t in units.values())
+    if trains and not sum(n for (kind, _), n in total.items() if kind == "all_gather"):
+        failures.append(f"collectives: 0 all-gathers in {len(spy.steps)} optimizer steps (nothing was ever unsharded)")
+    return failures
+
+
 def judge_counts(
     spy: CollectiveSpy, units: Dict[str, Tuple[nn.Module, bool, bool]], promise: Promise, micro_steps: int
 ) -> Tuple[Dict[str, Any], List[str]]:
@@ -221,12 +284,14 @@ def judge_counts(
         "micro_steps": micro_steps,
         "judged": promise.sharded,
     }
-    failures: List[str] = []
+    failures: List[str] = _fallbacks(promise)
     if not promise.sharded or not spy.steps:
+        found["failed"] = len(failures)
         return found, failures
     missing = [u for u in promise.units if u not in units]
     if missing:
         failures.append(f"collectives: {len(missing)}/{len(promise.units)} promised FSDP units missing: {missing[:3]}")
+    failures += _never_exchanged(spy, units)
     for i, counts in enumerate(spy.steps):
         for name, (module, _, trains) in sorted(units.items()):
             if not trains:

@@ -27,7 +27,7 @@ from fsdp_matrix.workload.entry import (
     plugin_summary,
     require_wrapper,
 )
-from fsdp_matrix.workload.knobs import knobs_of, trainer_kwargs
+from fsdp_matrix.workload.knobs import CompileProbe, knobs_of, trainer_kwargs
 from fsdp_matrix.workload.meta_init import cpu_sync_module_states, ram_efficient, reference_for
 from fsdp_matrix.workload.models import VOCAB, decoder_layer_class
 from fsdp_matrix.workload.params import axis, flag
@@ -191,11 +191,10 @@ def trainer_train_and_check(
 ) -> dict:
     """``trainer.train()`` (the Trainer wraps the model), then the checks of every cell on ``trainer.model_wrapped``.
 
-    The snapshot is of the bare PEFT model before training; the model the Trainer trained must be the FSDP version
-    the cell asked for. The corruption checks' ``reference`` is taken from the bare model when not given; their
-    sharding and forward checks run at ``on_train_begin``, after the Trainer wrapped the model. ``init``
-    ``ram_efficient``: ranks > 0 hold meta tensors until the Trainer wraps, so the reference and the snapshot of
-    the weights before training are rank 0's, broadcast.
+    The snapshot is of the bare PEFT model before training; the model the Trainer trained must be the FSDP version the
+    cell asked for. The corruption checks' ``reference`` is taken from the bare model when not given; their sharding
+    and forward checks run at ``on_train_begin``, after the Trainer wrapped the model. ``init`` ``ram_efficient``:
+    ranks > 0 hold meta tensors until the Trainer wraps, so the reference and the snapshot are rank 0's, broadcast.
     """
     batch = synthetic_batch(ctx)
     low_mem = ram_efficient(params)
@@ -213,7 +212,7 @@ def trainer_train_and_check(
     else:
         judge.snapshot(trainer.model)
     guard = CorruptionChecks(trainable, ctx.world_size, reference, batch)
-    spy = CollectiveSpy()
+    spy, compiled = CollectiveSpy(), CompileProbe.start(knobs_of(params))  # the Trainer compiles inside train()
     probe = _GradProbe(judge, trainer, guard, spy)
     trainer.add_callback(_callback(probe))
     try:
@@ -240,8 +239,9 @@ def trainer_train_and_check(
     found, failures = guard.after_training(wrapped)
     units = fsdp_unit_modules(wrapped)
     counted, broken = judge_collectives(spy, units, wrapped, params, ctx.world_size, knobs_of(params).accum)
-    checks["collectives"] = counted
-    return judge.finish(wrapped, {**checks, **found}, [*failures, *broken])
+    frames, uncompiled = compiled.judge()
+    failures += [*broken, *uncompiled]
+    return judge.finish(wrapped, {**checks, **found, **frames, "collectives": counted}, failures)
 
 
 def trainer_entry(

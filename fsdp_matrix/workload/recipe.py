@@ -130,7 +130,8 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
         mp=axis(params, "mp", tuple(MIXED_PRECISION), default=None),
         init=init,
     )
-    checks = train_and_check(wrapped, ctx, trainable=trainable, reference=reference)
+    # params: the collectives check judges what the cell's wrap and shard axes promise (collectives.Promise)
+    checks = train_and_check(wrapped, ctx, trainable=trainable, reference=reference, params=params)
     if init in FROM_RANK0 and ctx.device.type == "cpu" and checks.get("wrapper") == "fsdp1":
         checks["shim"] = [SYNC_SHIM]
     return {**built, **checks}

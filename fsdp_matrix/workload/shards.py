@@ -66,6 +66,9 @@ class Holding:
     """Cleaned name -> this rank's piece of the parameter (an empty tensor where the rank holds none of it)."""
     group: int
     """The shard group g: how many ranks share one copy of a managed parameter."""
+    span: int = 0
+    """Ranks FSDP spreads the managed parameters over (FSDP1's process group, NO_SHARD's included; FSDP2's mesh);
+    0 where not known (nothing managed, FSDP1 HYBRID_SHARD, whose group is one node's)."""
 
 
 def _fsdp1_modules(model: nn.Module) -> List[Tuple[str, FullyShardedDataParallel]]:
@@ -82,6 +85,15 @@ def _fsdp1_group(model: nn.Module, world_size: int) -> int:
     return world_size
 
 
+def _fsdp1_span(model: nn.Module) -> int:
+    """Ranks in the process group of FSDP1's root unit (0 for HYBRID_SHARD, whose group is one node's)."""
+    modules = _fsdp1_modules(model)
+    if not modules or modules[0][1].sharding_strategy.name.startswith(("HYBRID_SHARD", "_HYBRID_SHARD")):
+        return 0
+    group = getattr(modules[0][1], "process_group", None)
+    return group.size() if group is not None else 0
+
+
 def holding(model: nn.Module, kind: str, world_size: int) -> Holding:
     """This rank's parameters of a wrapped model, split into managed and unmanaged. Not collective."""
     managed: Dict[str, Tuple[Shape, torch.dtype]] = {}
@@ -91,8 +103,9 @@ def holding(model: nn.Module, kind: str, world_size: int) -> Holding:
     # FSDP1 with use_orig_params=True exposes each original parameter as a view of its flat parameter; one that a
     # module added after wrapping renamed (PEFT's base_layer, say) is still managed: known by identity, not by name
     views: set = set()
+    span = 0
     if kind == "fsdp1":
-        group = _fsdp1_group(model, world_size)
+        group, span = _fsdp1_group(model, world_size), _fsdp1_span(model)
         for name, module in _fsdp1_modules(model):
             flat = getattr(module, _FLAT, None)
             if flat is None:
@@ -111,6 +124,7 @@ def holding(model: nn.Module, kind: str, world_size: int) -> Holding:
     elif kind == "fsdp2":
         replicas = [_replicas(p) for p in model.parameters() if isinstance(p, DTensor)]
         group = world_size // min(replicas, default=1)
+        span = max((p.device_mesh.size() for p in model.parameters() if isinstance(p, DTensor)), default=0)
     unmanaged: Dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():
         key = clean_name(name)
@@ -121,7 +135,7 @@ def holding(model: nn.Module, kind: str, world_size: int) -> Holding:
             pieces[key] = local
         elif not _is_flat(name, param) and key not in managed and id(param) not in views:
             unmanaged[key] = pieces[key] = param
-    return Holding(managed, unmanaged, units, pieces, group)
+    return Holding(managed, unmanaged, units, pieces, group, span)
 
 
 def _replicas(param: Any) -> int:
@@ -155,8 +169,17 @@ def check_sharding(
     promised, slack = _promised(held, inventory, kind)
     seen = gather(_what_this_rank_holds(held, inventory))
     failures = [line for rank, mine in enumerate(seen) for line in _over(rank, mine, promised, slack, held.group)]
+    if 0 < held.span < world_size:
+        # FSDP1 over a 1-rank group falls back to NO_SHARD, and the share follows it: the bytes check alone would
+        # promise what the fallback holds (reliability review 2026-11-28, defect 3)
+        failures.insert(0, f"sharding: FSDP spreads the parameters over {held.span} of the cell's {world_size} ranks")
     per_rank = {d: [s[0].get(d, 0) for s in seen] for d in sorted({d for s in seen for d in s[0]})}
-    checks = {"shard_group": held.group, "bytes_per_rank": per_rank, "bytes_promised": dict(sorted(promised.items()))}
+    checks = {
+        "shard_group": held.group,
+        "shard_span": held.span,
+        "bytes_per_rank": per_rank,
+        "bytes_promised": dict(sorted(promised.items())),
+    }
     if masters:
         checks["master_fp32"] = masters
     return checks, failures, held

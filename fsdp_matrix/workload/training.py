@@ -13,7 +13,7 @@ from fsdp_matrix.workload.checks import TrainingChecks, require_fsdp
 from fsdp_matrix.workload.collectives import CollectiveSpy, fsdp_unit_modules, judge_counts, promise_of
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import CorruptionChecks, ReferenceLike, as_reference
-from fsdp_matrix.workload.knobs import Loop, micro_batches
+from fsdp_matrix.workload.knobs import CompileProbe, Loop, micro_batches
 from fsdp_matrix.workload.models import VOCAB
 
 BATCH, SEQ = 2, 16
@@ -83,13 +83,12 @@ def train_and_check(
 ) -> dict:
     """Train ``steps`` AdamW steps on an FSDP-wrapped model, then check it (see checks.TrainingChecks.finish).
 
-    The checks: the model is FSDP1 or FSDP2 (anything else, e.g. the DDP that accelerate falls back to on CPU, is a
-    failure); the loss is finite every step; the trainable gradient norm is > 0 from step 1 on (``lora_B`` starts at
-    zero, so ``lora_A`` has none at step 0); every trainable tensor got a non-zero gradient and changed; every other
-    tensor is bit-identical. Then the silent-corruption checks of corruption.py: each rank holds what sharding
-    promises (checked before any forward), every trainable tensor's piece changed on every rank, every
-    parameter FSDP does not manage is identical on every rank, and, given a ``reference``, the wrapped model's logits
-    before training equal the unwrapped model's.
+    The checks: the model is FSDP1 or FSDP2 (not the DDP accelerate falls back to on CPU) in the world the cell was
+    promised; the loss is finite; the trainable gradient norm is > 0 from step 1 on (``lora_B`` starts at zero);
+    every trainable tensor got a non-zero gradient and changed; every other tensor is bit-identical. Then
+    corruption.py's: each rank holds what sharding promises (before any forward), every trainable tensor's piece
+    changed on every rank, every parameter FSDP does not manage is identical on every rank, and, given a
+    ``reference``, the wrapped model's logits equal the unwrapped model's; a ``compile`` cell compiled something.
 
     ``trainable``: the names of the parameters that require grad, taken from the PEFT model before wrapping
     (``trainable_names(model)``); when absent they are read from the wrapped model's per-parameter
@@ -99,7 +98,7 @@ def train_and_check(
     wrapping, its logits on ``synthetic_batch(ctx)``, or a callable ``batch -> logits``; without it the forward check
     does not run and the sharding check counts from the wrapped model's own dtypes (an upcast goes unseen).
     ``loop``: the knobs as the entry runs them (default: the ``torch`` entry's for ``params``, knobs.Loop); ``params``:
-    the cell's, whose ``wrap`` promises the collectives counted in ``checks["collectives"]`` (collectives.py).
+    the cell's, whose ``wrap`` and ``shard`` promise the collectives in ``checks["collectives"]`` (collectives.py).
 
     Raises CheckFailed naming every failed check with its measured value; returns the checks and values otherwise.
     Every collective runs before any check can raise, so a failed check cannot leave another rank waiting.
@@ -115,9 +114,10 @@ def train_and_check(
     # it always has: a forward first gives LoRA on expert parameters another error) and after the optimizer took
     # the parameters (after a forward without backward, FSDP2's root and FSDP1's SHARD_GRAD_OP units are left
     # unsharded, and model.parameters() lists unsharded copies or non-leaf views: observed, pytorch#149205)
+    loop = loop or Loop.for_torch(params or {})
+    compiled = CompileProbe.start(loop.knobs)  # before the forward check, the cell's first forward of this model
     guard = CorruptionChecks(trainable, ctx.world_size, as_reference(reference, batch), batch)
     guard.after_wrap(model)
-    loop = loop or Loop.for_torch(params or {})
     spy, units = spy_on(model)
     start = time.perf_counter()
     with spy.spying():
@@ -126,9 +126,9 @@ def train_and_check(
     del optimizer
     found, failures = guard.after_training(model)
     counted, broken = judge_collectives(spy, units, model, params, ctx.world_size, loop.knobs.accum)
-    extra = {"trainable_params_local": len(params_list), "train_s": round(train_s, 3), **found}
-    extra["collectives"] = counted
-    return judge.finish(model, extra, [*failures, *broken])
+    frames, uncompiled = compiled.judge()
+    extra = {"trainable_params_local": len(params_list), "train_s": round(train_s, 3), **found, **frames}
+    return judge.finish(model, {**extra, "collectives": counted}, [*failures, *broken, *uncompiled])
 
 
 def spy_on(model: nn.Module) -> tuple:
@@ -145,7 +145,8 @@ def judge_collectives(
     world_size: int,
     micro_steps: int,
 ) -> tuple:
-    """collectives.judge against what the cell's ``wrap`` promises (no ``params``: the units found)."""
-    params = params or {}
-    promise = promise_of(model, params.get("wrap"), world_size, str(params.get("shard", "full")))
+    """collectives.judge against what the cell's ``wrap`` and ``shard`` promise (no ``params``: the units found, and
+    the strategy they run taken as asked)."""
+    shard = None if params is None else str(params.get("shard", "full"))
+    promise = promise_of(model, (params or {}).get("wrap"), world_size, shard)
     return judge_counts(spy, units, promise, micro_steps)

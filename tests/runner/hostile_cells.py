@@ -19,6 +19,8 @@ import torch.distributed as dist
 INJECTED_PATH = "/hostile-injected-path"
 LEAKED_ENV = ("ACCELERATE_USE_FSDP", "FSDP_SHARDING_STRATEGY", "ACCELERATE_MIXED_PRECISION")
 """Variables that steer accelerate's / transformers' FSDP choices: never seen by a rank unless a cell sets them."""
+STEERING_ENV = ("TORCH_COMPILE_DISABLE", "TORCHDYNAMO_DISABLE", "CUDA_LAUNCH_BLOCKING", "TORCH_DISTRIBUTED_DEBUG")
+"""Variables that change what a cell exercises (runner/protocol.py): never seen by a rank either."""
 
 
 def _collective(ctx) -> float:
@@ -38,6 +40,7 @@ def _probe(ctx) -> dict:
         problems.append("AdamW.step did not change the weights")
     warnings.warn("probe: a deprecation warning is a warning, not an error", DeprecationWarning, stacklevel=1)
     leaked = [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_")) and not k.startswith("FSDP_MATRIX_")]
+    leaked += [k for k in STEERING_ENV if k in os.environ]
     if leaked:
         problems.append(f"leaked env: {leaked}")
     for need in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):

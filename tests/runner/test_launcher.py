@@ -303,6 +303,9 @@ def test_the_callers_fsdp_and_accelerate_variables_do_not_reach_the_ranks(tmp_pa
     from tests.runner.hostile import run_sequence
 
     leaked = {"ACCELERATE_USE_FSDP": "true", "FSDP_SHARDING_STRATEGY": "1", "ACCELERATE_MIXED_PRECISION": "no"}
+    # and what changes what a cell exercises (review 2026-11-28 defect 4: TORCH_COMPILE_DISABLE faked compile cells)
+    leaked.update(TORCH_COMPILE_DISABLE="1", TORCHDYNAMO_DISABLE="1", CUDA_LAUNCH_BLOCKING="1")
+    leaked.update(TORCH_DISTRIBUTED_DEBUG="DETAIL")
     with mock.patch.dict("os.environ", {**leaked, "HF_HUB_OFFLINE": "1"}):
         [rec] = run_sequence(tmp_path, ["probe"])
     assert rec.verdict == "fix-holds", rec.line

@@ -146,7 +146,9 @@ def _healthy_cells(device="cpu"):
 
 
 def _earlier(results, cell, verdict, status, combo="local", versions=None, device="cpu", sources=None, expected=None):
+    """A record this harness wrote earlier (its version stamped, as Session stamps it)."""
     from fsdp_matrix.records import Observed, Record
+    from fsdp_matrix.runner.session import harness_version
 
     rec = Record(
         case=cell.case,
@@ -162,6 +164,7 @@ def _earlier(results, cell, verdict, status, combo="local", versions=None, devic
         combo=combo,
         run_id="earlier",
         sources=sources or {},
+        harness=harness_version(),
     )
     records.append(results, rec)
 
@@ -374,3 +377,83 @@ def test_results_dir_deleted_mid_run_stops_at_once_and_accuses_no_cell(tmp_path)
     assert "removed" in line and "observed hang" not in out, out
     assert not results.exists()  # nothing recreated it to file a verdict into
     assert _none_alive(ids, 60)
+
+
+# ---- --resume re-judges a changed requirement or an older harness (review 2026-11-28 defect 5) ---------------------
+
+
+def _matrix_requiring(tmp: Path, requires: str) -> Path:
+    """fault_matrix.yaml with ``requires`` on the ``healthy`` case (its repro paths still relative to HERE)."""
+    text = (HERE / "fault_matrix.yaml").read_text()
+    anchor = "    repro: fault_cells.py\n    grids:\n      - {fault: [ok], n: [1, 2, 3, 4, 5, 6], sleep: [1]}\n"
+    assert anchor in text
+    path = tmp / "requiring.yaml"
+    (tmp / "fault_cells.py").symlink_to(HERE / "fault_cells.py")  # a matrix's repro paths are relative to it
+    path.write_text(text.replace(anchor, anchor + f"    requires:\n      - {requires}\n"))
+    return path
+
+
+def _session_of(matrix: Path, results: Path, resume: bool):
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.runner.session import Session
+
+    launcher = _CountingLauncher()
+    versions = {"torch": "2.13.0", "peft": "0.21.2"}
+    return Session(load_matrix(matrix), launcher, results, versions, combo="local", resume=resume, repo_root=HERE), (
+        launcher
+    )
+
+
+def test_resume_reruns_a_skip_whose_requirement_was_lifted(tmp_path):
+    """A cell skipped for ``needs cuda`` kept that skip under --resume after the case's ``requires`` was removed,
+    quoting a requirement that no longer exists; a fresh run gave REGRESSION."""
+    cell = _healthy_cells()[0]
+    needing = _matrix_requiring(tmp_path, "{device: cuda, reason: needs a GPU}")
+    session, launcher = _session_of(needing, tmp_path / "res", resume=False)
+    assert session.run(cell).verdict == "skipped" and launcher.ran == []
+    session, launcher = _session_of(HERE / "fault_matrix.yaml", tmp_path / "res", resume=True)
+    session.prefetch([cell])
+    assert session.run(cell).verdict == "fix-holds"
+    assert launcher.ran == [cell.key]
+
+
+def test_resume_does_not_keep_a_run_whose_case_now_requires_what_this_run_lacks(tmp_path):
+    cell = _healthy_cells()[0]
+    session, launcher = _session_of(HERE / "fault_matrix.yaml", tmp_path / "res", resume=False)
+    assert session.run(cell).verdict == "fix-holds" and launcher.ran == [cell.key]
+    needing = _matrix_requiring(tmp_path, "{device: cuda, reason: needs a GPU}")
+    session, launcher = _session_of(needing, tmp_path / "res", resume=True)
+    rec = session.run(cell)
+    assert rec.verdict == "skipped" and "needs cuda" in rec.observed.error_message and launcher.ran == []
+
+
+def test_resume_reruns_records_of_an_older_harness(tmp_path):
+    """Records that a harness before the collectives check wrote (schema 1) were kept: their verdicts never went
+    through the checks this harness has."""
+    cell = _healthy_cells()[0]
+    session, launcher = _session_of(HERE / "fault_matrix.yaml", tmp_path / "res", resume=False)
+    session.run(cell)
+    file = tmp_path / "res" / records.RECORDS_FILE
+    older = file.read_text().replace(f'"schema": {records.SCHEMA}', '"schema": 1')
+    assert older != file.read_text()
+    file.write_text(older)
+    session, launcher = _session_of(HERE / "fault_matrix.yaml", tmp_path / "res", resume=True)
+    session.prefetch([cell])
+    session.run(cell)
+    assert launcher.ran == [cell.key]
+
+
+def test_a_record_says_which_harness_judged_it_and_under_which_requirement(tmp_path):
+    from fsdp_matrix.runner.session import harness_version
+
+    cell = _healthy_cells()[0]
+    needing = _matrix_requiring(tmp_path, "{min_world_size: 2, reason: two ranks at least}")
+    session, _ = _session_of(needing, tmp_path / "res", resume=False)
+    rec = session.run(cell)
+    assert rec.harness == harness_version() and rec.harness.startswith(f"{records.SCHEMA}-")
+    assert rec.requires == [{"min_world_size": 2, "reason": "two ranks at least"}]
+    [back] = records.iter_records(tmp_path / "res" / records.RECORDS_FILE)
+    assert (back.harness, back.requires, back.schema) == (rec.harness, rec.requires, records.SCHEMA)
+    # the same requirement, still met: --resume keeps the record
+    session, launcher = _session_of(needing, tmp_path / "res", resume=True)
+    assert session.run(cell).run_id == rec.run_id and launcher.ran == []

@@ -152,3 +152,18 @@ def test_a_non_dict_return_is_that_cells_error_and_the_launch_goes_on(tmp_path):
         [rec] = [r for f, r in by_fault if f == fault]
         assert rec.observed.status == "error" and rec.verdict == "REGRESSION", rec.line
         assert "run() returned" in rec.line and what in rec.line, rec.line
+
+
+def test_a_change_both_ranks_report_is_named_once_in_the_note():
+    """Review 2026-11-28 (cosmetic): a cell that shrank the world to one rank changed $WORLD_SIZE on both ranks and
+    $RANK on rank 1 only; the note said `$WORLD_SIZE` twice, once per rank's line."""
+    head = "global state changed by the cell: "
+    events = [
+        _end(0),
+        _end(1),
+        _clean(0, problems=[head + "$WORLD_SIZE"]),
+        _clean(1, problems=[head + "$RANK, $WORLD_SIZE"]),
+    ]
+    done, _ = decide(_running(), events, T0 + 2, LIMITS)[1]
+    assert done.run.note == head + "$RANK, $WORLD_SIZE; ranks restarted before the next cell"
+    assert done.run.note.count("$WORLD_SIZE") == 1

@@ -128,3 +128,20 @@ def test_a_launch_json_without_preload_reads_as_an_empty_list():
         ' "coordinator": 1, "coordinator_create_time": 0.0}'
     )
     assert decode_config(text).preload == []
+
+
+def test_a_cell_that_ends_in_another_world_than_its_id_names_fails_whatever_it_checked():
+    """Review 2026-11-28 defect 3, for every cell (one that merges or loads checks no training): a cell whose process
+    group no longer has the world size its id names returned its checks from a world of its own."""
+    from types import SimpleNamespace
+
+    from torch import distributed as dist
+
+    from fsdp_matrix.runner.worker import run_cell
+
+    have = dist.get_world_size() if dist.is_initialized() else 1
+    result = run_cell(lambda params, ctx: {"merged": True}, {}, SimpleNamespace(seed=0, world_size=have + 1), 0)
+    assert result.status == "error" and result.error_type.endswith("CheckFailed"), result
+    assert f"world: the process group has {have} rank" in result.error_message
+    assert f"the cell's id names {have + 1}" in result.error_message
+    assert run_cell(lambda params, ctx: {}, {}, SimpleNamespace(seed=0, world_size=have), 0).status == "ok"

@@ -12,7 +12,7 @@ import pytest
 from torch import distributed as dist
 from torch import nn
 
-from fsdp_matrix.workload.collectives import KINDS, OTHER, CollectiveSpy, Promise, judge_counts, per_step
+from fsdp_matrix.workload.collectives import KINDS, OTHER, CollectiveSpy, Promise, judge_counts, per_step, promise_of
 from tests.workload.support import failed_on_both_ranks, run_two_ranks
 
 
@@ -67,11 +67,12 @@ def _units(*names_holds_trains):
 def test_judge_names_the_unit_and_its_count():
     spy = CollectiveSpy()
     spy.current.update({("all_gather", "a"): 2, ("all_gather", "b"): 1, ("reduce_scatter", "a"): 2})
+    spy.current.update({("reduce_scatter", "b"): 1})
     spy.current.update({("all_reduce", OTHER): 1})
     spy.step()
     units = _units(("a", True, True), ("b", True, True), ("frozen", True, False))
     found, failures = judge_counts(spy, units, Promise(["a", "b", "frozen"], sharded=True), micro_steps=2)
-    assert found["per_step"] == [{"all_gather": 3, "reduce_scatter": 2, "all_reduce": 1}]
+    assert found["per_step"] == [{"all_gather": 3, "reduce_scatter": 3, "all_reduce": 1}]
     assert failures == [
         "collectives: step 0 unit a reduce-scattered 2 times over 2 micro-steps (promised: once per optimizer step)",
     ]
@@ -97,3 +98,58 @@ def test_the_spy_counts_paused_nothing_and_restores_torch_distributed():
             spy.record("all_reduce")
     assert {name: getattr(dist, name, None) for name in before} == before
     assert spy.current == Counter({("all_reduce", OTHER): 1})
+
+
+def _steps(*counts):
+    spy = CollectiveSpy()
+    for step in counts:
+        spy.current.update(step)
+        spy.step()
+    return spy
+
+
+def test_a_trainable_unit_never_reduce_scattered_fails_where_the_promise_is_sharded():
+    """Review 2026-11-28 defect 3: a step's counts of 0 were never judged (only > 1 was)."""
+    spy = _steps({("all_gather", "a"): 1, ("reduce_scatter", "a"): 1}, {("all_gather", "a"): 1})
+    units = _units(("a", True, True), ("b", True, True), ("frozen", True, False))
+    _, failures = judge_counts(spy, units, Promise(["a", "b", "frozen"], sharded=True, world_size=2), 1)
+    assert failures == [
+        "collectives: unit b reduce-scattered 0 times in 2 optimizer steps (its trainable gradients were never sharded)"
+    ]
+
+
+def test_a_sharded_run_that_never_all_gathers_fails():
+    spy = _steps({("reduce_scatter", "a"): 1})
+    _, failures = judge_counts(spy, _units(("a", True, True)), Promise(["a"], sharded=True, world_size=2), 1)
+    assert failures == ["collectives: 0 all-gathers in 1 optimizer steps (nothing was ever unsharded)"]
+
+
+def test_zero_exchanges_are_allowed_by_the_promise_not_by_a_blanket_exception():
+    spy = _steps({})
+    units = _units(("a", True, True))
+    # shard: none asked over 2 ranks (NO_SHARD all-reduces), and a world of 1: nothing is sharded, nothing judged
+    for promise in (
+        Promise(["a"], sharded=False, world_size=2, shard="none", strategies={"a": "NO_SHARD"}),
+        Promise(["a"], sharded=False, world_size=1, strategies={"a": "NO_SHARD"}),
+    ):
+        assert judge_counts(spy, units, promise, 1)[1] == []
+    # a unit of frozen weights only (LoRA added after fully_shard: the adapters are plain tensors) is not judged
+    assert judge_counts(spy, _units(("a", True, False)), Promise(["a"], sharded=True, world_size=2), 1)[1] == []
+
+
+@pytest.mark.parametrize(
+    ("shard", "fails"), [("full", True), ("grad_op", True), ("hybrid", True), ("none", False), (None, False)]
+)
+def test_an_fsdp1_unit_on_no_shard_is_a_broken_promise_unless_the_cell_asked_for_it(shard, fails):
+    # FSDP1 falls back to NO_SHARD on a 1-rank group; None: a caller that gave no params (taken as asked)
+    promise = Promise(["<root>"], sharded=False, world_size=2, shard=shard, strategies={"<root>": "NO_SHARD"})
+    _, failures = judge_counts(_steps({}), _units(("<root>", True, True)), promise, 1)
+    expected = f"collectives: 1/1 FSDP1 units run NO_SHARD, the cell asked {shard} sharding over 2 ranks: ['<root>']"
+    assert failures == ([expected] if fails else [])
+
+
+def test_the_promise_without_params_follows_what_the_units_run():
+    model = nn.Linear(1, 1)
+    assert promise_of(model, None, 2, shard=None).sharded  # no FSDP1 unit says otherwise
+    assert promise_of(model, None, 2, shard="none").sharded is False
+    assert promise_of(model, None, 1, shard="full").sharded is False
