@@ -36,6 +36,7 @@ HARNESS_CODE = (
     "case.py",
     "cells.py",
     "expectations.py",
+    "match.py",
     "patterns.py",
     "records.py",
     "rules.py",

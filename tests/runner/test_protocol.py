@@ -10,6 +10,7 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fsdp_matrix.runner import launch as launch_module
 from fsdp_matrix.runner.launcher import Launcher
 from fsdp_matrix.runner.protocol import (
     KEPT_ENV,
@@ -77,5 +78,5 @@ def test_every_steering_variable_is_stripped_and_listed_and_none_leaks_to_a_rank
     # what the launcher hands torchrun (its own settings added): none of the caller's steering variables either
     launcher = Launcher(run_root=tmp_path_factory.getbasetemp() / "launches", python=sys.executable)
     with mock.patch.dict(os.environ, base, clear=True):
-        ranks_env, listed = launcher._environ("launch-id")
+        ranks_env, listed = launch_module._environ(launcher, "launch-id")  # the Launch builds it from its spec
     assert listed == removed and not any(stripped(k) for k in ranks_env)
