@@ -23,9 +23,7 @@ FIXTURES = load()
 DEV = [fx for fx in FIXTURES if fx.half == "dev"]
 DEV_MISSES = {
     # dev pastes the matcher gets wrong, each a known gap (strict: a fix must remove it from here)
-    "peft1720_qlora_colab.txt": "a single-GPU QLoRA error claimed as FSDP2's: nothing in it shows FSDP",
     "peftpr3578_sharded_shape.txt": "a size message with other values than the rule's, in a PR's prose",
-    "pytorch105348_fsdp_tp_t5.txt": "FSDP + tensor parallel without adapters claimed as a PEFT meta-load case",
 }
 
 
@@ -49,7 +47,6 @@ def test_the_corpus_paste_names_its_case_first_or_nothing(fx):
     assert (level in ("strong", "likely", "weak")) is (first is not None)
 
 
-@pytest.mark.xfail(strict=True, reason="before tuning: 2 of 28 other dev pastes are claimed (target: 1 in 15)")
 def test_the_corpus_meets_the_targets():
     answers = [(fx, _first(MATRIX, fx.text)[0]) for fx in DEV]
     covered = [(fx, a) for fx, a in answers if fx.expected]
