@@ -20,7 +20,7 @@ from fsdp_matrix.cells import Cell, expand_case
 from fsdp_matrix.expectations import expected_for, version_matches
 from fsdp_matrix.matrix import Case, Combo, Matrix
 from fsdp_matrix.records import Record
-from fsdp_matrix.triage import normalise
+from fsdp_matrix.triage import normalise, prose
 from fsdp_matrix.triage.evidence import Context, frame_hints_met, from_pretrained_init, read_context
 from fsdp_matrix.triage.parse import Paste, PastedError
 
@@ -98,6 +98,8 @@ class Hit:
             return None
         # a fit that is not the rule's own message (other words, other values) is never strong
         points = min(self.points, LEVELS[1][1]) if self.fit in ("loose", "values") else self.points
+        # a report's words, without a message that fits on its own, are weak evidence at most
+        points = min(points, LEVELS[2][1]) if self.fit == "words" else points
         return next((name for name, least in LEVELS if points >= least), None)
 
 
@@ -478,7 +480,35 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
             found.against = found.hits[0].against
         elif not found.hits and ctx.elsewhere:
             found.against = f"similar message, but this looks like {ctx.elsewhere[0][1]}"
+    _by_words(matrix, paste, ctx, by_case)
     return sorted(by_case.values(), key=lambda m: -m.score)
+
+
+def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, CaseMatch]) -> None:
+    """A weak claim from the report's words (``prose``) when nothing else is claimed: the paste shows FSDP and a
+    PEFT adapter and no other stack, and an exception line it has fits one of the named case's rules."""
+    if any(m.level for m in by_case.values()) or not (ctx.fsdp and ctx.peft) or ctx.elsewhere or ctx.full_finetune:
+        return
+    messages = frozenset(case for case, m in by_case.items() if m.hits)
+    found = prose.named([(c.id, c.title) for c in matrix.cases], paste.text, messages)
+    if found is None or (paste.errors and not found.message):
+        return  # an exception line that fits none of the case's rules is another error
+    case = next(c for c in matrix.cases if c.id == found.case)
+    seen = by_case.get(case.id)
+    rule_sig = seen.hits[0].signature if seen and seen.hits else _first_error(case)
+    if rule_sig is None:
+        return
+    evidence = [f"words of the case's title: {', '.join(found.words)}"]
+    evidence += ["its rule's message (not claimed on its own)"] if found.message else []
+    evidence += [f"FSDP: {ctx.fsdp[0]}", f"PEFT: {ctx.peft[0]}"]
+    notes = ["named from the report's words, not from a message that fits: weak evidence at most"]
+    hit = Hit(rule_sig, LEVELS[2][1], notes, LEVELS[2][1], evidence, None, "words")
+    by_case.setdefault(case.id, CaseMatch(case)).hits.insert(0, hit)
+    by_case[case.id].against = None
+
+
+def _first_error(case: Case) -> Optional[Signature]:
+    return next((Signature(case.id, f"expect[{i}]", r) for i, r in enumerate(case.expect) if r.error), None)
 
 
 def claims(found: List[CaseMatch]) -> List[CaseMatch]:
