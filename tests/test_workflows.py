@@ -82,6 +82,15 @@ def example_files() -> List[Path]:
     return sorted(EXAMPLES.glob("*.yml"))
 
 
+BOT = EXAMPLES / "triage-bot.yml"
+"""The issue bot's example (issue 36): a job of its own, not a caller of a reusable workflow; its page is triage.md."""
+
+
+def caller_files() -> List[Path]:
+    """The examples that call one of this repository's reusable workflows (every example but the issue bot)."""
+    return [p for p in example_files() if p != BOT]
+
+
 def linted_files() -> List[Path]:
     """Every file the lints below cover: the workflows, action.yml and the example callers."""
     return [*workflow_files(), ACTION, *example_files()]
@@ -327,7 +336,7 @@ def test_the_gate_runs_the_cpu_gate_cells_with_a_report_log_or_nox_gate_over_com
     assert 'nox -f .fsdp-matrix/noxfile.py -s gate -- "${args[@]}"' in text
 
 
-@pytest.mark.parametrize("path", example_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", caller_files(), ids=lambda p: p.name)
 def test_example_callers_call_a_reusable_workflow_with_inputs_it_takes(path):
     jobs = yaml.safe_load(path.read_text())["jobs"]
     assert jobs
@@ -344,15 +353,16 @@ def test_example_callers_call_a_reusable_workflow_with_inputs_it_takes(path):
 def test_the_workflows_page_shows_each_example_as_it_is():
     # the page is what a reader copies from; the files are what the lints check: they must be the same text
     page = (ROOT / "docs" / "pages" / "workflows.md").read_text()
-    for path in example_files():
+    for path in caller_files():
         assert f"```yaml\n{path.read_text()}```" in page, path.name
+    assert f"```yaml\n{BOT.read_text()}```" in (ROOT / "docs" / "pages" / "triage.md").read_text()
 
 
 def test_there_is_one_example_per_upstream_job():
-    names = {p.stem for p in example_files()}
+    names = {p.stem for p in caller_files()}
     assert {"peft-pr-cpu", "peft-nightly-gpu", "accelerate-pr-cpu", "accelerate-nightly-gpu"} <= names
     assert any(n.startswith("trl-") for n in names)
-    images = {yaml.safe_load(p.read_text())["jobs"].popitem()[1]["with"].get("image") for p in example_files()}
+    images = {yaml.safe_load(p.read_text())["jobs"].popitem()[1]["with"].get("image") for p in caller_files()}
     assert {"huggingface/peft-gpu:latest", "huggingface/accelerate:gpu-nightly"} <= images
 
 

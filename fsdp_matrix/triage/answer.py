@@ -57,6 +57,11 @@ class Claim(_Model):
     workarounds_on: str = Field(description="'your versions', 'the nearest combo X', or '' when none are offered.")
     workarounds: List[Workaround] = Field(description="Changes of the matched rule's settings that train.")
     workarounds_note: Optional[str] = Field(description="Why no workaround is offered, when none is.")
+    what_works: List[str] = Field(
+        default_factory=list,
+        description="What trains on the user's versions: settings to change, then releases newer than theirs that "
+        "fix the matched rule (schema 2).",
+    )
 
 
 class Similar(_Model):
@@ -79,11 +84,13 @@ class PlatformFit(_Model):
 class Answer(_Model):
     """Everything ``triage`` says about one paste."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     errors: List[str] = Field(description="Exception lines read from the paste ('Type: message'), at most three.")
     raised_in: Optional[str] = Field(description="Innermost pasted frame in a known package (dotted module).")
     versions: Dict[str, str] = Field(description="The user's versions used (given or installed).")
-    versions_from: str = Field(description="'given with --versions' or 'installed here'.")
+    versions_from: str = Field(
+        description="'given with --versions', 'stated in the paste' (schema 2) or 'installed here'."
+    )
     outside_observed: List[str] = Field(description="Versions older or newer than every combo observed.")
     nearest_combo: Optional[str] = Field(description="The CPU combo nearest to the user's versions.")
     claims: List[Claim] = Field(description="Claimed cases, best first, shown in full (at most three).")

@@ -35,7 +35,9 @@ from fsdp_matrix.triage.match import (
     rule_versions,
 )
 from fsdp_matrix.triage.parse import MAX_BYTES, MAX_ERRORS, Paste, decode, parse
+from fsdp_matrix.triage.stated import stated_versions
 from fsdp_matrix.triage.versions import fixed_in, observed_range, older_than_observed, workarounds
+from fsdp_matrix.triage.works import what_works
 from fsdp_matrix.usage import OneLineParser
 from fsdp_matrix.verdicts import Verdict
 
@@ -235,6 +237,16 @@ def _workarounds(matrix: Matrix, found: CaseMatch, versions, near, records, outs
     return label, out, None
 
 
+def _nearest_works(matrix: Matrix, found: CaseMatch, near) -> List[str]:
+    """Settings that train on the nearest combo, when nothing is offered on the user's versions (older or newer than
+    every combo observed): said as the nearest combo's, not as the user's."""
+    if near is None or not found.hits:
+        return []
+    index = int(found.hits[0].signature.where.split("[", 1)[1].rstrip("]"))
+    mine = workarounds(matrix, found.case, index, near.pins.model_dump())
+    return [f"set {w.change} (trains on the nearest combo {near.id}; not known on yours)" for w in mine]
+
+
 def _claim(matrix: Matrix, found: CaseMatch, paste: Paste, versions, near, records, outside) -> Claim:
     case = found.case
     unexpected = [r for r in found.records if r.verdict != Verdict.REPRODUCED.value]
@@ -245,18 +257,21 @@ def _claim(matrix: Matrix, found: CaseMatch, paste: Paste, versions, near, recor
     older = older_than_observed(outside)
     repro = [] if older else sorted({c.id for c in reproducing_cells(case, paste, versions)})
     label, offered, note = _workarounds(matrix, found, versions, near, records, outside)
+    fits = [_rule_fit(matrix, found, hit, versions, records, older) for hit in found.hits[:3]]
     return Claim(
         case=case.id,
         title=case.title,
         report=case.report,
         level=found.level,
-        fits=[_rule_fit(matrix, found, hit, versions, records, older) for hit in found.hits[:3]],
+        fits=fits,
         observed=observed,
         reproducing_cells=len(repro),
         example_cell=repro[0] if repro else None,
         workarounds_on=label,
         workarounds=offered,
         workarounds_note=note,
+        what_works=what_works(offered, label, fits[0] if fits else None, versions)
+        or _nearest_works(matrix, found, near),
     )
 
 
@@ -350,6 +365,7 @@ def _claim_lines(n: int, claim: Claim) -> List[str]:
         lines.append(
             f"   cells expected to raise it on your versions: {claim.reproducing_cells}, e.g. {claim.example_cell}"
         )
+    lines += [f"   what works: {'; '.join(claim.what_works)}"] if claim.what_works else []
     if not claim.workarounds:
         return lines + [f"   workarounds: {claim.workarounds_note}"]
     lines.append(
@@ -422,6 +438,17 @@ def load_records(results: Optional[Path]) -> Tuple[List[Record], List[Skipped]]:
     return list(latest(iter_records(results, skipped)).values()), skipped
 
 
+def _users_versions(given: Optional[Dict[str, str]], text: str) -> Tuple[Dict[str, Optional[str]], str]:
+    """The versions to answer on: given with --versions, else those the paste states (an issue's listing), else the
+    ones installed here."""
+    if given is not None:
+        return given, "given with --versions"
+    stated = stated_versions(text, PACKAGES)
+    if stated:
+        return {package: stated.get(package) for package in PACKAGES}, "stated in the paste"
+    return installed_versions(PACKAGES), "installed here"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = OneLineParser(
         prog="fsdp_matrix triage", description="Match a pasted traceback or log against the matrix's known failures."
@@ -435,13 +462,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     options.add_arguments(p.add_argument, ("versions",), model=options.MatrixOptions, typed=False)
     p.add_argument("--json", action="store_true", help="print the answer as one JSON object (see the docs' schema)")
     args = p.parse_args(argv)
-    if args.versions is not None:
-        versions, versions_from = dict(options.check("versions", args.versions)), "given with --versions"
-    else:
-        versions, versions_from = installed_versions(PACKAGES), "installed here"
+    given = dict(options.check("versions", args.versions)) if args.versions is not None else None
     matrix = load_matrix(args.matrix, check_repros=False)
     records, skipped = load_records(args.results)
     text, cut = _read_paste(args.file)
+    versions, versions_from = _users_versions(given, text)
     paste = parse(text)
     if not paste.text and cut:  # /dev/zero: one line that says both, not "cut" then "empty"
         raise TriageError(f"{_CUT} and has no text in its head or tail (NUL bytes, blanks): give the traceback itself")

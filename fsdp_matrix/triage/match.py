@@ -20,6 +20,7 @@ from fsdp_matrix.cells import Cell, expand_case
 from fsdp_matrix.expectations import expected_for, version_matches
 from fsdp_matrix.matrix import Case, Combo, Matrix
 from fsdp_matrix.records import Record
+from fsdp_matrix.triage import normalise, prose
 from fsdp_matrix.triage.evidence import Context, frame_hints_met, from_pretrained_init, read_context
 from fsdp_matrix.triage.parse import Paste, PastedError
 
@@ -63,7 +64,7 @@ class Signature:
 
 LEVELS = (("strong", 7.0), ("likely", 5.0), ("weak", 3.0))
 """Evidence points a fit needs for each level; below the last, nothing is claimed."""
-POINTS = {"exact": 3.0, "case-insensitive": 2.0, "in the text": 2.0, "loose": 1.0}
+POINTS = {"exact": 3.0, "case-insensitive": 2.0, "in the text": 2.0, "values": 2.0, "loose": 1.0}
 """Points for how the rule's message was found in the paste."""
 GENERIC_WORDS = 4
 """A rule whose regex has this many words (besides "of", "to", "be"...) or fewer (``tuple index out of range``,
@@ -95,7 +96,10 @@ class Hit:
         """strong, likely or weak; None when the fit is not enough to claim, or the paste points elsewhere."""
         if self.against:
             return None
-        points = min(self.points, LEVELS[1][1]) if self.fit == "loose" else self.points
+        # a fit that is not the rule's own message (other words, other values) is never strong
+        points = min(self.points, LEVELS[1][1]) if self.fit in ("loose", "values") else self.points
+        # a report's words, without a message that fits on its own, are weak evidence at most
+        points = min(points, LEVELS[2][1]) if self.fit == "words" else points
         return next((name for name, least in LEVELS if points >= least), None)
 
 
@@ -199,7 +203,8 @@ def _words(text: str) -> frozenset:
 def _readings(regex: str) -> List[str]:
     """The regex with each innermost ``(a|b)`` group read as one of its alternatives, so that a message need not
     hold the words of every alternative (``bfloat16|float16``) to fit."""
-    found = re.search(r"\((?:\?:)?([^()]*)\)", regex)
+    # an escaped parenthesis (``\\(\\d+\\)``) is a literal one, not a group
+    found = re.search(r"(?<!\\)\((?:\?:)?((?:[^()\\]|\\.)*)\)", regex)
     if not found:
         return [regex]
     out: List[str] = []
@@ -239,7 +244,8 @@ def _generic(regex: str) -> bool:
 
 def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optional[str], List[PastedError]]:
     """How the rule's message is in the paste: exact, case-insensitive (on an exception line), in the text (a title,
-    a sentence), loose; and the exception lines it was found on."""
+    a sentence), with other values (``normalise``: numbers, shapes, names, paths; wrapped anywhere), loose; and the
+    exception lines it was found on."""
     folded = patterns.Bounded(regex.pattern, re.IGNORECASE)
     for kind, pattern in (("exact", regex), ("case-insensitive", folded)):
         found = [e for e in paste.errors if pattern.search(_plain(e.message))]
@@ -247,6 +253,12 @@ def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optio
             return kind, found
     if folded.search(_plain(paste.text)):
         return "in the text", []
+    readings = _readings(_pattern(raw))
+    found = [e for e in paste.errors if normalise.fits(readings, e.message)]
+    if found:
+        return "values", found
+    if normalise.fits(readings, paste.text):
+        return "values", []
     found = [e for e in paste.errors if _loose(raw, e.message)]
     if found:
         return "loose", found
@@ -261,13 +273,16 @@ def _in_module(paste: Paste, module: str) -> bool:
 
 
 def _against(
-    sig: Signature, case: Optional[Case], paste: Paste, ctx: Context, errors: List[PastedError]
+    sig: Signature, case: Optional[Case], paste: Paste, ctx: Context, errors: List[PastedError], kind: str = "exact"
 ) -> Optional[str]:
     """Why this paste is another failure with a similar message, or None."""
     module = getattr(sig.error, "module", None) or ""
     fsdp_frames = any(f.startswith("frame") for f in ctx.fsdp)
     if ctx.elsewhere and not fsdp_frames:
         return f"similar message, but this looks like {ctx.elsewhere[0][1]}"
+    against = _unshown_stack(module, paste, ctx, errors, kind)
+    if against:
+        return against
     if ctx.full_finetune and not ctx.peft:
         return (
             "similar message, but the model is trained whole (full fine-tuning or pretraining), without PEFT adapters"
@@ -290,6 +305,45 @@ def _against(
     fsdp_own = module.startswith("torch.distributed.fsdp")  # the message itself says FSDP raised it
     if len(known) >= 4 and not ctx.fsdp and not fsdp_own and case is not None and "FSDP" in case.title:
         return f"similar message, but no frame or word of the paste's {len(known)} frames shows FSDP"
+    return None
+
+
+REPORT_WORDS = 20
+"""Words besides the exception lines that make a paste a report (versions, a setup, a command), not a bare error:
+a report that never names FSDP is of a run without it."""
+
+
+def _unshown_stack(module: str, paste: Paste, ctx: Context, errors: List[PastedError], kind: str) -> Optional[str]:
+    """Why a paste that never shows the stack every case runs on (FSDP, a PEFT adapter), or whose traceback raised
+    the message elsewhere, is not claimed; None when nothing contradicts the rule."""
+    said = len(paste.text.split()) - sum(len(e.message.split()) for e in paste.errors)
+    if kind in ("loose", "values") and not ctx.peft and (said >= REPORT_WORDS or len(paste.frames) >= 3):
+        return "similar message with other words or values, and nothing in the paste shows a PEFT adapter"
+    # a report (prose, versions, a command) without a single frame: what it says of its stack is all there is
+    if not ctx.fsdp and not paste.frames and said >= REPORT_WORDS and not module.startswith("torch.distributed.fsdp"):
+        return "similar message, but nothing in the paste (frames, words, config) shows FSDP, which every case runs"
+    return _frames_elsewhere(module, errors)
+
+
+def _frames_elsewhere(module: str, errors: List[PastedError]) -> Optional[str]:
+    """The matched traceback's own frames contradict the rule's module: its deepest frame of a known library is in
+    another library, and no frame of it is in the rule's module (the message is another code path's)."""
+    if not module:
+        return None
+    frames = [f for e in errors for f in e.frames if f.module]
+    if not frames or any(f.module == module or f.module.startswith(module + ".") for f in frames):
+        return None
+    deepest = frames[-1].module
+    theirs, ours = deepest.split(".", 1)[0], module.split(".", 1)[0]
+    if theirs != ours and theirs in (
+        "deepspeed",
+        "megatron",
+        "torchtune",
+        "lightning",
+        "pytorch_lightning",
+        "fairscale",
+    ):
+        return f"similar message, but its traceback runs in {theirs} ({deepest}), not in {module}"
     return None
 
 
@@ -367,7 +421,9 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
     points, found, notes = _evidence(sig, paste, ctx, kind, errors)
     if kind == "loose":
         notes.append("loose fit: the rule's words are in the message, its regex is not (another order or wording)")
-    against = _against(sig, case, paste, ctx, errors)
+    elif kind == "values":
+        notes.append("the rule's message with other values (numbers, shapes, names, paths) or broken across lines")
+    against = _against(sig, case, paste, ctx, errors, kind)
     generic = _generic(err.match) or not getattr(err, "module", None)
     if not against and generic and not any(f.startswith("frame in") for f in found):
         where = getattr(err, "module", None) or "the rule's code path (it names no module)"
@@ -424,7 +480,35 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
             found.against = found.hits[0].against
         elif not found.hits and ctx.elsewhere:
             found.against = f"similar message, but this looks like {ctx.elsewhere[0][1]}"
+    _by_words(matrix, paste, ctx, by_case)
     return sorted(by_case.values(), key=lambda m: -m.score)
+
+
+def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, CaseMatch]) -> None:
+    """A weak claim from the report's words (``prose``) when nothing else is claimed: the paste shows FSDP and a
+    PEFT adapter and no other stack, and an exception line it has fits one of the named case's rules."""
+    if any(m.level for m in by_case.values()) or not (ctx.fsdp and ctx.peft) or ctx.elsewhere or ctx.full_finetune:
+        return
+    messages = frozenset(case for case, m in by_case.items() if m.hits)
+    found = prose.named([(c.id, c.title) for c in matrix.cases], paste.text, messages)
+    if found is None or (paste.errors and not found.message):
+        return  # an exception line that fits none of the case's rules is another error
+    case = next(c for c in matrix.cases if c.id == found.case)
+    seen = by_case.get(case.id)
+    rule_sig = seen.hits[0].signature if seen and seen.hits else _first_error(case)
+    if rule_sig is None:
+        return
+    evidence = [f"words of the case's title: {', '.join(found.words)}"]
+    evidence += ["its rule's message (not claimed on its own)"] if found.message else []
+    evidence += [f"FSDP: {ctx.fsdp[0]}", f"PEFT: {ctx.peft[0]}"]
+    notes = ["named from the report's words, not from a message that fits: weak evidence at most"]
+    hit = Hit(rule_sig, LEVELS[2][1], notes, LEVELS[2][1], evidence, None, "words")
+    by_case.setdefault(case.id, CaseMatch(case)).hits.insert(0, hit)
+    by_case[case.id].against = None
+
+
+def _first_error(case: Case) -> Optional[Signature]:
+    return next((Signature(case.id, f"expect[{i}]", r) for i, r in enumerate(case.expect) if r.error), None)
 
 
 def claims(found: List[CaseMatch]) -> List[CaseMatch]:

@@ -64,6 +64,15 @@ MAX_ERRORS = 200
 its final exception); every one costs a search per rule, and a long log of many ranks can hold tens of thousands."""
 _WRAPPED_LINES = 5
 """How many lines after an exception line may continue its wrapped message."""
+# rich's traceback (transformers' and accelerate's CLIs, typer, Lightning): frames in a box, ``│ /x/y.py:12 in f │``,
+# a long path wrapped across box lines ("...modules/m │" then "│ odule.py:1818 in state_dict"), even inside its line
+# number ("modeling_llama.py:5 │" then "31 in forward"); see https://rich.readthedocs.io/en/stable/traceback.html
+_BOX_SIDES = re.compile(r"^[│┃║]\s?|\s?[│┃║]$")
+_BOX_RULE = re.compile(r"^[╭╰┏┗─━\s]*[─━]{3}")
+_RICH_FRAME = re.compile(r"^(?P<path>(?:[A-Za-z]:)?[\\/~.][^\s│]*?\.py):(?P<line>\d+) in (?P<fn>[\w.<>]+)")
+_RICH_START = re.compile(r"^(?:[A-Za-z]:)?[\\/~.][^\s│]*$")
+_RICH_JOIN = 3
+"""How many box lines one rich frame header may be wrapped over."""
 _TRACE_LINE = re.compile(r"^\s*(Traceback \(most recent call last\)|File\s|During handling|The above exception|\^+|~+)")
 
 
@@ -179,6 +188,36 @@ def clean_lines(text: str) -> List[str]:
     return out
 
 
+def _unbox(line: str) -> str:
+    """A rich box line's inner text (``│ text │`` -> ``text``); a box's top or bottom rule is blank."""
+    if _BOX_RULE.match(line):
+        return ""
+    return _BOX_SIDES.sub("", _BOX_SIDES.sub("", line)).strip() if line[:1] in "│┃║" or line[-1:] in "│┃║" else line
+
+
+def rich_frames(lines: List[str]) -> List[str]:
+    """``lines`` with rich's boxes taken off and each of its frame headers, joined back where the box wrapped it,
+    written as Python's ``File "path", line N, in f`` (what the rest of the parser reads)."""
+    inner = [_unbox(line) for line in lines]
+    out: List[str] = []
+    i = 0
+    while i < len(inner):
+        joined, used = inner[i], 1
+        while not _RICH_FRAME.match(joined) and _RICH_START.match(joined) and used <= _RICH_JOIN:
+            if i + used >= len(inner):
+                break
+            joined, used = joined + inner[i + used], used + 1
+        found = _RICH_FRAME.match(joined)
+        if found and (used == 1 or _RICH_START.match(inner[i])):
+            out.append(f'File "{found.group("path")}", line {found.group("line")}, in {found.group("fn")}')
+            out += [""] * (used - 1)  # keep the line count: the raise site's distance is counted in lines
+            i += used
+            continue
+        out.append(inner[i])
+        i += 1
+    return out
+
+
 def _exception_at(
     lines: List[str], i: int, above: Optional[Frame] = None, frames: Tuple[Frame, ...] = ()
 ) -> Optional[PastedError]:
@@ -202,7 +241,7 @@ def parse(text: str) -> Paste:
     """Read the exception lines and frames of a paste (at most ``MAX_BYTES`` of it); either may be empty. A line
     seen before (every rank prints the same traceback) is read once, in one pass: a repeated frame still counts as
     the frame above the exception line that follows it."""
-    lines = clean_lines(bounded(text))
+    lines = rich_frames(clean_lines(bounded(text)))
     errors: List[PastedError] = []
     later: Deque[PastedError] = deque(maxlen=MAX_ERRORS - MAX_ERRORS // 2)
     said = set()

@@ -1,13 +1,21 @@
 """The triage corpus: real pastes from upstream threads (tests/fixtures/triage/corpus/), each with its URL and the
 case it should be named as first, or ``none`` for another failure; and the measure of triage on it.
 
-``python -m tests.triage.corpus [--matrix FILE]`` prints the table: precision (claims that were right), recall
-(covered pastes named first), claims on other pastes, median time per paste.
+``python -m tests.triage.corpus [--matrix FILE] [--half dev|test|all]`` prints the table for each half: precision
+(claims that were right), recall (covered pastes named first), claims on other pastes, strong claims that were wrong,
+median time per paste.
+
+The corpus is split by thread into ``dev`` (the half triage is tuned on) and ``test`` (held out, measured once at the
+end): a paste's half is the parity of the first 8 hex digits of the sha256 of its thread's URL, so every paste of one
+thread is on one side, and a new paste cannot move another. The split was fixed before any tuning and is recorded in
+``tests/fixtures/triage/split.json`` with the sha256 of each test paste (tests/test_triage.py checks it).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import statistics
 import sys
 import time
@@ -21,6 +29,8 @@ from fsdp_matrix.triage.parse import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "triage" / "corpus"
+SPLIT = ROOT / "tests" / "fixtures" / "triage" / "split.json"
+HALVES = ("dev", "test")
 
 
 @dataclass(frozen=True)
@@ -35,17 +45,47 @@ class Fixture:
     """The case it should be named as first; None for a failure the matrix does not cover."""
     text: str
     """What the user pasted (the file without its two header lines)."""
+    sha256: str = ""
+    """The sha256 of the whole file (header lines included), as the split records it."""
+
+    @property
+    def thread(self) -> str:
+        """The thread the paste is quoted from: its URL without a fragment or a trailing slash, lower-cased."""
+        return self.url.split("#", 1)[0].rstrip("/").lower()
+
+    @property
+    def half(self) -> str:
+        """``dev`` or ``test``, from the thread's URL alone."""
+        return HALVES[int(hashlib.sha256(self.thread.encode()).hexdigest()[:8], 16) % 2]
 
 
 def load() -> List[Fixture]:
     """Every fixture of the corpus, by name."""
     out = []
     for path in sorted(CORPUS.glob("*.txt")):
-        lines = path.read_text().splitlines()
+        raw = path.read_bytes()
+        lines = raw.decode("utf-8").splitlines()
         url = lines[0].split("source:", 1)[1].split()[0]
         expected = lines[1].split("expected:", 1)[1].strip()
-        out.append(Fixture(path.name, url, None if expected == "none" else expected, "\n".join(lines[2:]) + "\n"))
+        text = "\n".join(lines[2:]) + "\n"
+        out.append(
+            Fixture(path.name, url, None if expected == "none" else expected, text, hashlib.sha256(raw).hexdigest())
+        )
     return out
+
+
+def split_record(fixtures: List[Fixture]) -> dict:
+    """The split as recorded in split.json: the rule, the dev pastes' names, the test pastes' names and hashes."""
+    return {
+        "rule": "half = ('dev', 'test')[int(sha256(thread_url.lower()).hexdigest()[:8], 16) % 2]",
+        "dev": sorted(f.name for f in fixtures if f.half == "dev"),
+        "test": {f.name: f.sha256 for f in sorted(fixtures, key=lambda f: f.name) if f.half == "test"},
+    }
+
+
+def recorded_split() -> dict:
+    """The split as recorded when it was fixed (before any tuning)."""
+    return json.loads(SPLIT.read_text())
 
 
 @dataclass
@@ -73,8 +113,9 @@ def measure(answer: Callable[[str], Tuple[Optional[str], Optional[str]]], fixtur
     return rows
 
 
-def table(rows: List[Row]) -> str:
-    """Precision, recall, claims on other pastes and median time, as a Markdown table."""
+def table(rows: List[Row], misses: bool = True) -> str:
+    """Precision, recall, claims on other pastes and median time, as a Markdown table; then the misses, named only
+    when ``misses`` (never for the held-out half: a name seen is a paste tuned on)."""
     covered = [r for r in rows if r.fixture.expected]
     other = [r for r in rows if not r.fixture.expected]
     claimed = [r for r in rows if r.first]
@@ -82,21 +123,23 @@ def table(rows: List[Row]) -> str:
     levels = sorted({r.level or "none" for r in claimed})
     median_ms = 1000 * statistics.median(r.seconds for r in rows)
     named = sum(r.first == r.fixture.expected for r in covered)
+    strong_wrong = sum(r.level == "strong" and r.first != r.fixture.expected for r in rows)
     lines = [
         "| measure | result |",
         "| --- | --- |",
         f"| covered pastes named first (recall) | {named}/{len(covered)} |",
         f"| claims that were right (precision) | {len(right)}/{len(claimed)} |",
         f"| other pastes with any claim | {sum(bool(r.first) for r in other)}/{len(other)} |",
+        f"| strong claims that were wrong | {strong_wrong} |",
         f"| levels printed with the claims | {', '.join(levels)} |",
         f"| median time per paste (parse + match) | {median_ms:.1f} ms |",
     ]
-    misses = [
+    wrong = [
         f"- {r.fixture.name}: expected {r.fixture.expected}, got {r.first}"
         for r in rows
-        if r.first != r.fixture.expected
+        if r.first != r.fixture.expected and misses
     ]
-    return "\n".join(lines + ([""] + misses if misses else []))
+    return "\n".join(lines + ([""] + wrong if wrong else []))
 
 
 def triage_answer(matrix) -> Callable[[str], Tuple[Optional[str], Optional[str]]]:
@@ -112,9 +155,14 @@ def triage_answer(matrix) -> Callable[[str], Tuple[Optional[str], Optional[str]]
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.triage.corpus", description=__doc__.splitlines()[0])
     p.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml")
+    p.add_argument("--half", choices=HALVES + ("all",), default="all", help="which half to measure (default: both)")
     args = p.parse_args(argv)
     matrix = load_matrix(args.matrix, check_repros=False)
-    print(table(measure(triage_answer(matrix), load())))
+    fixtures = load()
+    for half in HALVES if args.half == "all" else (args.half,):
+        chosen = [f for f in fixtures if f.half == half]
+        print(f"## {half} ({len(chosen)} pastes, {sum(bool(f.expected) for f in chosen)} covered)\n")
+        print(table(measure(triage_answer(matrix), chosen), misses=half == "dev") + "\n")
     return 0
 
 

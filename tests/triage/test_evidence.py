@@ -43,3 +43,39 @@ def test_a_model_s_own_init_under_from_pretrained():
     )
     assert from_pretrained_init(parse(text)) == "transformers.models.llama.modeling_llama"
     assert from_pretrained_init(parse(text.replace("in from_pretrained", "in resize_token_embeddings"))) is None
+
+
+def test_a_report_that_never_shows_fsdp_is_not_claimed_even_on_an_exact_message():
+    """peft#1720's kind: a QLoRA error in a single-GPU notebook, with versions and a description but no FSDP."""
+    from pathlib import Path
+
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.triage.match import claims, match
+
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
+    message = "RuntimeError: only Tensors of floating point dtype can require gradients\n"
+    report = "We fine-tune a DistilBERT classifier with QLoRA in a notebook on one GPU, with transformers 4.40.1, "
+    report += "peft 0.10.0, accelerate 0.30.0 and bitsandbytes 0.43.1, and the trainer fails at once:\n"
+    assert claims(match(matrix, parse(report + message))) == []
+    assert claims(match(matrix, parse(report.replace("on one GPU", "under FSDP on two GPUs") + message)))
+
+
+def test_an_exact_message_whose_traceback_runs_in_another_sharding_library_is_not_claimed():
+    from pathlib import Path
+
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.triage.match import claims, match
+
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
+    frames = (
+        '  File "/x/site-packages/peft/tuners/lora/model.py", line 3, in forward\n'
+        '  File "/x/site-packages/fairscale/nn/data_parallel/fully_sharded_data_parallel.py", line 9, in _lazy_init\n'
+    )
+    # log lines between the traceback and its exception line: the frame above it is not its raise site
+    message = "\n".join(f"rank{i}: step failed" for i in range(4))
+    message += (
+        "\nAssertionError: FSDP expects uniform original parameter dtype but got {torch.bfloat16, torch.float32}\n"
+    )
+    assert claims(match(matrix, parse(frames + message))) == []
+    torch_frame = '  File "/x/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", line 9, in f\n'
+    assert claims(match(matrix, parse(frames.replace(frames.splitlines()[1], torch_frame.rstrip()) + message)))

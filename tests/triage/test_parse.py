@@ -76,3 +76,27 @@ def test_a_log_of_many_distinct_errors_keeps_the_first_and_the_last_and_counts_t
     assert kept[0] == "distinct message number 0" and kept[-1] == "distinct message number 39999"
     assert kept[half - 1] == f"distinct message number {half - 1}"
     assert kept[half] == f"distinct message number {40_000 - half}"
+
+
+RICH = """\
+╭─────────────────────────────── Traceback (most recent call last) ────────────────────────────────╮
+│ /root/miniconda3/envs/x/lib/python3.10/site-packages/torch/nn/modules/m │
+│ odule.py:1818 in state_dict                                                    │
+│                                                                                │
+│ ❱ 1818 │   │   │   │   module.state_dict(destination=destination, prefix=prefi │
+│                                                                                │
+│ /usr/lib/python3/dist-packages/peft/tuners/lora/dora.py:7 │
+│ 2 in forward                                                                   │
+╰────────────────────────────────────────────────────────────────────────────────╯
+IndexError: tuple index out of range
+"""
+
+
+def test_a_rich_traceback_s_frames_are_read_through_its_box_and_its_wraps():
+    paste = parse("\x1b[31m" + RICH.replace("IndexError", "\x1b[1mIndexError\x1b[0m"))
+    assert [(f.module, f.function) for f in paste.frames] == [
+        ("torch.nn.modules.module", "state_dict"),
+        ("peft.tuners.lora.dora", "forward"),
+    ]
+    assert [(e.short_type, e.message) for e in paste.errors] == [("IndexError", "tuple index out of range")]
+    assert paste.errors[0].frames == tuple(paste.frames)

@@ -1,0 +1,99 @@
+"""A message with its values taken out, so that a rule written from one report fits the same error with other values.
+
+A rule's regex is written from the message of one run: ``shape '[4, -1, 4096]' is invalid``, a path, a parameter's
+name, a size. Another user's run of the same failure has other numbers, shapes, names and paths, and the paste may
+wrap the message in the middle of a word (``must match t`` / ``he size``). Both sides are reduced to one form before
+they are compared:
+
+- numbers, shapes (``torch.Size([2, 3])``, ``[128, -1, 368640]``, ``(20x896)``), quoted names (``'absmax'``,
+  ```lm_head```), paths and addresses become placeholders;
+- dtypes keep which dtype they are, in one spelling (``BFloat16``, ``bf16``, ``c10::BFloat16`` -> ``bfloat16``):
+  the pair of dtypes is the failure itself (``bfloat16 and float32`` is PEFT's fp32 adapters beside a bf16 base,
+  ``bfloat16 and float16`` is not; tests/fixtures/triage/corpus/llamafactory3853_bf16_fp16.txt);
+- whitespace and case go, so a line broken anywhere, even inside a word, reads as the unbroken one.
+
+On the rule's side, a regex's wildcards (``\\d+``, ``\\S+``, ``.*``) become a value or a gap, and each reading of its
+``(a|b)`` groups is compared on its own (``match._readings``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import List, Optional
+
+_DTYPES = (
+    (re.compile(r"\b(?:torch\.|c10::)?(?:bfloat16|BFloat16|bf16)\b"), "bfloat16"),
+    (re.compile(r"\b(?:torch\.|c10::)?(?:float16|Half|fp16)\b"), "float16"),
+    (re.compile(r"\b(?:torch\.|c10::)?(?:float32|Float|fp32)\b"), "float32"),
+    (re.compile(r"\b(?:torch\.|c10::)?(?:float64|Double)\b"), "float64"),
+    (re.compile(r"\b(?:torch\.|c10::)?(?:uint8|Byte)\b"), "uint8"),
+)
+"""Spellings of one dtype across torch's messages (``torch.bfloat16``, C++'s ``BFloat16``, configs' ``bf16``)."""
+_VALUES = (
+    (re.compile(r"0x[0-9a-fA-F]+"), " ADDR "),
+    (re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*[/\\])+[\w.-]+\.\w+"), " PATH "),
+    (re.compile(r"torch\.Size\(\[[^\]]*\]\)"), " SHAPE "),
+    (re.compile(r"\[\s*-?\d+(?:\s*,\s*-?\d+)*\s*,?\s*\]"), " SHAPE "),
+    (re.compile(r"\b\d+(?:x\d+)+\b"), " SHAPE "),
+    (re.compile(r"'[^'\s]{1,120}'|\"[^\"\s]{1,120}\""), " NAME "),
+    (re.compile(r"-?\b\d+(?:\.\d+)?(?:e-?\d+)?\b"), " NUM "),
+)
+"""Values of a message, most specific first: an address, a path, a shape, a quoted name, a number."""
+GAP = "\x00"
+"""Where the rule's regex allows anything (``.*``): its pieces must come in order, anything between them."""
+MIN_CHARS = 24
+"""Letters a rule's reduced form must keep besides its placeholders: ``'X' object has no attribute 'y'`` keeps 20,
+which any AttributeError has, and is not compared once its values are gone."""
+_PLACEHOLDERS = re.compile(r"addr|path|shape|name|num")
+
+
+def _dtypes(text: str) -> str:
+    for pattern, name in _DTYPES:
+        text = pattern.sub(name, text)
+    return text
+
+
+@functools.lru_cache(maxsize=4096)
+def reduce(text: str) -> str:
+    """``text`` with its values as placeholders, one spelling per dtype, no whitespace, lower-cased; the gap marker of
+    a rule's literal kept."""
+    # backticks go, as ``match._plain`` drops them: some releases quote a name with them, others do not
+    text = _dtypes(text.replace("`", ""))
+    for pattern, placeholder in _VALUES:
+        text = pattern.sub(placeholder, text)
+    return re.sub(r"\s+", "", text).lower()
+
+
+_REGEX_VALUE = re.compile(r"\\[dw]\+?|\\S\+?|(?<!\\)\[\^?[^\]]*\][+*]?")
+_REGEX_GAP = re.compile(r"\.[*+]\??")
+
+
+def literal(reading: str) -> Optional[str]:
+    """One reading of a rule's regex (no ``(a|b)`` groups left) as the message it stands for: ``\\d+`` a number,
+    ``\\S+`` a name, ``.*`` a gap; None when it still holds regex syntax this cannot read."""
+    text = _REGEX_VALUE.sub("7", _REGEX_GAP.sub(GAP, reading))
+    if re.search(r"(?<!\\)[()|{}^$*+?\[\]]", text):
+        return None
+    return re.sub(r"\\(.)", r"\1", text)
+
+
+def fits(readings: List[str], message: str) -> bool:
+    """Whether one reading of the rule, its values and whitespace reduced, is in the message reduced the same way."""
+    mine = reduce(message)
+    for reading in readings:
+        text = literal(reading)
+        if text is None:
+            continue
+        pieces = [p for p in reduce(text).split(GAP) if p]
+        if sum(len(_PLACEHOLDERS.sub("", p)) for p in pieces) < MIN_CHARS:
+            continue
+        at = 0
+        for piece in pieces:
+            at = mine.find(piece, at)
+            if at < 0:
+                break
+            at += len(piece)
+        else:
+            return True
+    return False

@@ -1,0 +1,46 @@
+"""``triage.prose``: a report in words names a case at weak evidence at most, only when one case is named ahead of
+every other and no exception line of the paste is another error. Synthetic reports (no held-out paste)."""
+
+from pathlib import Path
+
+from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.triage.match import claims, match
+from fsdp_matrix.triage.parse import parse
+from fsdp_matrix.triage.prose import named, terms
+
+MATRIX = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
+TITLES = [(c.id, c.title) for c in MATRIX.cases]
+
+
+def _first(text):
+    found = claims(match(MATRIX, parse(text)))
+    return (found[0].case.id, found[0].level) if found else (None, None)
+
+
+def test_a_title_s_settings_and_entries_are_its_words_the_matrix_s_subject_is_not():
+    words = terms("LoRA + FSDP1 use_orig_params=False: frozen and trainable weights in one FSDP unit")
+    assert words == {"use_orig_params"}
+    assert "generate()" in terms("generate() on a fully_shard-ed PEFT model: the root's parameters stay sharded")
+
+
+def test_a_report_naming_a_case_s_words_and_its_generic_message_is_claimed_weak():
+    text = (
+        "With FSDP2 (fully_shard) the base model is already sharded when get_peft_model adds LoRA, and then:\n"
+        "RuntimeError: The size of tensor a (1024) must match the size of tensor b (512) at non-singleton dimension 1\n"
+    )
+    assert _first(text) == ("lora-after-shard", "weak")
+    # the same words without FSDP shown are not a claim: every case runs under FSDP
+    assert _first(text.replace("With FSDP2 (fully_shard)", "On one GPU")) == (None, None)
+
+
+def test_words_do_not_name_a_case_over_another_error_or_a_tie():
+    other = "FSDP + LoRA, the base model sharded before get_peft_model and merge_and_unload after training:\n"
+    assert named(TITLES, other) is None  # one word each for two cases: a tie
+    oom = "FSDP LoRA with use_orig_params=False and DoRA, and then:\ntorch.OutOfMemoryError: CUDA out of memory.\n"
+    assert _first(oom) == (None, None)
+
+
+def test_words_alone_never_claim_above_weak():
+    text = "FSDP1 with LoRA: use_orig_params=False and the PEFT model's modules_to_save lm_head, DoRA off, no error yet"
+    first, level = _first(text)
+    assert level in (None, "weak")

@@ -1,0 +1,47 @@
+"""``triage.stated`` and ``triage.works``: the versions an issue states are the ones answered on, and a claim on them
+names what trains there: a setting to change or a release newer than the user's."""
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from fsdp_matrix.triage import cli as triage_cli
+from fsdp_matrix.triage.stated import stated_versions
+
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "triage"
+
+
+@pytest.mark.parametrize(
+    "text,versions",
+    [
+        (
+            "- PyTorch version (GPU?): 2.5.1+cu124 (True)\n- PEFT version: 0.15.0\n",
+            {"torch": "2.5.1", "peft": "0.15.0"},
+        ),
+        (
+            "peft==0.10.0\ntransformers-4.40.1\naccelerate 0.30.0\n",
+            {"peft": "0.10.0", "transformers": "4.40.1", "accelerate": "0.30.0"},
+        ),
+        ("- `Accelerate` version: 0.20.3\n", {"accelerate": "0.20.3"}),
+        ("peft                     0.11.2.dev0\n", {"peft": "0.11.2.dev0"}),
+        # a path, a module, a range: no version stated
+        ('File "/x/torch/distributed/fsdp/_flat_param.py", line 3\ntorch.distributed 2\npeft>=0.10\n', {}),
+    ],
+)
+def test_a_paste_s_listing_of_versions_is_read(text, versions):
+    assert stated_versions(text) == versions
+
+
+def test_a_covered_paste_that_states_versions_is_answered_on_them_with_what_trains(capsys, monkeypatch):
+    paste = FIXTURES / "peft1702_title.txt"
+    text = paste.read_text() + "\npytorch version: 2.2.2\npeft version: 0.10.0\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    assert triage_cli.main(["-", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["versions_from"] == "stated in the paste"
+    assert answer["versions"]["peft"] == "0.10.0" and answer["versions"]["torch"] == "2.2.2"
+    claim = answer["claims"][0]
+    assert claim["case"] == "lora-requires-grad"
+    assert claim["what_works"] and any(w.startswith(("set ", "upgrade ")) for w in claim["what_works"])
