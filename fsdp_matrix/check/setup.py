@@ -56,6 +56,9 @@ SHARDING = {"FULL_SHARD": "full", "1": "full", "SHARD_GRAD_OP": "grad_op", "2": 
 """FSDP1 sharding strategies (by name, or the number accelerate exports) -> ``shard``; _HYBRID_SHARD_ZERO2 has none."""
 TRL_TRAINERS = {"SFTConfig": "sft", "DPOConfig": "dpo"}
 """TRL config class -> the ``trainer`` axis (the TRL trainer the case builds)."""
+ASSUMED = {"fix": "none", "workaround": "none"}
+"""Case axes that name a workaround applied in the script: a config does not apply one, so none is assumed
+(``--set fix=VALUE`` says otherwise)."""
 MODELS = {"Llama": "llama", "Gemma": "gemma", "GptOss": "moe"}
 """Decoder layer class prefixes -> the tiny model a case builds of that family."""
 
@@ -312,6 +315,8 @@ def build(readings: List[Reading], overrides: Optional[Dict[str, Any]] = None) -
     map_adapter(setup, by.get("peft"), by.get("bnb"))
     _unread(setup, by, env)
     _listed(setup, readings)
+    for axis, value in ASSUMED.items():
+        setup.put(axis, [value], "assumed: the script applies no workaround of a case (--set to say otherwise)")
     for axis, value in (overrides or {}).items():
         if axis == "entry":
             setup.entry, setup.how["entry"] = str(value), "--set"
