@@ -12,10 +12,12 @@ from fsdp_matrix.check.match import FAILING, CaseMatch, RuleHit, applies, cell_m
 from fsdp_matrix.check.read import Reading
 from fsdp_matrix.check.seen import Seen, evidence
 from fsdp_matrix.check.setup import Setup
+from fsdp_matrix.expectations import expected_for
 from fsdp_matrix.matrix import Combo, Matrix
 from fsdp_matrix.triage.answer import Workaround
 from fsdp_matrix.triage.match import nearest_combo, rule_versions
-from fsdp_matrix.triage.versions import fixed_in, observed_range, older_than_observed, workarounds
+from fsdp_matrix.triage.versions import Workaround as Found
+from fsdp_matrix.triage.versions import _change, _missing_options, fixed_in, observed_range, older_than_observed
 
 EXAMPLES = 3
 """Cell ids shown per rule and per workaround."""
@@ -25,6 +27,23 @@ STATUS_ORDER = ("applies", "may-apply", "not-run", "trains")
 def _when(rule: Any) -> str:
     when = getattr(rule, "when", None) or {}
     return ", ".join(f"{k}={v}" for k, v in when.items()) or "every cell"
+
+
+def workarounds(matrix: Matrix, case, index: int, versions, device: str) -> List[Found]:
+    """triage's ``versions.workarounds`` on the setup's device: the rule's cells with one of its settings changed
+    that train on these versions (its ``_change`` and ``_missing_options``). triage's looks at CPU cells only, where
+    a platform skip (no 4-bit on CPU before transformers 4.56) hides what the rules say of a GPU."""
+    when = getattr(case.expect[index], "when", None) or {}
+    lacking = set(_missing_options(matrix, versions)) - {"device", "world_size", "nodes"}
+    found: dict = {}
+    for cell in expand_case(case, device):
+        change = _change(when, cell)
+        if change is None or change.split("=", 1)[0] in lacking:
+            continue
+        expected = expected_for(case, cell, versions)
+        if expected.kind == "ok" and expected.rule is not None:
+            found.setdefault((expected.rule, change), []).append(cell.id)
+    return [Found(r, change, sorted(ids)) for (r, change), ids in sorted(found.items(), key=lambda kv: -len(kv[1]))]
 
 
 def near_cells(found: CaseMatch, setup: Setup, change: str, cells: List[str]) -> List[str]:
@@ -44,7 +63,7 @@ def _what_works(matrix: Matrix, found: CaseMatch, hit: RuleHit, setup: Setup, ve
     if older_than_observed(outside):
         return [], "none offered: " + "; ".join(line for line in outside if "older than every combo" in line)
     out = []
-    for w in workarounds(matrix, found.case, hit.index, versions):
+    for w in workarounds(matrix, found.case, hit.index, versions, setup.device):
         rule = found.case.expect[w.rule]
         w.cells = near_cells(found, setup, w.change, w.cells)
         if not w.cells:
