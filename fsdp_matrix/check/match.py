@@ -89,10 +89,21 @@ def cell_matches(cell: Cell, setup: Setup, varied: Set[str], entry: str) -> bool
     return _layout_fits(cell, setup)
 
 
-def _conditions(rule: Any, setup: Setup) -> Dict[str, List[Any]]:
+CHOSEN = ("adapter", "dtype")
+"""Axes a user chooses that a launcher config alone does not say (no adapter config, no quantization config): when
+unknown, a rule's cells put a condition on them even where its ``when`` does not name them. A LoRA failure is not
+claimed for a config that may train without adapters."""
+
+
+def _conditions(rule: Any, setup: Setup, cells: List[Cell]) -> Dict[str, List[Any]]:
     when = getattr(rule, "when", None) or {}
     known = set(setup.values) | {"entry", "device", "world_size", "nodes"}
-    return {k: (v if isinstance(v, list) else [v]) for k, v in when.items() if k not in known}
+    out = {k: (v if isinstance(v, list) else [v]) for k, v in when.items() if k not in known}
+    for axis in CHOSEN:
+        values = sorted({str(dict(c.params)[axis]) for c in cells if axis in dict(c.params)})
+        if axis not in known and axis not in out and values:
+            out[axis] = values
+    return out
 
 
 def match_case(case: Case, setup: Setup, versions: Mapping[str, Optional[str]]) -> Optional[CaseMatch]:
@@ -112,11 +123,12 @@ def match_case(case: Case, setup: Setup, versions: Mapping[str, Optional[str]]) 
         expected = expected_for(case, cell, versions)
         key = expected.rule if expected.rule is not None else f"platform:{expected.platform}"
         if key not in by_rule:
-            rule = case.expect[expected.rule] if expected.rule is not None else None
-            by_rule[key] = RuleHit(-1 if rule is None else expected.rule, expected, [], _conditions(rule, setup))
+            by_rule[key] = RuleHit(-1 if expected.rule is None else expected.rule, expected)
         by_rule[key].cells.append(cell)
     if not by_rule:
         return None
+    for hit in by_rule.values():
+        hit.conditions = _conditions(case.expect[hit.index] if hit.index >= 0 else None, setup, hit.cells)
     found.rules = sorted(by_rule.values(), key=lambda r: (r.index < 0, r.index))
     return found
 

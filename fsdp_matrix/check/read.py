@@ -39,6 +39,8 @@ READ_PACKAGES = ("accelerate", "transformers", "peft", "trl")
 """The libraries whose loaders read the files: the env that reads them must have the user's versions of these."""
 KINDS = ("accelerate", "training_args", "peft", "bnb")
 """The files ``check`` reads, by the option that names each."""
+DEFAULT_PROCESSES = 2
+"""Processes a config without ``num_processes`` is read with (its launch passes ``--num_processes``)."""
 TRL_CLASSES = ("SFTConfig", "DPOConfig")
 """TRL's config classes tried, in order, when ``TrainingArguments`` does not take every key."""
 
@@ -128,15 +130,17 @@ def _quiet(notes: List[str]) -> Iterator[None]:
     saved = dict(os.environ)
     handler = _Collect()
     loggers = [logging.getLogger(n) for n in ("transformers", "peft", "accelerate", "trl")]
+    # their own handlers print to the terminal: set aside while reading, the warnings go to ``notes``
+    own = {lg.name: lg.handlers[:] for lg in loggers}
     for lg in loggers:
-        lg.addHandler(handler)
+        lg.handlers = [handler]
     try:
         with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("always")
             yield
     finally:
         for lg in loggers:
-            lg.removeHandler(handler)
+            lg.handlers = own[lg.name]
         os.environ.clear()
         os.environ.update(saved)
     for line in [str(w.message) for w in caught] + handler.lines:
@@ -181,9 +185,16 @@ def _launcher(path: Path, raw: Dict[str, Any], reading: Reading) -> None:
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     parser = launch.launch_command_parser()
+    argv = ["--config_file", str(path), "train.py"]
+    if "num_processes" not in raw:  # the launcher refuses it without one: given on its command line instead
+        argv[:0] = ["--num_processes", str(DEFAULT_PROCESSES)]
+        reading.notes.append(
+            f"the config names no num_processes (accelerate launch then needs --num_processes): read with "
+            f"{DEFAULT_PROCESSES}; --set world_size=N gives yours"
+        )
     with _quiet(reading.notes):
         try:
-            args = parser.parse_args(["--config_file", str(path), "train.py"])
+            args = parser.parse_args(argv)
             out = launch._validate_launch_command(args)
             args = out[0] if isinstance(out, tuple) else args
             env = prepare_multi_gpu_env(args)
@@ -232,6 +243,28 @@ def _try(cls: Any, given: Dict[str, Any], reading: Reading) -> Tuple[Any, str, D
     return args, "", exported
 
 
+HALF = ("fp16", "bf16", "fp16_full_eval", "bf16_full_eval", "tf32")
+"""Precision flags a release may refuse on a machine without a GPU (bf16 without one; fp16 on any CPU in 4.x; tf32
+without an Ampere GPU)."""
+
+
+def _on_this_machine(cls: Any, given: Dict[str, Any], error: str, reading: Reading) -> Tuple[Any, str, Dict]:
+    """A refusal for this machine, read again as if on a CPU (``use_cpu=True``, then without the half-precision
+    flags as well); the flags given are put back on the arguments and a note says what was done."""
+    half = {k: False for k in HALF if given.get(k)}
+    for extra in ({"use_cpu": True}, {"use_cpu": True, **half}) if half else ({"use_cpu": True},):
+        args, again, exported = _try(cls, {**given, **extra}, reading)
+        if UNUSED in again:
+            return None, again, {}
+        if args is not None:
+            shown = ", ".join(f"{k}={v}" for k, v in extra.items())
+            reading.notes.append(f"{error} (no GPU on this machine: read again with {shown}, then set back)")
+            for key in extra:
+                setattr(args, key, given.get(key, False))
+            return args, "", {k: v for k, v in exported.items() if "USE_CPU" not in k}
+    return None, error, {}
+
+
 def _parse_args(raw: Dict[str, Any], reading: Reading) -> Any:
     """The first class of ``_argument_classes`` that takes every key, through HfArgumentParser.parse_dict. A
     refusal for this machine (bf16 or fp16 without a GPU here) is read again with ``use_cpu=True`` and said so."""
@@ -242,12 +275,7 @@ def _parse_args(raw: Dict[str, Any], reading: Reading) -> Any:
     for name, cls in _argument_classes(raw):
         args, error, exported = _try(cls, given, reading)
         if args is None and UNUSED not in error and "use_cpu" not in given:
-            args, again, exported = _try(cls, {**given, "use_cpu": True}, reading)
-            error = again if UNUSED in again else error
-            if args is not None:
-                reading.notes.append(f"{error} (this machine has no GPU: read again with use_cpu=True)")
-                args.use_cpu = False
-                exported = {k: v for k, v in exported.items() if "USE_CPU" not in k}
+            args, error, exported = _on_this_machine(cls, given, error, reading)
         if args is not None:
             reading.cls = name
             reading.effective.update(

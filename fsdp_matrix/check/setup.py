@@ -163,7 +163,9 @@ def map_fsdp(setup: Setup, env: Dict[str, str]) -> None:
     if _truthy(env.get("FSDP_ACTIVATION_CHECKPOINTING")):
         setup.put("gc", ["torch_ac"], "fsdp activation_checkpointing true (torch's checkpoint_wrapper)")
     mixed = env.get("ACCELERATE_MIXED_PRECISION", "no")
-    setup.put("mp", ["bf16"] if mixed == "bf16" and version == 1 else ["none"], f"mixed_precision {mixed}")
+    # the mp axis is FSDP1's MixedPrecision computing in bf16: fp16 or fp8 mixed precision is a value no case covers
+    mp = {"bf16": ["bf16"], "no": ["none"]}.get(mixed, []) if version == 1 else ["none"]
+    setup.put("mp", mp, f"mixed_precision {mixed}")
     setup.put("layer_cls", ["name"], "the layer class given by name (as accelerate config writes it)")
     layer = (env.get("FSDP_TRANSFORMER_CLS_TO_WRAP") or "").split(",")[0].strip()
     family = next((m for prefix, m in MODELS.items() if layer.startswith(prefix)), None)
@@ -184,8 +186,12 @@ def map_training(setup: Setup, ta: Reading) -> None:
     setup.put("accum", [2 if steps > 1 else 1], f"gradient_accumulation_steps {steps}")
     norm = float(eff.get("max_grad_norm") or 0)
     setup.put("clip", [1.0 if norm > 0 else "none"], f"max_grad_norm {norm:g}")
-    if eff.get("bf16") and "orig" in setup.values:  # the Trainer's mixed precision, on FSDP1: a MixedPrecision policy
-        setup.put("mp", ["bf16"], "bf16 true (the Trainer's mixed precision)")
+    if "orig" in setup.values and (eff.get("bf16") or eff.get("fp16")):  # the Trainer's mixed precision, on FSDP1
+        setup.put(
+            "mp",
+            ["bf16"] if eff.get("bf16") else [],
+            f"{'bf16' if eff.get('bf16') else 'fp16'} true (the Trainer's mixed precision)",
+        )
     if eff.get("torch_compile"):
         setup.put("compile", ["whole"], "torch_compile true")
     elif "compile" not in setup.values:
