@@ -90,25 +90,36 @@ def cell_matches(cell: Cell, setup: Setup, varied: Set[str], entry: str) -> bool
 
 
 CHOSEN = ("adapter", "dtype")
-"""Axes a user chooses that a launcher config alone does not say (no adapter config, no quantization config): when
-unknown, a rule's cells put a condition on them even where its ``when`` does not name them. A LoRA failure is not
-claimed for a config that may train without adapters."""
+"""Axes a user chooses that a launcher config alone may not say (no adapter config; the model's load dtype): when
+unknown, a rule that does not hold for every declared value (matrix.yaml ``axes:``) puts a condition on them even
+where its ``when`` does not name them. A LoRA failure is not claimed for a config that may train without adapters,
+nor a bf16 one for a model that may be loaded in fp32 (``--set dtype=`` makes it definite)."""
 
 
-def _conditions(rule: Any, setup: Setup, cells: List[Cell]) -> Dict[str, List[Any]]:
+def _values(cells: List[Cell], axis: str) -> Set[str]:
+    return {str(dict(c.params)[axis]) for c in cells if axis in dict(c.params)}
+
+
+def _conditions(rule: Any, setup: Setup, decided: List[Cell], every_cell: List[Cell], declared: Mapping[str, List]
+                ) -> Dict[str, List]:  # fmt: skip
+    """Unknown axes the rule needs: those its ``when`` names, and a CHOSEN axis whose declared values (else the
+    case's) the rule's cells over the whole case, on these versions, do not all take."""
     when = getattr(rule, "when", None) or {}
     known = set(setup.values) | {"entry", "device", "world_size", "nodes"}
     out = {k: (v if isinstance(v, list) else [v]) for k, v in when.items() if k not in known}
     for axis in CHOSEN:
-        values = sorted({str(dict(c.params)[axis]) for c in cells if axis in dict(c.params)})
-        if axis not in known and axis not in out and values:
-            out[axis] = values
+        values = _values(decided, axis)
+        every = {str(v) for v in declared.get(axis, [])} or _values(every_cell, axis)
+        if axis not in known and axis not in out and values and not every <= values:
+            out[axis] = sorted(values)
     return out
 
 
-def match_case(case: Case, setup: Setup, versions: Mapping[str, Optional[str]]) -> Optional[CaseMatch]:
+def match_case(
+    case: Case, setup: Setup, versions: Mapping[str, Optional[str]], declared: Optional[Mapping[str, List]] = None
+) -> Optional[CaseMatch]:
     """The case's cells the setup matches, grouped by the rule that decides each; None when none matches or the
-    PEFT config rules the case out."""
+    PEFT config rules the case out. ``declared``: the matrix's axes and their values (matrix.yaml ``axes:``)."""
     need = needs(case.id, setup.facts)
     if need is None:
         return None
@@ -116,26 +127,30 @@ def match_case(case: Case, setup: Setup, versions: Mapping[str, Optional[str]]) 
     varied = {axis for c in cells for axis, _ in c.params}
     entry = case_entry(case, setup.entry)
     found = CaseMatch(case, need, entry)
+    decides: Dict[Any, List[Cell]] = {}
     by_rule: Dict[Any, RuleHit] = {}
     for cell in cells:
-        if not cell_matches(cell, setup, varied, entry):
-            continue
         expected = expected_for(case, cell, versions)
         key = expected.rule if expected.rule is not None else f"platform:{expected.platform}"
+        decides.setdefault(key, []).append(cell)
+        if not cell_matches(cell, setup, varied, entry):
+            continue
         if key not in by_rule:
             by_rule[key] = RuleHit(-1 if expected.rule is None else expected.rule, expected)
         by_rule[key].cells.append(cell)
     if not by_rule:
         return None
-    for hit in by_rule.values():
-        hit.conditions = _conditions(case.expect[hit.index] if hit.index >= 0 else None, setup, hit.cells)
+    for key, hit in by_rule.items():
+        rule = case.expect[hit.index] if hit.index >= 0 else None
+        hit.conditions = _conditions(rule, setup, decides[key], cells, declared or {})
     found.rules = sorted(by_rule.values(), key=lambda r: (r.index < 0, r.index))
     return found
 
 
 def match(matrix: Matrix, setup: Setup, versions: Mapping[str, Optional[str]]) -> List[CaseMatch]:
     """Every case with cells the setup matches."""
-    return [m for m in (match_case(c, setup, versions) for c in matrix.cases) if m is not None]
+    declared = {name: list(axis.values) for name, axis in (matrix.axes or {}).items()}
+    return [m for m in (match_case(c, setup, versions, declared) for c in matrix.cases) if m is not None]
 
 
 def applies(found: CaseMatch, hit: RuleHit) -> bool:

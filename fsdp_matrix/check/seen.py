@@ -19,6 +19,8 @@ from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.matrix import Combo
 from fsdp_matrix.triage.cli import _observed_here, load_records
 
+HERE = "here"
+"""The combo of a record made without one (``check --run``, ``run`` in the installed env)."""
 LEVELS = ("observed", "nearest-combo", "rules")
 """Evidence levels, strongest first."""
 
@@ -38,7 +40,7 @@ def from_results(path: Path) -> Tuple[List[Seen], str]:
     """The newest record per combo and cell under a results dir, and one line saying what was read."""
     records, skipped = load_records(path)
     lost = f", {len(skipped)} lines skipped (not records)" if skipped else ""
-    seen = [Seen(r.combo or "(no combo)", r.case, r.cell, r.verdict, dict(r.versions)) for r in records]
+    seen = [Seen(r.combo or HERE, r.case, r.cell, r.verdict, dict(r.versions)) for r in records]
     return seen, f"records: {len(seen)} read from {path}{lost}"
 
 
@@ -82,4 +84,5 @@ def evidence(
         return "rules", "the rule's own bounds (no record of these cells on your versions or the nearest combo)"
     level = "observed" if where == "on your versions" else "nearest-combo"
     combos = ", ".join(sorted({s.combo for s in mine}))
-    return level, f"observed {where} (combo {combos}): {_counts(mine)} of {len(cells)} cell(s)"
+    ran = "run here" if combos == HERE else f"combo {combos}"
+    return level, f"observed {where} ({ran}): {_counts(mine)} of {len(cells)} cell(s)"

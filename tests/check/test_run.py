@@ -42,3 +42,11 @@ def test_run_runs_only_the_matching_cells(tmp_path, capsys):
     assert records[0]["verdict"] == "fix-holds"
     assert "check --run: 1 matching cell(s)" in out
     assert "fix-holds" in out and "toy/lora-orig0-decoder_layer-ws2" in out
+
+    # the records it wrote are the evidence of the next answer: observed on these versions
+    assert cli.main(["check", "--accelerate-config", str(config), "--matrix", str(MATRIX), "--results", str(results),
+                     "--json"]) == 0  # fmt: skip
+    (toy,) = json.loads(capsys.readouterr().out)["cases"]
+    (rule,) = toy["expectations"]
+    assert (toy["status"], rule["evidence"]) == ("trains", "observed")
+    assert rule["evidence_line"] == "observed on your versions (run here): fix-holds 1 of 1 cell(s)"
