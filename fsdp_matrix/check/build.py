@@ -13,6 +13,7 @@ from fsdp_matrix.check.read import Reading
 from fsdp_matrix.check.seen import Seen, evidence
 from fsdp_matrix.check.setup import Setup
 from fsdp_matrix.expectations import expected_for
+from fsdp_matrix.match import any_when
 from fsdp_matrix.matrix import Combo, Matrix
 from fsdp_matrix.triage.answer import Workaround
 from fsdp_matrix.triage.match import nearest_combo, rule_versions
@@ -25,19 +26,19 @@ STATUS_ORDER = ("applies", "may-apply", "not-run", "trains")
 
 
 def _when(rule: Any) -> str:
-    when = getattr(rule, "when", None) or {}
-    return ", ".join(f"{k}={v}" for k, v in when.items()) or "every cell"
+    whens = any_when(getattr(rule, "when", None) or {})
+    return " or ".join(", ".join(f"{k}={v}" for k, v in w.items()) for w in whens if w) or "every cell"
 
 
 def workarounds(matrix: Matrix, case, index: int, versions, device: str) -> List[Found]:
     """triage's ``versions.workarounds`` on the setup's device: the rule's cells with one of its settings changed
     that train on these versions (its ``_change`` and ``_missing_options``). triage's looks at CPU cells only, where
     a platform skip (no 4-bit on CPU before transformers 4.56) hides what the rules say of a GPU."""
-    when = getattr(case.expect[index], "when", None) or {}
+    whens = any_when(getattr(case.expect[index], "when", None) or {})
     lacking = set(_missing_options(matrix, versions)) - {"device", "world_size", "nodes"}
     found: dict = {}
     for cell in expand_case(case, device):
-        change = _change(when, cell)
+        change = next((c for w in whens if (c := _change(w, cell))), None)
         if change is None or change.split("=", 1)[0] in lacking:
             continue
         expected = expected_for(case, cell, versions)

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Set
 
-from fsdp_matrix.axes import same_value
 from fsdp_matrix.cells import Cell, expand_case
 from fsdp_matrix.check.needs import needs
 from fsdp_matrix.check.setup import DEFAULTS, ENTRY_CHAIN, Setup
 from fsdp_matrix.expectations import Expected, expected_for
+from fsdp_matrix.match import any_when, same_value
 from fsdp_matrix.matrix import Case, Matrix
 
 FAILING = ("error", "hang")
@@ -104,9 +104,16 @@ def _conditions(rule: Any, setup: Setup, decided: List[Cell], every_cell: List[C
                 ) -> Dict[str, List]:  # fmt: skip
     """Unknown axes the rule needs: those its ``when`` names, and a CHOSEN axis whose declared values (else the
     case's) the rule's cells over the whole case, on these versions, do not all take."""
-    when = getattr(rule, "when", None) or {}
     known = set(setup.values) | {"entry", "device", "world_size", "nodes"}
-    out = {k: (v if isinstance(v, list) else [v]) for k, v in when.items() if k not in known}
+    out: Dict[str, List] = {}
+    # a ``when`` may be a list of alternatives: one that names no unknown axis puts no condition
+    for when in any_when(getattr(rule, "when", None) or {}):
+        unknown = {k: (v if isinstance(v, list) else [v]) for k, v in when.items() if k not in known}
+        if not unknown:
+            out = {}
+            break
+        for k, v in unknown.items():
+            out[k] = out.get(k, []) + [x for x in v if x not in out.get(k, [])]
     for axis in CHOSEN:
         values = _values(decided, axis)
         every = {str(v) for v in declared.get(axis, [])} or _values(every_cell, axis)
