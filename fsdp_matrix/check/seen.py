@@ -85,4 +85,5 @@ def evidence(
     level = "observed" if where == "on your versions" else "nearest-combo"
     combos = ", ".join(sorted({s.combo for s in mine}))
     ran = "run here" if combos == HERE else f"combo {combos}"
-    return level, f"observed {where} ({ran}): {_counts(mine)} of {len(cells)} cell(s)"
+    where += f" ({ran})" if level == "observed" else ""  # the nearest combo's line already names it
+    return level, f"observed {where}: {_counts(mine)} of {len(cells)} cell(s)"

@@ -198,3 +198,18 @@ def test_records_of_the_same_versions_make_the_evidence_observed(here_only, tmp_
 def test_no_file_is_bad_input(capsys):
     assert cli.main(["check"]) == 2
     assert "give at least one file" in capsys.readouterr().err
+
+
+def test_records_of_the_nearest_combo_make_the_evidence_nearest_combo(here_only, tmp_path, capsys):
+    db = tmp_path / "history.sqlite"
+    cell = "qlora-bf16-orig0-decoder_layer-llama-entry_trl-storage_bf16-trainer_sft-ws2"
+    _history(db, "old", "trl-qlora-upcast", cell, "reproduced")
+    # torch 2.5.1 and bitsandbytes 0.44.1 with the old combo's peft/transformers/accelerate/trl: no record on
+    # these versions, the old combo is the nearest
+    _, answer, _, _ = check([*qlora_files(), "--versions", pins("torch2.5"), "--history", str(db)], capsys)
+    assert answer["nearest_combo"] == "old"
+    (rule,) = failing(applied(answer)["trl-qlora-upcast"])
+    assert (rule["evidence"], rule["evidence_line"]) == (
+        "nearest-combo",
+        "observed on combo old: reproduced 1 of 1 cell(s)",
+    )
