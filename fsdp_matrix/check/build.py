@@ -89,6 +89,8 @@ def _expectation(matrix: Matrix, found: CaseMatch, hit: RuleHit, setup: Setup, v
     level, line = evidence(seen, case.id, ids, versions, near)
     failing = exp.kind in FAILING
     fixed = fixed_in(matrix, case, hit.index) if failing and rule is not None else None
+    if fixed is not None:
+        fixed.text += _excluded(case, rule, hit.cells, versions)
     works, note = _what_works(matrix, found, hit, setup, versions, seen, near, outside) if fixed else ([], None)
     return Expectation(
         rule=case.rule_id(hit.index) if rule is not None else f"platform/{exp.platform}",
@@ -108,6 +110,19 @@ def _expectation(matrix: Matrix, found: CaseMatch, hit: RuleHit, setup: Setup, v
         workarounds=works,
         workarounds_note=note,
     )
+
+
+def _excluded(case, rule: Any, cells, versions) -> str:
+    """A release a rule's ``!=`` bound leaves out (``trl !=0.23.0``) on which the same cells are expected to train,
+    though no later release fixes it."""
+    out = []
+    for package, specs in (getattr(rule, "versions", None) or {}).items():
+        for spec in str(specs).split(","):
+            release = spec.strip()[2:] if spec.strip().startswith("!=") else None
+            there = {**versions, package: release}
+            if release and all(expected_for(case, c, there).kind == "ok" for c in cells):
+                out.append(f"{package} {release}")
+    return f"; the same cells train on {', '.join(out)} (the rule leaves it out)" if out else ""
 
 
 def _status(found: CaseMatch) -> str:
