@@ -65,7 +65,8 @@ def read_in(python: Path, files: Dict[str, Path]) -> List[Reading]:
     }
     name = python.parents[1].name
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=READ_TIMEOUT_S, cwd=REPO)
+        # in the caller's folder: a path inside a file (a fsdp_config JSON named by TrainingArguments) is theirs
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=READ_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ReadError(f"reading in {name} failed: {exc}") from None
     try:
