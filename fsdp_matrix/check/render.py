@@ -38,9 +38,9 @@ def _head(answer: CheckAnswer) -> List[str]:
     lines += [f"  note: {note}" for note in answer.notes]
     if answer.unknown_axes:
         lines.append(f"  not in these files: {', '.join(answer.unknown_axes)} (every value is considered)")
-    lines += _list("not covered by any case", answer.not_covered)
-    lines += _list("other settings no case varies", answer.other_settings)
-    lines += _list("launch plumbing", answer.plumbing)
+    lines += _list("not covered by any case: FSDP, PEFT and quantization settings", answer.not_covered)
+    lines += _list("not covered by any case: other settings", answer.other_settings)
+    lines += _list("not covered by any case: launch plumbing", answer.plumbing)
     return lines
 
 
