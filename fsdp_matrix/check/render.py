@@ -7,7 +7,7 @@ from typing import List
 from fsdp_matrix.check.answer import CaseAnswer, CheckAnswer, Expectation
 
 WIDTH = 8
-"""Settings shown per list line before '... and N more'."""
+"""Other and plumbing settings shown before '... and N more' (every one is in --json)."""
 HEADINGS = {
     "applies": "Known failures these settings meet on these versions",
     "may-apply": "May apply, depending on what the script does or a setting no file gave",
@@ -16,10 +16,10 @@ HEADINGS = {
 }
 
 
-def _list(title: str, items: List[str]) -> List[str]:
+def _list(title: str, items: List[str], width: int = WIDTH) -> List[str]:
     if not items:
         return []
-    shown = ", ".join(items[:WIDTH]) + (f" ... and {len(items) - WIDTH} more" if len(items) > WIDTH else "")
+    shown = ", ".join(items[:width]) + (f" ... and {len(items) - width} more (--json)" if len(items) > width else "")
     return [f"{title} ({len(items)}): {shown}"]
 
 
@@ -38,7 +38,8 @@ def _head(answer: CheckAnswer) -> List[str]:
     lines += [f"  note: {note}" for note in answer.notes]
     if answer.unknown_axes:
         lines.append(f"  not in these files: {', '.join(answer.unknown_axes)} (every value is considered)")
-    lines += _list("not covered by any case: FSDP, PEFT and quantization settings", answer.not_covered)
+    # all of them: these are the settings a user may expect a case to cover
+    lines += _list("not covered by any case: FSDP, PEFT and quantization settings", answer.not_covered, 10**6)
     lines += _list("not covered by any case: other settings", answer.other_settings)
     lines += _list("not covered by any case: launch plumbing", answer.plumbing)
     return lines
