@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional
@@ -64,6 +65,9 @@ def read_in(python: Path, files: Dict[str, Path]) -> List[Reading]:
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     }
     name = python.parents[1].name
+    start = time.monotonic()
+    # importing transformers and TRL in another env takes seconds: say what is being waited for
+    print(f"check: reading {len(files)} file(s) in .nox/{name} ...", file=sys.stderr, flush=True)
     try:
         # in the caller's folder: a path inside a file (a fsdp_config JSON named by TrainingArguments) is theirs
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=READ_TIMEOUT_S)
@@ -74,6 +78,7 @@ def read_in(python: Path, files: Dict[str, Path]) -> List[Reading]:
     except (ValueError, IndexError):
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ReadError(f"reading in {name} failed: {tail}") from None
+    print(f"check: read in .nox/{name} in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
     if "error" in data:
         raise ReadError(data["error"])
     return [Reading(**r) for r in data["readings"]]
