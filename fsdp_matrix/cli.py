@@ -28,6 +28,7 @@ COMMANDS = {
     "export": "fsdp_matrix.export.cli",
     "bench": "fsdp_matrix.runner.bench",
     "triage": "fsdp_matrix.triage.cli",
+    "check": "fsdp_matrix.check.cli",
     "gate": "fsdp_matrix.gate.cli",
 }
 
