@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -150,3 +151,14 @@ def test_explain_bad_input_is_one_line(capsys, argv, names):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert names in err and err.count("\n") == 1, err
+
+
+def test_help_prints_one_line_per_command(capsys):
+    """``--help`` printed the command names only, with no line on what each does."""
+    from fsdp_matrix.cli import COMMANDS, HELP
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert set(HELP) == set(COMMANDS)
+    for name in COMMANDS:
+        assert re.search(rf"^  {name} +{re.escape(HELP[name])}$", out, re.M), name
