@@ -37,6 +37,7 @@ HELP = {
     "explain": "every rule tried for a cell on a combo, and why one applies",
     "report": "the combined report from records (text, markdown, HTML, JSON, JUnit)",
     "diff": "the cells whose verdict changed between two result dirs; exit 1 on an alert",
+    "summary": "what changed between two runs: a step-summary markdown and a short message for a chat post",
     "bisect": "the first release, date or commit that changed a cell",
     "upgrade": "which cells a version bump changes, and which release did it",
     "nightly": "diff two nights and bisect what moved",
