@@ -61,15 +61,21 @@ def validate_main(argv: List[str]) -> int:
     """Check matrix.yaml; print one line naming the bad key, or one line per dead or duplicated rule, or a summary."""
     from fsdp_matrix.cells import expand
     from fsdp_matrix.lint import lint
-    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
+    from fsdp_matrix.pages import PAGES, stale, stale_message
 
     p = OneLineParser(prog="fsdp_matrix validate", description=validate_main.__doc__)
     p.add_argument("matrix", nargs="?", type=Path)
-    matrix = load_matrix(p.parse_args(argv).matrix)
-    findings = lint(matrix)
-    for finding in findings:
-        print(f"fsdp_matrix validate: {finding.line()}", file=sys.stderr)
-    if findings:
+    path = p.parse_args(argv).matrix
+    matrix = load_matrix(path)
+    lines = [finding.line() for finding in lint(matrix)]
+    root = (path or DEFAULT_MATRIX).resolve().parent
+    if all((root / page).is_file() for page in PAGES):  # a checkout: its docs quote matrix.yaml's figures
+        behind = stale(root, matrix)
+        lines += [stale_message(behind)] if behind else []
+    for line in lines:
+        print(f"fsdp_matrix validate: {line}", file=sys.stderr)
+    if lines:
         return 1
     print(f"ok: {len(matrix.combos)} combos, {len(matrix.cases)} cases, {len(expand(matrix))} cells per CPU combo")
     return 0
