@@ -8,6 +8,8 @@ version specifier, a duplicate YAML key, a repro file that does not exist.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
@@ -181,6 +183,19 @@ class Combo(Strict):
         return self.model_copy(update={"pins": Pins(**{**self.pins.model_dump(), **versions})})
 
 
+def derived_rule_id(rule: Dict[str, Any]) -> str:
+    """The id of a rule written without one: its outcome and a digest of everything but ``id`` and ``source``
+    (``error-1f0c2a9e``), so the same rule gets the same id in every run and at any place in its case, and a reworded
+    citation keeps it. An explicit id is never replaced: ids are a public contract (explain, evidence sections)."""
+    body = {k: v for k, v in rule.items() if k not in ("id", "source")}
+    when = body.get("when") or {}
+    if isinstance(when, dict):  # a when's list of values is a set: its order is not the rule's identity
+        body["when"] = {k: sorted(map(str, v)) if isinstance(v, list) else v for k, v in when.items()}
+    outcome = next((k for k in ("ok", "error", "skip", "hang", "warning") if k in rule), "rule")
+    digest = hashlib.sha1(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{outcome}-{digest}"
+
+
 class Case(Strict):
     """A reported failure: its grids of cells, what they need, and the expected outcome per version range."""
 
@@ -200,6 +215,15 @@ class Case(Strict):
     axes: Dict[str, Axis] = {}
     """Axes of this case only (a user's case has its own knobs), declared like the top-level ``axes:``."""
     _platform: Platform = PrivateAttr(default_factory=Platform)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_rule_ids(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("expect"), list):
+            rules = data["expect"]
+            named = [{**r, "id": derived_rule_id(r)} if isinstance(r, dict) and "id" not in r else r for r in rules]
+            data = {**data, "expect": named}
+        return data
 
     @model_validator(mode="after")
     def _unique_rule_ids(self) -> Case:

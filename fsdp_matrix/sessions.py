@@ -44,7 +44,7 @@ def parser() -> options.Parser:
     options.add_arguments(p.add_argument, ("results", "device", "world_size", "resume"), defaults=dict.fromkeys(
         ("results", "device"), None))  # fmt: skip
     p.add_argument("--pre", action="store_true", help="newest: let pre-releases count")
-    p.add_argument("--pin", action="append", default=[], help="NAME=PATH_OR_URL[@REF]: build NAME from source")
+    p.add_argument("--pin", action="append", default=[], help="NAME=PATH_OR_URL[@REF] (from source) or NAME==VERSION")
     return p
 
 
@@ -65,6 +65,18 @@ def host_has_gpu() -> bool:
 def stamp_extra() -> List[str]:
     # a reused env must be rebuilt when the harness's own requirements change
     return [f"pyproject={envs.requirements_hash([(HERE / 'pyproject.toml').read_text()])}"]
+
+
+def with_releases(session: Any, combo: Combo, pins: Sequence[str]) -> Combo:
+    """``--pin NAME==VERSION``: a release no combo pins replaces the combo's (the records keep the combo's id and
+    hold the versions installed, and the rules are judged on those). A bad one: one line, exit 2."""
+    from fsdp_matrix.bisect.installers import parse_pins
+
+    try:
+        return combo.with_pins(**parse_pins(pins)) if pins else combo
+    except (EnvError, ValueError) as exc:
+        print(f"nox -s {session.name} -- --pin: {flat(exc)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def resolve_sources(session: Any, combo: Combo, pins: Sequence[str] = ()) -> Built:
@@ -149,7 +161,8 @@ def run_combo(session: Any, matrix: Matrix, combo: Combo, results_root: Path, de
     opts, rest = parse(session.posargs)
     device = _device_of(session, combo, device or opts.device)
     results = Path(opts.results or results_root) / combo.id
-    built = resolve_sources(session, combo, opts.pin)
+    combo = with_releases(session, combo, [p for p in opts.pin if "==" in p])
+    built = resolve_sources(session, combo, [p for p in opts.pin if "==" not in p])
     report = prepare(session, combo, device, (), built)
     if not report.ok:
         # the pins stand in for what is installed: the record says what this combo was meant to be

@@ -164,12 +164,23 @@ def _judge_error(
     return Judgement(Verdict.DIFFERENT_ERROR, line)
 
 
-def changed_note(sources: Mapping[str, Mapping]) -> str:
-    """What a verdict that differs from the rules means for a source build: the change is not in a release yet."""
+def changed_note(sources: Mapping[str, Mapping], versions: Optional[Mapping[str, Optional[str]]] = None) -> str:
+    """What a verdict that differs from the rules means for a source build: the change is not in a release yet;
+    unless every source is its release's own commit (a clean tree that installs as that very version, e.g. a pin
+    at the tag v0.14.0), where the release itself differs from the rules."""
+    versions = versions or {}
+
+    def at_release(name: str, src: Mapping) -> bool:
+        have = str(versions.get(name) or "").split("+")[0]
+        return bool(src.get("release")) and not src.get("dirty") and have == src.get("release")
+
     built = ", ".join(
-        f"{name} {src.get('commit', '')[:7]} judged as {src.get('release') or 'no release'}"
+        f"{name} {src.get('commit', '')[:7]} "
+        + ("(its release's own commit)" if at_release(name, src) else f"judged as {src.get('release') or 'no release'}")
         for name, src in sorted(sources.items())
     )
+    if all(at_release(name, src) for name, src in sources.items()):
+        return f"differs from the rules at a released version ({built})"
     return f"changed on main, not released yet ({built})"
 
 
@@ -199,7 +210,8 @@ def make_record(
     )
     line = judgement.line
     if sources and not judgement.verdict.passed and observed.status in ("ok", "error"):
-        line += f" [{changed_note(sources)}]"  # rules are for releases; a source build is judged as its release base
+        # rules are for releases; a source build is judged as its release base
+        line += f" [{changed_note(sources, versions)}]"
     return Record(
         case=cell.case,
         cell=cell.id,

@@ -16,6 +16,7 @@ SLOW_FIRST = (
     "export/test_script.py",
     "runner/test_session.py",
     "workload/test_checkpoint.py",
+    "test_readme.py",  # the toy-case test runs the docs/matrix checks again in a copy of the repo (~2 min here)
 )
 """The files of a minute or more of `nox -s tests` on 2 cores (their module fixtures launch torchrun), longest first."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -150,3 +151,35 @@ def test_explain_bad_input_is_one_line(capsys, argv, names):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert names in err and err.count("\n") == 1, err
+
+
+def test_help_prints_one_line_per_command(capsys):
+    """``--help`` printed the command names only, with no line on what each does."""
+    from fsdp_matrix.cli import COMMANDS, HELP
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert set(HELP) == set(COMMANDS)
+    for name in COMMANDS:
+        assert re.search(rf"^  {name} +{re.escape(HELP[name])}$", out, re.M), name
+
+
+def test_validate_names_the_command_that_brings_the_docs_figures_up_to_date(tmp_path, capsys):
+    """A new case left the counts and the cases table behind, and validate said ok."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "docs" / "pages").mkdir(parents=True)
+    shutil.copy(root / "README.md", tmp_path / "README.md")
+    shutil.copy(root / "docs" / "pages" / "cases.md", tmp_path / "docs" / "pages" / "cases.md")
+    shutil.copytree(root / "repros", tmp_path / "repros")
+    text = (root / "matrix.yaml").read_text()
+    (tmp_path / "matrix.yaml").write_text(text)
+    assert main(["validate", str(tmp_path / "matrix.yaml")]) == 0
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text().replace(" cases, ", "0 cases, ", 1))
+    capsys.readouterr()
+    assert main(["validate", str(tmp_path / "matrix.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "README.md: counts or cases table differ from matrix.yaml; run `python -m fsdp_matrix docs --write`" in err

@@ -268,3 +268,63 @@ def test_a_wrong_command_fails(command, why, capsys, pytestconfig):
     with pytest.raises((AssertionError, ValueError), match=re.escape(why)):
         for words in _words(command):
             _check_words(words, capsys, pytestconfig)
+
+
+def _imports_of_fsdp_matrix(source: str) -> List[ast.stmt]:
+    """The import statements of a Python snippet that import fsdp_matrix (anywhere in it, a function's body too)."""
+
+    def ours(module: str) -> bool:
+        return module == "fsdp_matrix" or module.startswith("fsdp_matrix.")
+
+    return [
+        node
+        for node in ast.walk(ast.parse(source))
+        if (isinstance(node, ast.Import) and any(ours(a.name) for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and ours(node.module or ""))
+    ]
+
+
+SNIPPETS = [
+    (str(page.relative_to(ROOT)), body)
+    for page in PAGES
+    for lang, body in _blocks(page.read_text())
+    if lang in ("python", "py") and "fsdp_matrix" in body
+]
+
+
+@pytest.mark.parametrize("where,snippet", SNIPPETS, ids=[f"{w}:{s.splitlines()[0][:50]}" for w, s in SNIPPETS])
+def test_a_snippets_imports_of_fsdp_matrix_run(where, snippet):
+    # adding-a-case.md imported `main` from fsdp_matrix.standalone while the README said fsdp_matrix.case
+    imports = _imports_of_fsdp_matrix(snippet)
+    assert imports, f"{where}: a snippet that names fsdp_matrix without importing it"
+    exec(compile(ast.Module(body=imports, type_ignores=[]), where, "exec"), {})  # ImportError: the snippet lies
+    repro_like = any(sign in snippet for sign in ("def run(params", "__main__", "CASE ="))
+    outside = [ast.unparse(n) for n in imports if isinstance(n, ast.ImportFrom) and n.module != "fsdp_matrix.case"]
+    assert not (repro_like and outside), f"{where}: a repro imports harness code only from fsdp_matrix.case: {outside}"
+
+
+def test_the_snippets_are_found():
+    assert any(w == "README.md" for w, _ in SNIPPETS) and len(SNIPPETS) >= 3
+
+
+LAYOUT = ROOT / "docs" / "pages" / "layout.md"
+
+
+def _layout_rows() -> List[Tuple[str, str]]:
+    return re.findall(r"^\| `([^`]+)` \| (.+) \|$", LAYOUT.read_text(), re.M)
+
+
+@pytest.mark.parametrize("path,what", _layout_rows(), ids=[p for p, _ in _layout_rows()])
+def test_layout_names_only_what_is_in_the_tree(path, what):
+    # layout.md listed 7 export modules that no longer existed
+    assert (ROOT / path).exists(), f"layout.md: {path} does not exist"
+    if path.startswith("fsdp_matrix/") and path.endswith("/"):
+        named = set(re.findall(r"`([a-z_][a-z0-9_]*)`", what))
+        missing = sorted(n for n in named if not (ROOT / path / f"{n}.py").is_file() and not (ROOT / path / n).is_dir())
+        assert not missing, f"layout.md: {path} has no module {missing} (a backticked word there names a module)"
+
+
+def test_layout_names_every_subpackage():
+    rows = {p for p, _ in _layout_rows()}
+    packages = {f"fsdp_matrix/{p.name}/" for p in (ROOT / "fsdp_matrix").iterdir() if (p / "__init__.py").is_file()}
+    assert sorted(packages - rows) == [], "layout.md: add a row for each subpackage"

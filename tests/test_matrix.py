@@ -260,4 +260,27 @@ def test_a_rule_id_is_case_slash_id():
     data["cases"][0]["expect"][0]["id"] = "flatten-error"
     case = parse_matrix(data).case("lora-requires-grad")
     assert case.rule_id(0) == "lora-requires-grad/flatten-error"
-    assert case.rule_id(1) == "lora-requires-grad/expect[1]"
+    assert case.rule_id(1) == f"lora-requires-grad/{case.expect[1].id}"  # derived (matrix.derived_rule_id)
+    assert case.expect[1].id.startswith(("ok-", "error-", "skip-"))
+
+
+def test_a_rule_without_an_id_gets_a_stable_derived_one():
+    """The README's example rules carry no id, and "every rule has an id" failed a newcomer's case."""
+    from fsdp_matrix.matrix import derived_rule_id
+
+    data = matrix_data()
+    rules = data["cases"][0]["expect"]
+    for rule in rules:
+        rule.pop("id", None)
+    first = [r.id for r in parse_matrix(data).case("lora-requires-grad").expect]
+    assert all(first) and len(set(first)) == len(first)
+    data["cases"][0]["expect"] = list(reversed(rules))  # the same rules in another order keep their ids
+    assert [r.id for r in parse_matrix(data).case("lora-requires-grad").expect] == list(reversed(first))
+    rule = {"when": {"wrap": ["fsdp2", "decoder_layer"]}, "error": {"type": "ValueError"}, "source": "a"}
+    same = {"source": "reworded", "error": {"type": "ValueError"}, "when": {"wrap": ["decoder_layer", "fsdp2"]}}
+    assert derived_rule_id(rule) == derived_rule_id(same)
+    assert derived_rule_id(rule).startswith("error-") and derived_rule_id({**rule, "versions": {"peft": "<1"}}) != (
+        derived_rule_id(rule)
+    )
+    data["cases"][0]["expect"][0]["id"] = "written"  # a written id is kept
+    assert parse_matrix(data).case("lora-requires-grad").expect[0].id == "written"

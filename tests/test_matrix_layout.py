@@ -26,9 +26,15 @@ def test_no_line_over_120_characters():
     assert not long, f"matrix.yaml lines over {LIMIT} characters (line: length): {', '.join(long)}"
 
 
-def test_every_rule_has_an_id():
-    missing = [f"{c['id']}.expect[{i}]" for c in _data()["cases"] for i, r in enumerate(c["expect"]) if "id" not in r]
-    assert not missing
+def test_every_rule_has_an_id_and_a_written_id_is_kept():
+    # a rule written without an id (the README's example) gets a derived one (matrix.derived_rule_id)
+    from fsdp_matrix.matrix import load_matrix
+
+    loaded = {c.id: c for c in load_matrix(DEFAULT_MATRIX).cases}
+    for case in _data()["cases"]:
+        ids = [rule.id for rule in loaded[case["id"]].expect]
+        assert all(ids), case["id"]
+        assert [r["id"] for r in case["expect"] if "id" in r] == [i for i, r in zip(ids, case["expect"]) if "id" in r]
 
 
 def test_a_signature_several_rules_expect_is_named_once():

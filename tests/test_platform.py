@@ -135,6 +135,7 @@ def test_a_newcomers_case_without_platform_rules_gets_them_on_every_combo(tmp_pa
     from fsdp_matrix.cells import expand_case
 
     data = yaml.safe_load((Path(__file__).resolve().parent.parent / "matrix.yaml").read_text())
+    data["cases"] = [c for c in data["cases"] if c["id"] != "my-bug"]  # the README's toy, added by test_readme's copy
     data["cases"].append(
         {
             "id": "my-bug",

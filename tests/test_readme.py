@@ -118,7 +118,8 @@ def test_readme_example_repro_imports_only_the_facade():
 def test_readme_example_case_is_a_valid_case_and_its_explain_id_is_one_of_its_cells():
     entry = yaml.safe_load(_readme_block("yaml"))
     data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
-    data["cases"] += entry
+    if entry[0]["id"] not in {c["id"] for c in data["cases"]}:  # the toy-case test's copy already holds it
+        data["cases"] += entry
     example = parse_matrix(data).case(entry[0]["id"])
     ids = {f"{example.id}/{cell.id}" for cell in expand_case(example)}
     shown = re.findall(rf"explain ({re.escape(example.id)}/\S+)", _section("Adding a case"))
@@ -149,3 +150,77 @@ def test_every_page_is_in_the_site():
     assert pages / "index.md" in DOCS
     strays = [str(p.relative_to(ROOT)) for p in DOCS if p.parent != ROOT and pages not in p.parents]
     assert strays == [], f"move these under docs/pages/ so that mkdocs builds them: {strays}"
+
+
+def test_the_generated_figures_are_current():
+    # the counts and the cases table are written by one command; a new case only has to run it
+    from fsdp_matrix.pages import stale, stale_message
+
+    behind = stale(ROOT, MATRIX)
+    assert not behind, stale_message(behind)
+
+
+def test_the_generator_keeps_written_rows_adds_new_cases_and_drops_removed_ones():
+    from fsdp_matrix.pages import cases_table, counts, upstream
+
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    toy = yaml.safe_load(_readme_block("yaml"))
+    data["cases"] = [c for c in data["cases"][1:] if c["id"] != "my-bug"] + toy  # the toy copy holds it already
+    matrix = parse_matrix(data)
+    table = cases_table(CASES_PAGE, matrix)
+    assert f"| `{data['cases'][0]['id']}` |" in table and "| `lora-requires-grad` |" not in table
+    assert "| `my-bug` | peft#1234 | One line on what breaks |" in table
+    assert ROWS[1][1] in table  # a written row is kept as written
+    assert f"{len(matrix.cases)} cases" in counts(README, matrix)
+    assert upstream("https://github.com/huggingface/accelerate/pull/3762 (1.11.0)") == "accelerate PR #3762"
+
+
+CHECKS = [
+    "tests/test_readme.py",
+    "tests/test_docs.py",
+    "tests/test_repro_contract.py",
+    "tests/test_evidence.py",
+    "tests/test_matrix_layout.py",
+    "tests/test_expectations.py",
+    "tests/test_platform.py",
+    "tests/test_cells.py",
+    "tests/test_lint.py",
+    "tests/workload/test_params.py",
+]
+"""The checks `nox -s tests` runs on matrix.yaml, the docs and the repros (a new case's cells run in its own run)."""
+
+
+def _copy_of_the_repo(dest: Path) -> Path:
+    import shutil
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    for name in listed.stdout.splitlines():
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def test_a_case_added_as_the_readme_says_keeps_the_checks_green(tmp_path):
+    """A newcomer's case, written exactly as "Adding a case" says (one repro through the facade, one matrix.yaml
+    entry like the README's, the commands of step 3), failed 6 tests of `nox -s tests`: the cases table, both
+    counts, the expectations snapshot, "every rule has an id" and a params rule no page stated."""
+    import subprocess
+    import sys
+
+    repo = _copy_of_the_repo(tmp_path / "repo")
+    (repo / "repros" / "my_bug.py").write_text(_readme_block("python"))
+    entry = re.sub(r"^", "  ", _readme_block("yaml"), flags=re.M)
+    (repo / "matrix.yaml").write_text((repo / "matrix.yaml").read_text() + entry)
+    env = {**__import__("os").environ, "PYTHONPATH": str(repo)}
+    for step in (["docs", "--write", "--root", str(repo)], ["validate"]):  # step 3's commands that need no run
+        done = subprocess.run([sys.executable, "-m", "fsdp_matrix", *step], cwd=repo, env=env, capture_output=True)
+        assert done.returncode == 0, done.stderr.decode()
+    me = "tests/test_readme.py::test_a_case_added_as_the_readme_says_keeps_the_checks_green"
+    cmd = [sys.executable, "-m", "pytest", *CHECKS, "-q", "-x", "-n", "0", "-p", "no:cacheprovider", "--deselect", me]
+    done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "passed" in done.stdout

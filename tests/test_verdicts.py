@@ -143,3 +143,16 @@ def test_warning_lines_say_what_was_raised():
     )
     assert judge(WARN, "ok").line.endswith("observed ok, without UserWarning: /requires_grad=True and False/")
     assert judge(WARN, "error", "ValueError", "boom", None).verdict is Verdict.DIFFERENT_ERROR
+
+
+def test_a_source_pin_at_a_release_tag_is_not_labelled_not_released_yet():
+    """A source pin at v0.14.0 (installed as 0.14.0, clean) was labelled "changed on main, not released yet"."""
+    from fsdp_matrix.verdicts import changed_note
+
+    at_tag = {"peft": {"url": "/c", "ref": "v0.14.0", "commit": "8a2b3c4d5e", "dirty": None, "release": "0.14.0"}}
+    note = changed_note(at_tag, {"peft": "0.14.0"})
+    assert "not released yet" not in note and "released version" in note and "its release's own commit" in note
+    after = {"peft": {**at_tag["peft"], "ref": "main"}}
+    assert changed_note(after, {"peft": "0.14.1.dev0"}).startswith("changed on main, not released yet")
+    dirty = {"peft": {**at_tag["peft"], "dirty": "3 files"}}
+    assert "not released yet" in changed_note(dirty, {"peft": "0.14.0"})

@@ -237,7 +237,13 @@ def render(q: Question, answer: Answer, json_path: Optional[Path]) -> int:
     print(table(answer))
     print(answer.cell.answer)
     data = answer.to_json()
-    data.update(cell=q.cell.key, combo=q.combo.id)
+    # "installs" counts the steps; an env already in the cache is reused, not installed (it was counted as one)
+    log = getattr(q.bisection.installer, "log", [])
+    installed, reused = sum(e.ok and not e.reused for e in log), sum(e.ok and e.reused for e in log)
+    skipped = sum(not s.installed for s in answer.result.steps)
+    steps = len(answer.result.steps)
+    print(f"{steps} steps: {installed} envs installed, {reused} reused from the cache, {skipped} skipped")
+    data.update(cell=q.cell.key, combo=q.combo.id, installed=installed, reused=reused)
     first, last = answer.cell.first_changed, answer.cell.last_unchanged
     if q.dated and first and last:
         changes = q.dated.changes(last, first)

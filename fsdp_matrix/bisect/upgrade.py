@@ -48,11 +48,15 @@ Observed = Mapping[str, Any]
 
 @dataclass
 class Changed:
-    """One cell whose verdict differs between base and target."""
+    """One cell whose outcome (verdict, or the error it raised) differs between base and target."""
 
     cell: str
     base_verdict: str
     target_verdict: str
+    base_outcome: str = ""
+    """What the cell did on the base: its verdict and error (``reproduced (ValueError: ...)``)."""
+    target_outcome: str = ""
+    """The same on the target: a change from one expected error to another shows here with equal verdicts."""
     first_changed: Dict[str, str] = field(default_factory=dict)
     """Package -> first release at which the cell's verdict differs from the base's."""
     last_unchanged: Dict[str, str] = field(default_factory=dict)
@@ -106,12 +110,14 @@ class _Bumped:
         return self.installer.install({**self.context, self.package: candidate}, list(self.installer.combo.extra))
 
 
-def _verdicts(observed: Observed) -> Dict[str, str]:
-    return {c: o.verdict for c, o in observed.items() if isinstance(o, Outcome)}
+def _outcomes(observed: Observed) -> Dict[str, Outcome]:
+    return {c: o for c, o in observed.items() if isinstance(o, Outcome)}
 
 
-def _same_verdict(a: Outcome, b: Outcome) -> bool:
-    return a.verdict == b.verdict
+def _same_outcome(a: Outcome, b: Outcome) -> bool:
+    # verdict and error: an expected error replaced by another expected one is a change (bisect compares so too);
+    # comparing verdicts alone hid it, and the bisect's "last unchanged" then quoted the base's error
+    return a == b
 
 
 def _ordered(package: str, old: str, new: str, pre: bool, candidates: Callable[..., List[str]]) -> List[str]:
@@ -200,8 +206,8 @@ class _Upgrade:
             cells=len(self.cells),
         )
         self.by_cell: Dict[str, Changed] = {}
-        self.before: Dict[str, str] = {}
-        self.after: Dict[str, str] = {}
+        self.before: Dict[str, Outcome] = {}
+        self.after: Dict[str, Outcome] = {}
 
     def env_run(self, pins: Pins, what: str, wanted: Sequence[str]) -> Observed:
         """The cells of ``wanted`` run in the env of ``pins`` (each pin set installed and each cell run once)."""
@@ -232,14 +238,17 @@ def _run_ends(up: _Upgrade) -> List[str]:
     up.say("target: " + ", ".join(f"{k} {base_pins[k]} -> {v}" for k, v in bumps.items()) + f"; {len(cells)} cells")
     on_base = up.env_run(base_pins, "base", cells)
     on_target = up.env_run(up.target_pins, "target", cells)
-    up.before, up.after = before, after = _verdicts(on_base), _verdicts(on_target)
+    up.before, up.after = before, after = _outcomes(on_base), _outcomes(on_target)
     for cell in cells:
         if cell not in before or cell not in after:
             why = on_base.get(cell) if cell not in before else on_target.get(cell)
             up.result.untestable[cell] = f"{'base' if cell not in before else 'target'}: {why or 'no record'}"
-    changed = [c for c in cells if c in before and c in after and before[c] != after[c]]
-    up.result.changed = [Changed(c, before[c], after[c]) for c in changed]
-    up.say(f"{len(changed)} of {len(cells)} cells changed verdict")
+    changed = [c for c in cells if c in before and c in after and not _same_outcome(before[c], after[c])]
+    up.result.changed = [
+        Changed(c, str(before[c].verdict), str(after[c].verdict), before[c].describe(), after[c].describe())
+        for c in changed
+    ]
+    up.say(f"{len(changed)} of {len(cells)} cells changed verdict or error")
     up.by_cell = {c.cell: c for c in up.result.changed}
     return changed
 
@@ -282,13 +291,13 @@ def _moved_alone(up: _Upgrade, pkg: str, context: str, cells: List[str], unbuilt
         pins, ref = {**up.target_pins, pkg: up.base_pins[pkg]}, up.after
     what = f"{context} with {pkg} {pins[pkg]} only"
     try:
-        seen = _verdicts(up.env_run(pins, what, cells))
+        seen = _outcomes(up.env_run(pins, what, cells))
     except EnvError as exc:
         # e.g. a new peft that needs a new transformers: this context cannot tell, the next one may
         up.say(f"{exc}: not attributable in that context")
         unbuilt.append(what)
         return []
-    return [c for c in cells if c in seen and seen[c] != ref[c]]
+    return [c for c in cells if c in seen and not _same_outcome(seen[c], ref[c])]
 
 
 def _bisect_group(up: _Upgrade, pkg: str, context: str, group: List[str]) -> int:
@@ -312,7 +321,7 @@ def _bisect_group(up: _Upgrade, pkg: str, context: str, group: List[str]) -> int
         group,
         pkg,
         known={0: {c: low[c] for c in group if c in low}, len(cands) - 1: {c: high[c] for c in group if c in high}},
-        same=_same_verdict,
+        same=_same_outcome,
         **_hooks(up, pkg),
     )
     for cell in group:
@@ -347,13 +356,15 @@ def _attribution_pins(bumps: Mapping[str, str], base_pins: Pins) -> List[Pins]:
 
 
 def render(result: UpgradeResult) -> str:
-    out = [f"{len(result.changed)} of {result.cells} cells changed verdict"]
+    out = [f"{len(result.changed)} of {result.cells} cells changed verdict or error"]
     width = max((len(c.cell) for c in result.changed), default=0)
     for c in result.changed:
+        # "changed at": the release where what the cell does first differs (a fix that changes the error, or a
+        # break): "first changed: X" after "R -> !R" read as "X broke it"
         first = ", ".join(f"{k} {v}" for k, v in c.first_changed.items()) or "-"
-        out.append(
-            f"  {c.cell:<{width}}  {symbol(c.base_verdict)} -> {symbol(c.target_verdict)}  first changed: {first}"
-        )
+        out.append(f"  {c.cell:<{width}}  {symbol(c.base_verdict)} -> {symbol(c.target_verdict)}  changed at: {first}")
+        if c.base_outcome:
+            out.append(f"  {'':<{width}}  base: {c.base_outcome}; target: {c.target_outcome}")
         out.append(f"  {'':<{width}}  {c.answer}")
         for pkg, commit in c.first_changed_commit.items():
             pr = f" (PR #{commit['pr']})" if commit.get("pr") else ""

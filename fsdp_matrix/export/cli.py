@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 from fsdp_matrix import options
 from fsdp_matrix.errors import MatrixError
@@ -26,6 +26,12 @@ def write(exp: Export, out: Path, script: Optional[Path] = None) -> List[Path]:
     return [script, exp_md]
 
 
+def _releases(pins: List[str]) -> Dict[str, str]:
+    from fsdp_matrix.bisect.installers import parse_pins  # EnvError (one line) for anything but NAME==VERSION
+
+    return parse_pins(pins)
+
+
 def main(argv: Iterable[str]) -> int:
     p = OneLineParser(prog="fsdp_matrix export", description=__doc__.split("\n\n")[0])
     p.add_argument("cell", help="CASE/CELL, or a cell id that only one case has")
@@ -33,13 +39,20 @@ def main(argv: Iterable[str]) -> int:
     p.add_argument("--script", type=Path, help="script path (default: OUT/repro_<case>_<cell>.py)")
     # declared once (fsdp_matrix/options.py); combo: the newest CPU one by default; results: searched for a record
     options.add_arguments(p.add_argument, ("combo", "results", "matrix"), model=options.MatrixOptions)
+    p.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="NAME==VERSION",
+        help="a release in place of the combo's (one no combo pins, e.g. accelerate==0.34.2); repeatable",
+    )
     # no longer used (the export does not trace a run any more), still accepted so that older command lines work
     p.add_argument("--trace", choices=("auto", "always", "never"), default="auto", help=argparse.SUPPRESS)
     p.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     args = p.parse_args(list(argv))
     root = (args.matrix or DEFAULT_MATRIX).resolve().parent
     try:
-        exp = prepare(load_matrix(args.matrix), args.cell, args.combo, args.results, root)
+        exp = prepare(load_matrix(args.matrix), args.cell, args.combo, args.results, root, _releases(args.pin))
         paths = write(exp, args.out, args.script)
     except OSError as exc:
         # the repro vanished after matrix.yaml was checked, or the output cannot be written: one line, no traceback

@@ -193,12 +193,12 @@ class _Collector:
                 key, item = (is_stdlib(node.module), node.module), (alias.name, alias.asname)
             if isinstance(node, ast.Import) and alias.asname is None:
                 source = name  # ``import a.b`` binds ``a``
+            # ``import torch.distributed as dist`` and ``from torch import distributed as dist`` bind one object
+            dotted = ".".join(p for p in (source, attr) if p)
             previous = self.bindings.setdefault(name, (source, attr))
-            if previous != (source, attr):
-                raise InlineError(
-                    f"{where}: {name!r} is imported as {source}.{attr} here and as "
-                    f"{previous[0]}.{previous[1]} in another inlined module"
-                )
+            if ".".join(p for p in previous if p) != dotted:
+                theirs = ".".join(p for p in previous if p)
+                raise InlineError(f"{where}: {name!r} is {dotted} here and {theirs} in another inlined module")
             items = self.imports.setdefault(key, [])
             if item not in items:
                 items.append(item)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from fsdp_matrix.cells import Cell, find_cell
+from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.expectations import Expected, expected_for
 from fsdp_matrix.export.inline import Section, flatten
 from fsdp_matrix.matrix import Case, Combo, Matrix
@@ -200,10 +201,19 @@ def expected_text(expected: Expected) -> str:
     return expected.describe()
 
 
-def prepare(matrix: Matrix, ref: str, combo_id: Optional[str], results: Path, root: Path) -> Export:
-    """Resolve the cell and combo; ``root`` is the directory that repro paths in matrix.yaml are relative to."""
+def prepare(
+    matrix: Matrix, ref: str, combo_id: Optional[str], results: Path, root: Path, releases: Optional[dict] = None
+) -> Export:
+    """Resolve the cell and combo; ``root`` is the directory that repro paths in matrix.yaml are relative to;
+    ``releases`` (``--pin NAME==VERSION``) replace the combo's pins: the script installs them, and the expectation
+    is matrix.yaml's under them (a bug that shows only on a release no combo pins)."""
     # --combo '' names no combo: an error, not the default
     combo = matrix.combo(combo_id) if combo_id is not None else matrix.newest("cpu")
+    if releases:
+        try:
+            combo = combo.with_pins(**releases)
+        except ValueError as exc:  # pydantic: a package the pins do not know
+            raise MatrixError(f"--pin: {str(exc).splitlines()[-1].strip()}") from None
     device = "cuda" if "gpu" in combo.tags else "cpu"
     cell = find_cell(matrix, ref, device)
     case = matrix.case(cell.case)

@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any, List, Optional
 
+from fsdp_matrix.expectations import Expected
 from fsdp_matrix.export.script import Export, expected_text
 from fsdp_matrix.matrix import PACKAGES
 from fsdp_matrix.records import Record, off_pins, recorded_version
@@ -82,6 +83,15 @@ def _observed(exp: Export, script: str) -> List[str]:
             lines.append(f"**Observed** ({when}, verdict {rec.verdict}): {what}{where}")
         else:
             lines.append(f"**Observed** ({when}, verdict {rec.verdict}): {obs.status}")
+        if not exp.expected.judges_like(rec.expected):
+            # the verdict above was judged under the rule of its day: say so rather than quote it as today's
+            then = expected_text(Expected.from_json(rec.expected))
+            lines += [
+                "",
+                f"**Note**: matrix.yaml's rule for this cell changed since this record: it expected "
+                f"{code_span(then)} then, {code_span(expected_text(expected))} now; the verdict above is the old "
+                "rule's (run the cell again for today's).",
+            ]
         off = off_pins(rec, exp.combo.pins.model_dump())
         if off:
             lines += [

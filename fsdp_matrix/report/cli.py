@@ -44,6 +44,31 @@ def write_reports(grid: Grid, out: Path, formats: Sequence[str] = FORMATS) -> Li
     return paths
 
 
+def prune(results: Path, keys: set) -> int:
+    """Move the records of ``keys`` (``case/cell``) out of every cells.jsonl under ``results`` into the
+    cells.pruned.jsonl beside it (nothing is deleted; a line that is not a record stays where it was). Returns how
+    many records moved."""
+    files = [results] if results.is_file() else sorted(results.rglob("cells.jsonl"))
+    moved = 0
+    for path in files:
+        keep, out = [], []
+        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+            try:
+                data = json.loads(line)
+                key = f"{data['case']}/{data['cell']}"
+            except (ValueError, TypeError, KeyError):
+                key = None
+            (out if key in keys else keep).append(line)
+        if out:
+            with open(path.with_name("cells.pruned.jsonl"), "a", encoding="utf-8") as fh:
+                fh.writelines(out)
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(keep), encoding="utf-8")
+            tmp.replace(path)
+            moved += len(out)
+    return moved
+
+
 def _matrix_for(path: Optional[Path]) -> Optional[Matrix]:
     """matrix.yaml only orders rows and columns, so the repo's own is used when none is named and it loads."""
     if path is not None:
@@ -73,9 +98,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         dest="formats",
         help="format to write; repeat for several (default: all)",
     )
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="move the records of cells matrix.yaml no longer has into cells.pruned.jsonl beside each cells.jsonl",
+    )
     args = parser.parse_args(argv)
     try:
         grid = load_grid(args.results, _matrix_for(args.matrix))
+        if args.prune and grid.gone:
+            moved = prune(args.results, set(grid.gone))
+            print(f"report: moved {moved} records of {len(grid.gone)} cells not in matrix.yaml to cells.pruned.jsonl")
+            grid = load_grid(args.results, _matrix_for(args.matrix))
     except (OSError, MatrixError) as exc:
         print(f"report: {flat(exc)}", file=sys.stderr)
         return 2

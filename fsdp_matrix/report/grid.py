@@ -96,6 +96,9 @@ class Grid:
     """Lines of cells.jsonl that are not records (torn by a killed run, wrong-typed): every renderer counts them."""
     sessions: Dict[str, str] = field(default_factory=dict)
     """Column id -> the nox session that runs that combo, for the combos of matrix.yaml."""
+    gone: List[str] = field(default_factory=list)
+    """Row keys of cells matrix.yaml no longer has (a case or grid removed or renamed): listed apart, never under
+    "Needs attention"; ``report RESULTS --prune`` moves their records aside."""
 
     def skipped_text(self) -> str:
         """``2 lines of cells.jsonl could not be read``, or empty when every line was a record."""
@@ -119,7 +122,7 @@ class Grid:
             (row, col, rec)
             for row in self.rows
             for col in self.columns
-            if (rec := self.entry(col, row)) is not None and needs_attention(rec.verdict)
+            if (rec := self.entry(col, row)) is not None and needs_attention(rec.verdict) and row.key not in self.gone
         ]
         return sorted(hits, key=lambda h: severity(h[2].verdict))  # stable: grid order within a verdict
 
@@ -175,7 +178,21 @@ def build_grid(
         source,
         list(skipped),
         {c.id: f"{c.session}({c.id})" for c in matrix.combos} if matrix else {},
+        _gone(matrix, rows) if matrix else [],
     )
+
+
+def _gone(matrix: Matrix, rows: Dict[Row, Tuple[int, int]]) -> List[str]:
+    """The keys of ``rows`` that matrix.yaml does not expand to, on any device, at the row's own layout."""
+    cases = {c.id: c for c in matrix.cases}
+    known = {
+        cell.key
+        for layout in set(rows.values())
+        for case in cases.values()
+        for device in ("cpu", "cuda")
+        for cell in expand_case(case, device, world_size=layout[0], nodes=layout[1])
+    }
+    return sorted(row.key for row in rows if row.key not in known)
 
 
 def _natural(name: str) -> Tuple[Any, ...]:

@@ -56,5 +56,6 @@ def to_json(grid: Grid) -> Dict[str, Any]:
         "counts": {c.id: grid.counts(c) for c in grid.columns},
         "attention": [{"column": c.id, "cell": r.key, "verdict": rec.verdict} for r, c, rec in grid.attention()],
         "unrun_combos": grid.unrun,
+        "not_in_matrix": grid.gone,
         "skipped_lines": [{"file": str(s.file), "line": s.line, "reason": s.reason} for s in grid.skipped],
     }

@@ -9,7 +9,7 @@ from typing import Dict, Optional
 
 from fsdp_matrix.report.grid import Grid
 from fsdp_matrix.report.style import CODES, legend, needs_attention, symbol
-from fsdp_matrix.report.text import cells_text, one_line, summary_line
+from fsdp_matrix.report.text import cells_text, gone_text, one_line, summary_line
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|~&])")
 
@@ -57,6 +57,9 @@ def render_markdown(grid: Grid) -> str:
         f"\\({md_escape(col.id)}\\) {md_escape(row.key)}: {md_escape(rec.line)}"
         for row, col, rec in grid.attention_cells()
     ]
+    if grid.gone:
+        out += ["", f"### Not in matrix.yaml ({len(grid.gone)})", "", md_escape(gone_text(grid)), ""]
+        out += [f"- {md_escape(key)}" for key in grid.gone]
     return "\n".join(out) + "\n"
 
 

@@ -87,7 +87,22 @@ def render_text(grid: Grid, width: int = 3) -> str:
         f"  {symbol(rec.verdict):<3}[{col.number} {shown(col.id)}] {shown(row.key)}: {one_line(rec.line)}"
         for row, col, rec in grid.attention_cells()
     ]
+    if grid.gone:
+        out += ["", f"Not in matrix.yaml ({len(grid.gone)}): {gone_text(grid)}"]
+        out += [f"  {shown(key)}" for key in grid.gone[:GONE_SHOWN]]
+        out += [f"  ... and {len(grid.gone) - GONE_SHOWN} more"] if len(grid.gone) > GONE_SHOWN else []
     return "\n".join(out) + "\n"
+
+
+GONE_SHOWN = 20
+"""Stale cells named one per line; the rest are counted (the JSON report lists them all)."""
+
+
+def gone_text(grid: Grid) -> str:
+    return (
+        "records of cells matrix.yaml no longer has (a case or grid removed or renamed); "
+        f"`python -m fsdp_matrix report {grid.source or 'RESULTS'} --prune` moves them to cells.pruned.jsonl"
+    )
 
 
 def cells_text(n: int) -> str:

@@ -59,7 +59,27 @@ class Signature:
 
     @property
     def error(self) -> Any:
+        hang = getattr(self.rule, "hang", None)
+        if hang is not None and hang.stack:
+            return HangPattern(hang.stack)
         return getattr(self.rule, "error", None) or getattr(self.rule, "signature", None)
+
+
+@dataclass(frozen=True)
+class HangPattern:
+    """A ``hang`` rule's stack regex, in the shape of an error signature: a hang prints a deadlock report (a
+    faulthandler dump, a watchdog's stacks) with the frames and no exception line."""
+
+    match: str
+    """The rule's ``hang.stack`` regex, searched in the paste's text (its frames)."""
+    type: str = "hang"
+    module: Optional[str] = None
+
+
+HANG_SIGNS = re.compile(
+    r"most recent call first|Timeout \(\d|timed? ?out|deadlock|\bhang|\bhung\b|\bstuck\b|watchdog", re.IGNORECASE
+)
+"""What says a paste is a hang report: faulthandler's header, a timeout, the words people use."""
 
 
 LEVELS = (("strong", 7.0), ("likely", 5.0), ("weak", 3.0))
@@ -162,7 +182,7 @@ def signatures(matrix: Matrix) -> List[Signature]:
         Signature(case.id, f"expect[{i}]", rule)
         for case in matrix.cases
         for i, rule in enumerate(case.expect)
-        if rule.error is not None
+        if rule.error is not None or (rule.hang is not None and rule.hang.stack)
     ]
     return out + [Signature(None, f"platform[{i}]", rule) for i, rule in enumerate(_platform_rules(matrix))]
 
@@ -414,6 +434,8 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
         regex = patterns.Bounded(_pattern(err.match))
     except patterns.error:
         return None
+    if isinstance(err, HangPattern):
+        return _hang_fit(sig, regex, paste, ctx or read_context(paste))
     kind, errors = _message_fit(regex, err.match, paste)
     if kind is None:
         return None
@@ -436,6 +458,27 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
         primary = _primary_report(case)
         score += 0.5 if primary and re.match(rf"\s*[\w./-]*?(?:PR\s*)?#{primary}\b", source) else 0
     return Hit(sig, score, notes, points, found, against, kind)
+
+
+def _hang_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Context) -> Optional[Hit]:
+    """A hang rule fits a deadlock report that holds its stack regex: the frames are the evidence (there is no
+    exception line to read); an exception paste that merely passes through the same function is not a hang."""
+    if not regex.search(paste.text):
+        return None
+    points, found, notes = 3.0, [f"stack: {sig.error.match}"], []
+    if HANG_SIGNS.search(paste.text):
+        points += 2
+        found.append("a hang report (stacks, a timeout)")
+    elif paste.errors:
+        points -= 2
+        notes.append(f"pasted with an exception ({paste.errors[-1].type}), the rule is a hang")
+    if ctx.fsdp:
+        points += 1
+        found.append("FSDP: " + ctx.fsdp[0])
+    if ctx.peft:
+        points += 1
+        found.append("PEFT: " + ctx.peft[0])
+    return Hit(sig, points, notes, points, found, None, "stack")
 
 
 def _mask(text: str) -> str:

@@ -36,7 +36,13 @@ def observed_range(matrix: Matrix, versions: Mapping[str, Optional[str]]) -> Lis
         pins = [v for v in (_version(getattr(c.pins, package, None)) for c in matrix.combos) if v]
         if have is None or not pins:
             continue
-        if have < min(pins):
+        if have < min(pins) and have.release[:2] == min(pins).release[:2]:
+            # a patch release below the oldest combo's: same minor, judged as that release (not "unknown")
+            out.append(
+                f"{package} {mine} is an earlier patch of the oldest combo's {package} {min(pins)}; "
+                "what is shown is known for that release"
+            )
+        elif have < min(pins):
             out.append(
                 f"{package} {mine} is older than every combo observed (oldest: {package} {min(pins)}); "
                 "nothing here is known for it"

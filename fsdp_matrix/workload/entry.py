@@ -40,7 +40,7 @@ from fsdp_matrix.workload.cpu_shim import CpuFsdpAccelerator, ShimRecord, cpu_fs
 from fsdp_matrix.workload.knobs import Loop, accelerate_kwargs, knobs_of
 from fsdp_matrix.workload.meta_init import cpu_sync_module_states, ram_efficient, reference_for
 from fsdp_matrix.workload.models import decoder_layer_class
-from fsdp_matrix.workload.params import axis, flag
+from fsdp_matrix.workload.params import UnknownAxisValue, axis, flag
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import WRAPS
 
@@ -56,7 +56,20 @@ LAYER_CLS = ("name", "partial")
 
 def fsdp_version(params: Mapping[str, Any]) -> int:
     """2 for the ``fsdp2`` wrap axis value, else 1."""
-    return 2 if axis(params, "wrap", WRAPS) == "fsdp2" else 1
+    return 2 if accelerate_wrap(params) == "fsdp2" else 1
+
+
+def accelerate_wrap(params: Mapping[str, Any]) -> str:
+    """The cell's ``wrap`` as the accelerate entry builds it: accelerate's plugin wraps by a policy, so ``root``,
+    ``root_only`` and ``fsdp2_root`` (one unit, the root) are not among its values. A cell pairing one with the
+    accelerate entry is refused in one line that says so (it blamed "this repro")."""
+    value = params.get("wrap")
+    if value is None or value in WRAPS:
+        return axis(params, "wrap", WRAPS)
+    raise UnknownAxisValue(
+        f"axis 'wrap': the accelerate entry does not build {value!r} (it takes: {', '.join(WRAPS)}); pair "
+        f"{value!r} with entry: torch, or pass accelerate_setup(..., plugin=...) a plugin of your own"
+    )
 
 
 def require_wrapper(model: nn.Module, version: int) -> str:
@@ -133,7 +146,7 @@ def make_plugin(
         os.environ["FSDP_SYNC_MODULE_STATES"] = str(low_mem).lower()
     if state_dict_type is not None:
         kwargs["state_dict_type"] = state_dict_type
-    if axis(params, "wrap", WRAPS) == "peft_policy":
+    if accelerate_wrap(params) == "peft_policy":
         kwargs["auto_wrap_policy"] = fsdp_auto_wrap_policy(model)
     elif axis(params, "layer_cls", LAYER_CLS, default="name") == "partial":
         # the policy function with its layer set bound, as FSDP1 scripts and torch's FSDP docs write it
@@ -206,10 +219,13 @@ def accelerate_setup(
     mixed_precision: str = "no",
     lr: float = 1e-2,
     saves: bool = False,
+    plugin: Optional[FullyShardedDataParallelPlugin] = None,
 ) -> Iterator[AccelerateSetup]:
     """Prepare ``model`` and an AdamW through accelerate for the cell's ``wrap``/``orig`` axes; yield them.
 
-    ``saves``: the block saves FSDP1 state dicts (adds part (D) of the CPU shim).
+    ``saves``: the block saves FSDP1 state dicts (adds part (D) of the CPU shim). ``plugin``: a plugin of your own
+    (a size-based wrap, mixed precision, ...), used as given instead of the one the cell's axes build; its
+    ``fsdp_version`` must still be the ``wrap`` axis's (docs/pages/entries.md).
     Raises CheckFailed when the prepared model is not the FSDP version asked for. FSDP2 prepares model and
     optimizer together (accelerate requires it); FSDP1 prepares the model first and builds the optimizer on the
     wrapped parameters (needed for use_orig_params=False).
@@ -226,7 +242,7 @@ def accelerate_setup(
             _check_launched_plugin(plugin, params)
             chosen = getattr(accelerator, "chosen_by_accelerate", str(accelerator.state.distributed_type))
         else:
-            plugin = make_plugin(model, params, state_dict_type)
+            plugin = make_plugin(model, params, state_dict_type) if plugin is None else plugin
             cpu = ctx.device.type == "cpu"
             accelerator = Accelerator(fsdp_plugin=plugin, cpu=cpu, mixed_precision=mixed_precision, **knobbed)
             chosen = str(accelerator.state.distributed_type)

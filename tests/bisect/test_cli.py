@@ -9,7 +9,7 @@ from typing import Dict, List
 import pytest
 
 from fsdp_matrix.bisect import cli as bisect_cli
-from fsdp_matrix.bisect.installers import DatedInstaller, PinnedInstaller
+from fsdp_matrix.bisect.installers import DatedInstaller, InstallLog, PinnedInstaller
 from fsdp_matrix.bisect.outcome import Outcome
 from fsdp_matrix.bisect.runner import LaunchRunner
 from fsdp_matrix.bisect.search import Prepared
@@ -29,6 +29,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List]:
 
     def install(self: PinnedInstaller, pins: Dict[str, str], extra: List[str]) -> Prepared:
         seen["pins"].append(dict(pins))
+        # as the cache would: the base release's env is already there
+        self.log.append(InstallLog(dict(pins), True, pins["peft"] == "0.13.2", 0.0))
         return Prepared(Path(f"/envs/{pins['peft']}"))
 
     def run_cells(self: LaunchRunner, env: Path, candidate: str, cells: List[str]) -> Dict[str, Outcome]:
@@ -72,6 +74,8 @@ def test_bisect_prints_table_answer_and_writes_json(fake, tmp_path: Path, capsys
     assert code == 0
     assert "first changed: peft 0.14.0 (last unchanged: 0.13.2)" in text
     assert "0.14.0  yes        ok <- first changed" in text
+    # a reused env was counted as an install
+    assert "4 steps: 3 envs installed, 1 reused from the cache, 0 skipped" in text
     data = json.loads(out.read_text())
     assert {k: data[k] for k in ("package", "old", "new", "first_changed", "last_unchanged", "combo", "cell")} == {
         "package": "peft",

@@ -309,3 +309,28 @@ def test_ctrl_c_and_sigterm_end_the_launch_and_say_so_in_one_line(monkeypatch, c
     monkeypatch.setattr(upgrade, "run_upgrade", interrupting(how, ended))
     argv = ["peft==0.14.0", "--combo", "old", "--matrix", str(FIXTURE), "--cache", str(tmp_path)]
     interrupted_in_one_line(upgrade.main, argv, capsys, code, said, ended)
+
+
+def test_an_expected_error_replaced_by_another_is_a_change_found_at_its_release() -> None:
+    """upgrade compared verdicts: reproduced on both ends with another error was invisible, and a bisect step
+    with the same verdict counted as unchanged, so "last unchanged" quoted the base's error."""
+    combo = load_matrix(FIXTURE).combo("old")
+    installer = FakeInstaller(combo)
+
+    class ErrorRunner(FakeRunner):
+        def run_cells(self, env: Path, candidate: str, cells: Sequence[str]):
+            pins = self.installer.pins_of[env]
+            self.launches.append((tuple(sorted(pins.items())), tuple(cells)))
+            old = v(pins["peft"]) < v("0.15.1")
+            err = ("ValueError", "uniform requires_grad") if old else ("RuntimeError", "size mismatch")
+            return {c: Outcome("error", *err, verdict="reproduced") if c == CELLS[0] else Outcome("ok") for c in cells}
+
+    result = upgrade.run_upgrade(
+        combo, {"peft": "0.17.1"}, CELLS, installer, ErrorRunner(installer, None), candidates=candidates
+    )
+    (c,) = result.changed
+    assert (c.base_verdict, c.target_verdict) == ("reproduced", "reproduced")
+    assert (c.first_changed, c.last_unchanged) == ({"peft": "0.15.1"}, {"peft": "0.15.0"})
+    assert "ValueError: uniform requires_grad" in c.base_outcome and "RuntimeError: size mismatch" in c.target_outcome
+    text = upgrade.render(result)
+    assert "R -> R  changed at: peft 0.15.1" in text and "target: reproduced (RuntimeError: size mismatch)" in text

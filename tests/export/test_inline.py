@@ -72,7 +72,10 @@ def test_modules_come_after_what_they_import(tmp_path):
         ("from .workload import models", "relative import"),
         ("from fsdp_matrix.workload.models import no_such_name", "does not define no_such_name"),
         ("from fsdp_matrix.workload.recipe import peft_model\ndef wrap(): pass", "'wrap' is also bound"),
-        ("from fsdp_matrix.workload.recipe import peft_model\nfrom functools import wraps as nn", "'nn' is imported"),
+        (
+            "from fsdp_matrix.workload.recipe import peft_model\nfrom functools import wraps as nn",
+            "'nn' is torch.nn here and functools.wraps",
+        ),
     ],
 )
 def test_refuses_what_one_flat_script_cannot_hold(tmp_path, line, message):
@@ -128,3 +131,23 @@ def test_the_facade_module_becomes_a_namespace_of_the_names_read_from_it(tmp_pat
     assert "import types" in flat.stdlib_imports
     assert "fsdp_matrix.workload.recipe" in [s.module for s in flat.sections]
     assert "main" not in text.split("def run")[0]  # the standalone entry point is the script's own runtime
+
+
+def test_import_torch_distributed_as_dist_is_the_same_dist_the_harness_imports(tmp_path):
+    """``import torch.distributed as dist`` was refused: "'dist' is imported as torch.distributed. here and as
+    torch.distributed in another inlined module" (the harness writes ``from torch import distributed as dist``)."""
+    repro = _repro(
+        tmp_path,
+        """
+        import torch.distributed as dist
+
+        from fsdp_matrix.case import wrap_and_train
+
+
+        def run(params, ctx):
+            dist.barrier()
+            return wrap_and_train(None, params, ctx)
+        """,
+    )
+    flat = flatten(repro)
+    assert "import torch.distributed as dist" in flat.other_imports

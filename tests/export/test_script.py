@@ -345,3 +345,32 @@ def test_markdown_holds_no_absolute_path_and_no_host(tmp_path):
     assert 'File "contextlib.py"' in md and ".../adapter.bin" in md
     assert "build-host-7" not in md and str(ROOT) not in md and "/home/" not in md and "/tmp/" not in md
     assert not re.search(r"(?<![\w.:/])/(root|work|home|tmp|usr)/", md)
+
+
+def test_markdown_says_when_the_rule_changed_since_the_record(tmp_path):
+    """The snippet quoted a stored verdict whose rule had changed since, as if matrix.yaml still judged it so."""
+    cell = "lora-requires-grad/lora-fp32-orig0-decoder_layer-llama-ws2"
+    now = prepare(MATRIX, cell, "current", tmp_path / "none", ROOT).expected
+    rec = _record("current", time.time(), "Must flatten tensors")
+    records.append(tmp_path / "same", dataclasses.replace(rec, expected=now.to_json()))
+    md = render_markdown(prepare(MATRIX, cell, "current", tmp_path / "same", ROOT))
+    assert "rule for this cell changed" not in md
+    old = {**now.to_json(), "kind": "ok", "error_type": None, "match": None}
+    records.append(tmp_path / "changed", dataclasses.replace(rec, expected=old))
+    md = render_markdown(prepare(MATRIX, cell, "current", tmp_path / "changed", ROOT))
+    [note] = [line for line in md.splitlines() if "rule for this cell changed" in line]
+    assert "training passes every check" in note and "ValueError" in note and "the old rule's" in note, note
+
+
+def test_export_pins_a_release_no_combo_pins(tmp_path, capsys):
+    """``export`` could only use a combo's pins: the script got pins under which the bug does not show."""
+    argv = [DORA.split("/")[1], "--out", str(tmp_path), "--results", str(tmp_path / "r"), "--pin", "accelerate==0.34.2"]
+    assert main(argv) == 0
+    script = Path(capsys.readouterr().out.split()[0]).read_text()
+    assert '"accelerate==0.34.2"' in script and "accelerate==1.15.0" not in script
+    exp = prepare(MATRIX, DORA, "current", tmp_path / "r", ROOT, {"peft": "0.13.2"})
+    assert exp.combo.pins.peft == "0.13.2" and exp.combo.pins.accelerate == MATRIX.combo("current").pins.accelerate
+    from fsdp_matrix.cli import main as fsdp_matrix_main
+
+    assert fsdp_matrix_main(["export", *argv[:-1], "accelerate==0.34.*"]) == 2
+    assert "exact version" in capsys.readouterr().err

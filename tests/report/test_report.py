@@ -294,3 +294,27 @@ def test_a_line_that_is_not_a_record_needs_attention_with_its_position(tmp_path,
     text = (results / "report.txt").read_text()
     assert "1 need attention" in text.splitlines()[0]
     assert "Needs attention (1):" in text and "cells.jsonl:2: quarantined" in text
+
+
+def test_a_cell_no_longer_in_matrix_yaml_is_listed_apart_and_can_be_pruned(tmp_path, capsys):
+    """A removed cell's REGRESSION stayed under "Needs attention", and nothing said how to prune such records."""
+    gone = make_record("qlora-ws2", "REGRESSION", "old", case="zeta")
+    removed_case = make_record("lora-ws2", "hang", "old", case="removed")
+    grid = build_grid([*sample_records(), gone, removed_case], parse_matrix(MATRIX))
+    assert grid.gone == ["removed/lora-ws2", "zeta/qlora-ws2"]
+    assert all(r.key not in grid.gone for r, _, _ in grid.attention())
+    text = report_text.render_text(grid)
+    assert "Not in matrix.yaml (2)" in text and "--prune" in text
+    assert text.index("Needs attention") < text.index("Not in matrix.yaml")
+    assert "zeta/qlora-ws2" not in text.split("Not in matrix.yaml")[0].split("Needs attention")[1]
+    assert "Not in matrix.yaml (2)" in markdown.render_markdown(grid)
+    assert report_json.to_json(grid)["not_in_matrix"] == grid.gone
+    results = tmp_path / "results"
+    for rec in [*sample_records(), gone, removed_case]:
+        append(results / rec.combo, rec)
+    matrix = _write_matrix(tmp_path)
+    assert report_cli.main([str(results), "--matrix", str(matrix), "--prune", "--format", "json"]) == 0
+    assert "moved 2 records of 2 cells" in capsys.readouterr().out
+    pruned = list(iter_records(results / "old" / "cells.pruned.jsonl"))
+    assert sorted(r.key for r in pruned) == ["removed/lora-ws2", "zeta/qlora-ws2"]
+    assert json.loads((results / "report.json").read_text())["not_in_matrix"] == []

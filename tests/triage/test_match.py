@@ -94,3 +94,24 @@ def test_the_four_reports_tracebacks_from_the_records_are_claimed_first(name, ca
     text = "\n".join(line for line in (CORPUS.parent / name).read_text().splitlines() if not line.startswith("# "))
     found = claims(match(MATRIX, parse(text)))
     assert found and found[0].case.id == case and found[0].level in ("strong", "likely")
+
+
+HANG_REPORT = """Timeout (0:00:10)!
+Thread 0x00007f3a2b7fe640 (most recent call first):
+  File "/env/lib/python3.11/site-packages/torch/distributed/fsdp/_state_dict_utils.py", line 310 in _pre_hook
+  File "/env/lib/python3.11/site-packages/transformers/integrations/peft.py", line 480 in get_adapter_state_dict
+  File "/env/lib/python3.11/site-packages/transformers/modeling_utils.py", line 2790 in save_pretrained
+  File "/env/lib/python3.11/site-packages/transformers/trainer.py", line 3912 in save_model
+  File "train.py", line 88 in main
+"""
+"""A rank-0-only save under FSDP1 with a PEFT adapter, as faulthandler dumps it: frames, no exception line."""
+
+
+def test_a_hang_report_fits_the_hang_rule_by_its_frames():
+    """triage matched only exception lines: a deadlock report with the right frames matched nothing."""
+    [first, *_] = claims(match(MATRIX, parse(HANG_REPORT)))
+    assert first.case.id == "save-rank0-state-dict" and first.level in ("strong", "likely")
+    assert first.hits[0].signature.error.type == "hang"
+    as_exception = HANG_REPORT.replace("Timeout (0:00:10)!\n", "").replace("(most recent call first)", "")
+    weaker = match(MATRIX, parse(as_exception + "RuntimeError: something else\n"))
+    assert all(h.points < first.hits[0].points for m in weaker for h in m.hits if h.fit == "stack")

@@ -62,3 +62,18 @@ def test_a_workaround_the_release_lacks_is_not_offered(peft, offered):
     upcast = next(i for i, r in enumerate(case.expect) if r.error and "float32" in r.error.match)
     found = workarounds(MATRIX, case, upcast, {"peft": peft, "torch": "2.13.0", "transformers": "4.57.6"})
     assert any(w.change == "autocast=0" for w in found) is offered
+
+
+def test_a_patch_release_below_the_oldest_combo_is_known_as_its_minor():
+    """torch 2.4.0 under a matrix whose oldest torch is 2.4.1 was "older than every combo": nothing offered."""
+    from packaging.version import Version
+
+    oldest = {
+        p: min(Version(getattr(c.pins, p)) for c in MATRIX.combos if getattr(c.pins, p, None))
+        for p in ("torch", "peft", "transformers", "accelerate")
+    }
+    package, pin = next((p, v) for p, v in oldest.items() if v.micro > 0)
+    below = f"{pin.major}.{pin.minor}.{pin.micro - 1}"
+    [line] = observed_range(MATRIX, {package: below})
+    assert "older than every combo" not in line and f"earlier patch of the oldest combo's {package} {pin}" in line
+    assert "older than every combo" in observed_range(MATRIX, {package: f"{pin.major}.{pin.minor - 1}.0"})[0]

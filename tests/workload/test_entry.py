@@ -143,3 +143,34 @@ def test_prepare_and_train_inspects_the_prepared_model_before_training(monkeypat
         ("train", "prepared", {**kwargs, "reference": None, "params": {}}),
         "leave",
     ]
+
+
+def test_the_accelerate_entry_refuses_a_root_wrap_naming_itself_not_the_repro():
+    """``wrap: fsdp2_root`` with the accelerate entry said "this repro takes: ..."."""
+    from fsdp_matrix.workload.entry import accelerate_wrap
+
+    assert accelerate_wrap({"wrap": "fsdp2"}) == "fsdp2"
+    with pytest.raises(ValueError, match=r"the accelerate entry does not build 'fsdp2_root' .*entry: torch") as err:
+        accelerate_wrap({"wrap": "fsdp2_root"})
+    assert "this repro" not in str(err.value)
+
+
+def test_accelerate_setup_takes_a_plugin_of_ones_own(ctx, monkeypatch):
+    """The facade could not build a size-based wrap: a newcomer set ACCELERATE_USE_CPU by hand instead. One rank
+    here (accelerate wraps nothing at world size 1, so the wrapper check is the cells' job): the plugin handed in is
+    the one accelerate gets, and the cell's own is not built."""
+    import functools
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+    from fsdp_matrix.case import accelerate_setup
+
+    with isolated_accelerate_state():
+        own = FullyShardedDataParallelPlugin(
+            auto_wrap_policy=functools.partial(size_based_auto_wrap_policy, min_num_params=1000), use_orig_params=True
+        )
+    monkeypatch.setattr(entry, "require_wrapper", lambda model, version: "fsdp1")
+    monkeypatch.setattr(entry, "make_plugin", lambda *a, **k: pytest.fail("the cell's own plugin was built"))
+    with accelerate_setup(_lora(ctx), {"wrap": "decoder_layer", "orig": 1}, ctx, plugin=own) as setup:
+        assert setup.plugin is own

@@ -53,4 +53,5 @@ def test_repros_read_params_only_through_the_helper():
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if re.search(r"params(\[|\.get\()", line)
     ]
-    assert direct == []
+    # README "Adding a case" states the rule: axis()/flag() refuse, in one line, a value the repro does not handle
+    assert direct == [], f"read these params through axis(params, NAME, CHOICES) or flag(params, NAME): {direct}"
