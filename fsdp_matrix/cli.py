@@ -46,6 +46,7 @@ HELP = {
     "export": "one self-contained PEP 723 script for an upstream issue",
     "bench": "batched launches vs one torchrun per cell",
     "triage": "is this traceback a known failure, and what works on my versions",
+    "check": "before a launch: which known failures a user's accelerate/Trainer/PEFT configs hit, and what works",
     "gate": "a pull-request check: what HEAD changes against its merge base, and which commit",
     "docs": "check (--write: rewrite) the case counts and the cases table against matrix.yaml",
 }
