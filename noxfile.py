@@ -149,7 +149,7 @@ def heavy(session: nox.Session) -> None:
 def device(session: nox.Session) -> None:
     """A prepared GPU check: nox -s device -- --prepare DIR writes wheels, plan and run.sh (docs/pages/gpu.md)."""
     session.install("pip", *HARNESS)  # pip download fetches the wheels for the device's Python and platform
-    session.run("python", "-m", "fsdp_matrix.device", *session.posargs)
+    session.run("python", "-m", "fsdp_matrix", "device", *session.posargs)
 
 
 @nox.session

@@ -30,6 +30,7 @@ COMMANDS = {
     "triage": "fsdp_matrix.triage.cli",
     "check": "fsdp_matrix.check.cli",
     "gate": "fsdp_matrix.gate.cli",
+    "device": "fsdp_matrix.device.prepare",
 }
 
 

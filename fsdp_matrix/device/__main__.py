@@ -1,4 +1,4 @@
-"""``python -m fsdp_matrix.device --prepare DIR`` (what ``nox -s device`` runs)."""
+"""``python -m fsdp_matrix.device --prepare DIR``, the same as ``python -m fsdp_matrix device --prepare DIR``."""
 
 import sys
 

@@ -39,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", default="", help="comma-separated step names (default: the call's)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     p.add_argument("--deadline", type=float, default=0, help="epoch seconds by which everything must be done")
+    p.add_argument("--started", type=float, default=0, help="epoch seconds the call started (run.sh's start)")
     p.add_argument("--sample", type=int, default=0, help="run at most N cells of each step (0: all)")
     p.add_argument("--dry-run", action="store_true", help="print the steps and their sites; run nothing")
     return p
@@ -58,6 +59,17 @@ def chosen_steps(plan: Plan, call: int, names: str) -> List[Step]:
     if not 1 <= call <= len(plan.calls):
         raise ValueError(f"--call {call}: the plan has calls 1..{len(plan.calls)}")
     return [plan.step(n) for n in plan.calls[call - 1].steps]
+
+
+def with_smoke(plan: Plan, steps: List[Step]) -> List[Step]:
+    """The rehearsal's steps: ``steps`` and, per site they use, its smoke cell (plan.smoke) run on CPU."""
+    used = [s.site for s in steps if s.kind == "cells"]
+    extra = [
+        Step(f"smoke-{site}", "cells", site, f"a cell that runs on CPU under site {site}: its imports", (cell,))
+        for site, cell in plan.smoke.items()
+        if site in used
+    ]
+    return steps + extra
 
 
 def site_path(work: Path, site: str) -> str:
@@ -150,14 +162,25 @@ print(json.dumps(out))
 """Each site's versions, and whether each package imports there (a missing wheel shows here first)."""
 
 
+def _last_json(text: str) -> Optional[Dict[str, object]]:
+    # an import may print to stdout (bitsandbytes does): the check's own line is the last
+    for line in reversed(text.strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
+
+
 def site_versions(work: Path, sites: Sequence[str]) -> Dict[str, object]:
     """Each site's view of the packages under test and of torch's CUDA (a subprocess per site: its own sys.path)."""
     out: Dict[str, object] = {}
     for k, site in enumerate(sites, 1):
         env = {**os.environ, "PYTHONPATH": site_path(work, site)}
         done = subprocess.run([sys.executable, "-c", SITE_CHECK], env=env, capture_output=True, text=True, timeout=180)
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        out[site] = json.loads(done.stdout) if done.returncode == 0 else {"site_check_failed": tail}
+        out[site] = _last_json(done.stdout) or {"site_check_failed": (done.stderr.strip().splitlines() or ["-"])[-1]}
         print(f"[site {k}/{len(sites)}] {site}: {json.dumps(out[site])}", flush=True)
     return out
 
@@ -207,13 +230,15 @@ def collect(work: Path, out: Path, plan_path: Path) -> List[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
-    start = time.time()
+    start = args.started or time.time()
     try:
         plan = load(args.plan.read_text())
         steps = chosen_steps(plan, args.call, args.steps)
     except (OSError, ValueError) as exc:
         print(f"run.sh: {exc}", file=sys.stderr)
         return 2
+    if args.device == "cpu":
+        steps = with_smoke(plan, steps)
     sites = [s for s in image.SITES if any(s.name in image.stack(step.site) for step in steps)]
     print(f"{len(steps)} step(s) on {args.device}: {', '.join(s.name for s in steps)}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

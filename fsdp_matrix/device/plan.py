@@ -88,6 +88,9 @@ class Plan:
     """Seconds a cell may run."""
     versions: Dict[str, Dict[str, Optional[str]]] = field(default_factory=dict)
     """Per site: the versions planned for (the run records what is installed)."""
+    smoke: Dict[str, str] = field(default_factory=dict)
+    """Per site: a cell that runs on CPU at world size 1 under its versions. The rehearsal runs it too, so that each
+    site's packages are imported by a real launch (the device's own cells mostly skip on CPU)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1) + "\n"
@@ -146,6 +149,20 @@ def sample_cells(matrix: Matrix, versions: Mapping[str, Optional[str]], taken: S
                 continue
             if expected_for(case, cell, versions).kind != "skip":
                 out.append(cell)
+                break
+    return out
+
+
+def smoke_cells(matrix: Matrix) -> Dict[str, str]:
+    """Per site with cells: the first cell that runs on CPU at world size 1 and is not skipped under its versions."""
+    out = {}
+    for site in (image.BASE, image.OLD):
+        for case in matrix.cases:
+            cells = [c for c in expand_case(case, "cpu", 1) if c.world_size == 1]
+            ready = [c for c in cells if unmet_requirement(case.requires, c) is None]
+            hit = next((c for c in ready if expected_for(case, c, site.versions).kind not in ("skip", "none")), None)
+            if hit is not None and hit.params_dict.get("entry") != "trl":
+                out[site.name] = hit.key
                 break
     return out
 

@@ -8,11 +8,11 @@ the steps are packed into several, in order of value, each within the limit.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
 import sys
+from argparse import ArgumentTypeError
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -20,6 +20,7 @@ from typing import Callable, Dict, List, Optional
 from fsdp_matrix.device import image, plan, wheels
 from fsdp_matrix.errors import EnvError
 from fsdp_matrix.matrix import DEFAULT_MATRIX, load_matrix
+from fsdp_matrix.usage import OneLineParser
 
 LIMIT = 64 << 20
 """What one device call may carry: the working tree and the carried paths together."""
@@ -92,7 +93,8 @@ def prepare(
         replace(c, carry=(f"{rel}/run.sh", f"{rel}/plan.json", *(f"{rel}/wheels/{s}" for s in c.sites))) for c in calls
     ]
     versions = {s.name: dict(s.versions) for s in image.SITES}
-    result = plan.Plan(steps, calls, two, versions=versions)
+    smoke = plan.smoke_cells(load_matrix(matrix_path or DEFAULT_MATRIX))
+    result = plan.Plan(steps, calls, two, versions=versions, smoke=smoke)
     (folder / "plan.json").write_text(result.to_json())
     everything = tree + sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     say(f"total: working tree {mib(tree)} + {rel}/ {mib(everything - tree)} = {mib(everything)} "
@@ -105,10 +107,21 @@ def prepare(
     return result
 
 
+def positive_mib(text: str) -> float:
+    """An argparse type: MiB above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e6:
+        raise ArgumentTypeError(f"{text!r} is not a size in MiB above 0")
+    return value
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="nox -s device --", description="prepare a device run (docs/pages/gpu.md)")
+    p = OneLineParser(prog="fsdp_matrix device", description="prepare a device run (docs/pages/gpu.md)")
     p.add_argument("--prepare", type=Path, required=True, metavar="DIR", help="folder inside the repo, ignored by git")
-    p.add_argument("--limit-mib", type=float, default=LIMIT / 2**20, help="what one call may carry (default 64)")
+    p.add_argument("--limit-mib", type=positive_mib, default=LIMIT / 2**20, help="what one call may carry (default 64)")
     args = p.parse_args(argv)
     root = Path(__file__).resolve().parents[2]
     folder = args.prepare if args.prepare.is_absolute() else Path.cwd() / args.prepare

@@ -19,6 +19,9 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 from fsdp_matrix.device import image
 
 PINS = {k: v for k, v in image.VERSIONS.items() if v}
@@ -42,7 +45,20 @@ def python312() -> Optional[str]:
     return None
 
 
-def build(venv: Path) -> int:
+def image_needs(wheels_root: Path) -> List[str]:
+    """What the carried wheels need from the image (requests for transformers 4.46.3, pyarrow for datasets, ...): the
+    image holds it, so no wheel travels, and the venv must hold it too or the rehearsal fails where the device would
+    not. Names only: the image's versions are not known."""
+    from fsdp_matrix.device.wheels import requires
+
+    carried = {canonicalize_name(w.split("==")[0]) for s in image.SITES for w in s.wants} | set(PINS)
+    names = set()
+    for wheel in sorted(wheels_root.glob("*/*.whl")):
+        names |= {canonicalize_name(r.name) for r in requires(wheel)}
+    return sorted(n for n in names if n in image.INSTALLED and n not in carried)
+
+
+def build(venv: Path, wheels_root: Path) -> int:
     """Create (or reuse, by its stamp) the rehearsal venv; 0 when ready, 1 when not (the reason printed)."""
     from fsdp_matrix import envs
 
@@ -53,7 +69,9 @@ def build(venv: Path) -> int:
     if not (venv / "bin" / "python").exists():
         subprocess.run(["uv", "venv", "--quiet", "--python", python, str(venv)], check=True)
     print(f"rehearse: venv {venv} (Python {python}); installing {', '.join(f'{k} {v}' for k, v in PINS.items())}")
-    report = envs.prepare(venv, PINS, EXTRA, device="cpu", allow_cuda_build=True, label="device-rehearsal")
+    named = {canonicalize_name(Requirement(r).name) for r in EXTRA}
+    extra = EXTRA + [n for n in image_needs(wheels_root) if n not in named]
+    report = envs.prepare(venv, PINS, extra, device="cpu", allow_cuda_build=True, label="device-rehearsal")
     if not report.ok:
         print(f"rehearse: the venv is not ready: {report.message.splitlines()[0] if report.message else ''}")
         return 1
@@ -63,10 +81,10 @@ def build(venv: Path) -> int:
 
 
 def main(argv: List[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m fsdp_matrix.device.rehearse VENV", file=sys.stderr)
+    if len(argv) != 2:
+        print("usage: python -m fsdp_matrix.device.rehearse VENV WHEELS_DIR", file=sys.stderr)
         return 2
-    return build(Path(argv[0]))
+    return build(Path(argv[0]), Path(argv[1]))
 
 
 if __name__ == "__main__":  # pragma: no cover

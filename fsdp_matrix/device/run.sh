@@ -49,7 +49,7 @@ if [ $REHEARSE = 1 ]; then
     done
     [ -n "$HOST" ] || die "no Python with the harness to build the rehearsal venv: run nox -s device first"
     echo "[run.sh] rehearsal venv $VENV (elapsed $(( $(date +%s) - start ))s)"
-    (cd "$ROOT" && PYTHONPATH="$ROOT" "$HOST" -m fsdp_matrix.device.rehearse "$VENV") || exit 1
+    (cd "$ROOT" && PYTHONPATH="$ROOT" "$HOST" -m fsdp_matrix.device.rehearse "$VENV" "$HERE/wheels") || exit 1
     PY=$VENV/bin/python
   fi
 fi
@@ -83,7 +83,7 @@ left=$(( start + BUDGET - $(date +%s) ))
 cd "$ROOT" || exit 1
 PYTHONPATH="$WORK/sites/harness${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 "$left" "$PY" -m fsdp_matrix.device.execute \
   --plan "$HERE/plan.json" --out "$OUT" --work "$WORK" --call "$CALL" ${STEPS:+--steps "$STEPS"} --device "$DEVICE" \
-  --deadline $(( start + BUDGET )) --sample "$SAMPLE" $([ $DRY = 1 ] && echo --dry-run)
+  --started "$start" --deadline $(( start + BUDGET )) --sample "$SAMPLE" $([ $DRY = 1 ] && echo --dry-run)
 rc=$?
 echo "[run.sh] exit $rc after $(( $(date +%s) - start ))s"
 exit $rc
