@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 from fsdp_matrix.device import image
 from fsdp_matrix.device.plan import Plan, Step, load
+from fsdp_matrix.device.probe import run_group
 from fsdp_matrix.progress import fmt_seconds
 
 REPORT_RESERVE_S = 40
@@ -94,13 +95,13 @@ def step_argv(plan: Plan, step: Step, args: argparse.Namespace, cells: Sequence[
 
 
 def run_step(argv: List[str], env: Dict[str, str], seconds: float) -> str:
-    """Run one step, its output passed through; ``ok``, ``failed (exit N)`` or ``cut at the deadline``."""
-    try:
-        done = subprocess.run(argv, env=env, timeout=max(1.0, seconds), start_new_session=True)
-    except subprocess.TimeoutExpired:
+    """Run one step, its output passed through; ``ok``, ``exit N`` or ``cut at the deadline``. A cut step's whole
+    process group goes (a harness run's ranks go with it: its launch watchdog kills them once it is gone)."""
+    code = run_group(argv, seconds, env)
+    if code is None:
         return "cut at the deadline"
     # `run` exits 1 when a verdict did not pass: the records say which, and the next step still runs
-    return "ok" if done.returncode == 0 else f"exit {done.returncode}"
+    return "ok" if code == 0 else f"exit {code}"
 
 
 def run_steps(plan: Plan, steps: List[Step], args: argparse.Namespace, start: float) -> List[str]:

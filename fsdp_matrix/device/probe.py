@@ -25,8 +25,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-PART_TIMEOUT_S = 90
-"""A part's whole launch; a hang in a collective counts as its outcome."""
+PART_TIMEOUT_S = 60
+"""A part's whole launch; a hang in a collective counts as its outcome (the four parts: 4 minutes at worst)."""
 PARTS = ("nccl", "nccl-hostid", "gloo-fsdp1", "gloo-fsdp2")
 
 
@@ -92,18 +92,39 @@ def _rank_main(part: str, device_name: str, out: Path) -> int:
     os._exit(0)  # a failed NCCL communicator can hang the process group's teardown
 
 
+def run_group(argv: List[str], seconds: float, env: Optional[Dict[str, str]] = None, **kw: Any) -> Optional[int]:
+    """Run ``argv`` in a process group of its own; at ``seconds`` SIGTERM the whole group (torchrun and its ranks
+    too), SIGKILL it 10 s later. The exit code, or None when it was cut."""
+    import signal
+
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, **kw)
+    try:
+        proc.communicate(timeout=max(1.0, seconds))
+        return proc.returncode
+    except subprocess.TimeoutExpired:
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return None
+
+
 def run_part(part: str, device_name: str, scratch: Path) -> Dict[str, Any]:
     """Launch ``part`` on 2 ranks; its outcome from the ranks' files (or the launch's own end)."""
     out = scratch / part
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
             "fsdp_matrix.device.probe", "--part", part, "--device", device_name, "--out", str(out)]  # fmt: skip
     start = time.monotonic()
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=PART_TIMEOUT_S)
-        launch = f"exit {done.returncode}"
-        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-    except subprocess.TimeoutExpired:
-        launch, tail = f"hung: killed after {PART_TIMEOUT_S}s", []
+    log = out.parent / f"{out.name}.log"
+    with open(log, "w") as fh:
+        code = run_group(argv, PART_TIMEOUT_S, stdout=fh, stderr=subprocess.STDOUT)
+    launch = f"hung: killed after {PART_TIMEOUT_S}s" if code is None else f"exit {code}"
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
     ranks = []
     for rank in (0, 1):
         path = out.parent / f"{out.name}.rank{rank}"

@@ -36,6 +36,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 WORK=${FSDP_MATRIX_DEVICE_WORK:-${TMPDIR:-/tmp}/fsdp-matrix-device}
+# the device has no network: a hub lookup would wait for its timeout, not fail (the cells build their models here)
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1} PYTHONUNBUFFERED=1
 if [ $REHEARSE = 1 ]; then
   # the same plan on CPU, every call's steps (--call 0); 2 cells a step unless --all: the rehearsal checks wheels,
   # paths and imports, not verdicts
