@@ -99,8 +99,10 @@ def run_step(argv: List[str], env: Dict[str, str], seconds: float) -> str:
     process group goes (a harness run's ranks go with it: its launch watchdog kills them once it is gone)."""
     code = run_group(argv, seconds, env)
     if code is None:
-        return "cut at the deadline"
+        return "cut at the deadline (its records so far are kept; the rest: --steps with this step)"
     # `run` exits 1 when a verdict did not pass: the records say which, and the next step still runs
+    if code == 1:
+        return "exit 1 (a verdict needs attention: see the records)"
     return "ok" if code == 0 else f"exit {code}"
 
 

@@ -107,20 +107,14 @@ def _differs(case: Case, cell: Cell, versions: Mapping[str, Optional[str]]) -> b
     return expected_for(case, cell, versions).to_json() != expected_for(case, cpu, versions).to_json()
 
 
-def device_cells(matrix: Matrix, versions: Mapping[str, Optional[str]]) -> Tuple[List[Cell], List[Cell]]:
-    """(cells the device changes that run at world size 1 on cuda, those that need 2 or more GPUs)."""
-    one, more = [], []
-    for case in matrix.cases:
-        at_one = {c.id: c for c in expand_case(case, "cuda", 1)}
-        for cell in at_one.values():
-            if cell.world_size == 1 and unmet_requirement(case.requires, cell) is None:
-                if _differs(case, cell, versions):
-                    one.append(cell)
-        reached = {c.params for c in one if c.case == case.id}
-        for cell in expand_case(case, "cuda", 2):
-            if cell.params not in reached and _differs(case, cell, versions):
-                more.append(cell)
-    return one, more
+def device_cells(matrix: Matrix, versions: Mapping[str, Optional[str]]) -> List[Cell]:
+    """The cells the device changes that run at world size 1 on cuda (the others are in two_gpu_cells)."""
+    return [
+        cell
+        for case in matrix.cases
+        for cell in expand_case(case, "cuda", 1)
+        if cell.world_size == 1 and unmet_requirement(case.requires, cell) is None and _differs(case, cell, versions)
+    ]
 
 
 def two_gpu_cells(matrix: Matrix) -> List[Cell]:
@@ -178,8 +172,8 @@ def _step(name: str, site: str, why: str, cells: Sequence[Cell]) -> Step:
 def build_steps(matrix: Matrix) -> Tuple[List[Step], List[str]]:
     """The steps in order of value, and the cells that need 2 GPUs."""
     old, base = image.OLD, image.BASE
-    old_cells, _ = device_cells(matrix, old.versions)
-    cells, _ = device_cells(matrix, base.versions)
+    old_cells = device_cells(matrix, old.versions)
+    cells = device_cells(matrix, base.versions)
     merge_old = [c for c in old_cells if c.case == MERGE_CASE]
     merge_new = [c for c in cells if c.case == MERGE_CASE]
     rest = [c for c in cells if c.case != MERGE_CASE]
