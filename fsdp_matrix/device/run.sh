@@ -58,7 +58,8 @@ fi
 PY=${PY:-python3} CALL=${CALL:-1}
 [ -n "$OUT" ] || die "--out is required (the folder the records, report and log go to)"
 mkdir -p "$OUT" "$WORK" || die "cannot create $OUT or $WORK"
-[ $DRY = 1 ] || { rm -rf "$WORK/results" "$WORK/report" "$WORK/platform-facts.json"; exec > >(tee -a "$OUT/run.log") 2>&1; }
+TEE=""
+[ $DRY = 1 ] || { rm -rf "$WORK/results" "$WORK/report" "$WORK/platform-facts.json"; exec > >(tee -a "$OUT/run.log") 2>&1; TEE=$!; }
 echo "[run.sh] $(date -u +%FT%TZ) plan $HERE/plan.json, device $DEVICE, python $PY, budget ${BUDGET}s"
 
 install() {  # site folder -> $WORK/sites/SITE, with no network
@@ -88,4 +89,6 @@ PYTHONPATH="$WORK/sites/harness${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after
   --started "$start" --deadline $(( start + BUDGET )) --sample "$SAMPLE" $([ $DRY = 1 ] && echo --dry-run)
 rc=$?
 echo "[run.sh] exit $rc after $(( $(date +%s) - start ))s"
+# the log's last lines: let tee write them before the device tool collects OUT (it ends what a command leaves running)
+[ -z "$TEE" ] || { exec >&- 2>&-; wait "$TEE" 2>/dev/null; }
 exit $rc
