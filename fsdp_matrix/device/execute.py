@@ -81,7 +81,8 @@ def site_path(work: Path, site: str) -> str:
 def combo_for(plan: Plan, step: Step, device: str) -> str:
     """Records of the image's own packages are ``gpu-image``; a site of older versions adds its name."""
     base = plan.combo if device == "cuda" else f"{plan.combo}-rehearsal"
-    return base if step.site in ("harness", image.BASE.name) else f"{base}-{step.site}"
+    suffix = image.site(step.site).records
+    return f"{base}-{suffix}" if suffix else base
 
 
 def step_argv(plan: Plan, step: Step, args: argparse.Namespace, cells: Sequence[str]) -> List[str]:
@@ -145,7 +146,9 @@ def environment(device: str) -> Dict[str, object]:
 SITE_CHECK = """
 import importlib, importlib.metadata as m, json
 out = {}
-for dist, module in (("torch", "torch"), ("transformers", "transformers"), ("accelerate", "accelerate"),
+# transformers.trainer, not transformers: it imports datasets where one is installed (a datasets that wants another
+# huggingface-hub fails there, as base's 5.2.0 did under the old site's hub 0.36)
+for dist, module in (("torch", "torch"), ("transformers", "transformers.trainer"), ("accelerate", "accelerate"),
                      ("peft", "peft"), ("bitsandbytes", "bitsandbytes"), ("trl", "trl"), ("tokenizers", None),
                      ("huggingface-hub", None), ("pydantic", "pydantic")):
     try:

@@ -74,6 +74,8 @@ class Site:
     """Sites this one is stacked on (in front of them), e.g. the harness's pydantic."""
     why: str = ""
     """What this site is for, said in the plan and the log."""
+    records: str = ""
+    """The combo suffix of the records made under it (``gpu-image-<records>``); empty: the image's own combo."""
 
 
 HARNESS = Site(
@@ -92,15 +94,32 @@ BASE = Site(
 )
 OLD = Site(
     "peft0.13.0",
-    ("peft==0.13.0", "transformers==4.46.3", "accelerate==1.1.1", "tokenizers==0.20.3", "huggingface-hub==0.36.0"),
-    {**BASE.versions, "peft": "0.13.0", "transformers": "4.46.3", "accelerate": "1.1.1"},
-    ("base",),
+    (
+        "peft==0.13.0",
+        "transformers==4.46.3",
+        "accelerate==1.1.1",
+        "tokenizers==0.20.3",
+        "huggingface-hub==0.36.0",
+        "datasets==4.4.2",
+    ),
+    {**VERSIONS, "peft": "0.13.0", "transformers": "4.46.3", "accelerate": "1.1.1"},
+    ("harness",),
     "peft 0.13.0, the release with seed 002's device mismatch at merge (peft#2129), with the transformers and "
     "accelerate of combo old (4.46.3, 1.1.1: peft 0.13.x's time); transformers 4.46.3 refuses huggingface-hub 1.x at "
-    "import, so a 0.x hub comes too. Stacked on base for bitsandbytes (base's trl wants a newer transformers: the "
-    "TRL cells stay off this site)",
+    "import, so a 0.x hub comes too, and a datasets that takes it (transformers.trainer imports datasets; datasets "
+    "5.2.0 fails on hub 0.36, seen here)",
+    records="peft0.13.0",
 )
-SITES: Tuple[Site, ...] = (HARNESS, BASE, OLD)
+OLD_BNB = Site(
+    "peft0.13.0-bnb",
+    (),
+    {**OLD.versions, "bitsandbytes": "0.50.2", "trl": "1.14.1"},
+    ("peft0.13.0", "base"),
+    "peft0.13.0 in front of base, for its bitsandbytes: no wheel of its own, so seed 002's step needs only the small "
+    "site (base's trl wants a newer transformers: the TRL cells stay off it)",
+    records="peft0.13.0",
+)
+SITES: Tuple[Site, ...] = (HARNESS, BASE, OLD, OLD_BNB)
 """Every site, in install order. A site's wheels must name one version of each package (two stop pip)."""
 
 

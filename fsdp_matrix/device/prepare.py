@@ -56,9 +56,9 @@ def fetch_all(folder: Path, download: wheels.Downloader, say: Callable[[str], No
     """Every site's wheels under folder/wheels/SITE; a site stacked on others skips what they carry."""
     got: Dict[str, List[Path]] = {}
     for k, site in enumerate(image.SITES, 1):
-        below = {wheels.wheel_name(p) for s in image.stack(site.name)[1:] for p in got[s]}
+        below = wheels.wheel_versions(p for s in reversed(image.stack(site.name)[1:]) for p in got[s])
         say(f"[prepare {k}/{len(image.SITES)}] site {site.name}: {site.why}")
-        got[site.name] = wheels.fetch_site(site, folder / "wheels" / site.name, download, {n for n in below if n}, say)
+        got[site.name] = wheels.fetch_site(site, folder / "wheels" / site.name, download, below, say)
     return got
 
 

@@ -77,8 +77,9 @@ if [ $DRY = 0 ]; then
   k=0
   for site in "${sites[@]}"; do
     k=$((k + 1))
-    echo "[run.sh install $k/${#sites[@]}] site $site: $(ls "$HERE/wheels/$site" | wc -l) wheel(s) (elapsed $(( $(date +%s) - start ))s)"
-    install "$site" || { echo "[run.sh] installing site $site failed"; exit 1; }
+    n=$(find "$HERE/wheels/$site" -maxdepth 1 -name '*.whl' | wc -l)
+    echo "[run.sh install $k/${#sites[@]}] site $site: $n wheel(s) (elapsed $(( $(date +%s) - start ))s)"
+    [ "$n" = 0 ] || install "$site" || { echo "[run.sh] installing site $site failed"; exit 1; }
   done
 fi
 left=$(( start + BUDGET - $(date +%s) ))

@@ -56,13 +56,6 @@ def requires(wheel: Path) -> List[Requirement]:
     return out
 
 
-def wheel_name(path: Path) -> Optional[str]:
-    try:
-        return str(parse_wheel_filename(path.name)[0])
-    except InvalidWheelFilename:
-        return None
-
-
 def pip_command() -> List[str]:
     """This interpreter's pip, else the first ``python3`` on PATH with one (a uv-made venv has no pip of its own)."""
     import importlib.util
@@ -105,15 +98,36 @@ def _existing(folder: Path, req: Requirement) -> Optional[Path]:
     return None
 
 
+def wheel_versions(paths: Iterable[Path]) -> Dict[str, str]:
+    """name -> version of the wheels ``paths`` (what a site carries)."""
+    out = {}
+    for path in paths:
+        try:
+            name, version, *_ = parse_wheel_filename(path.name)
+        except InvalidWheelFilename:
+            continue
+        out[str(name)] = str(version)
+    return out
+
+
+def _provided(dep: Requirement, below: Dict[str, str], wanted: Set[str]) -> bool:
+    """True when the image or a site under this one provides ``dep``: a site's wheel only at a version that fits
+    (this site, in front, shadows it otherwise); the image's packages as they are (their versions are not known)."""
+    name = canonicalize_name(dep.name)
+    if name in below:
+        return dep.specifier.contains(below[name], prereleases=True)
+    return name in image.INSTALLED and name not in wanted
+
+
 def fetch_site(
     site: image.Site,
     folder: Path,
     download: Downloader,
-    below: Set[str],
+    below: Dict[str, str],
     say: Callable[[str], None] = print,
 ) -> List[Path]:
     """The site's wheels in ``folder`` (a wheel already there that fits is kept): its requirements and every
-    dependency that neither the image nor ``below`` (names the sites under it carry) provides."""
+    dependency that neither the image nor ``below`` (name -> version the sites under it carry) provides."""
     folder.mkdir(parents=True, exist_ok=True)
     queue = [Requirement(r) for r in site.wants]
     wanted = {canonicalize_name(r.name) for r in queue}
@@ -130,10 +144,8 @@ def fetch_site(
         done[name] = path
         say(f"  {site.name}: {path.name} ({path.stat().st_size / 2**20:.1f} MiB, {how})")
         for dep in requires(path):
-            dep_name = canonicalize_name(dep.name)
-            if dep_name in done or dep_name in below or (dep_name in image.INSTALLED and dep_name not in wanted):
-                continue
-            queue.append(dep)
+            if canonicalize_name(dep.name) not in done and not _provided(dep, below, wanted):
+                queue.append(dep)
     stale = [p for p in folder.glob("*.whl") if p not in done.values()]
     for path in stale:  # two versions of one package stop pip's install there
         path.unlink()

@@ -11,11 +11,9 @@ from fsdp_matrix.device import probe
 
 def test_a_cut_group_takes_its_children_with_it(tmp_path):
     pid_file = tmp_path / "child.pid"
-    script = (
-        "import subprocess, time; p = subprocess.Popen(['sleep', '60']); "
-        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"
-    )
-    assert probe.run_group([sys.executable, "-c", script], seconds=3) is None
+    # bash starts in milliseconds: its child exists long before the cut, even on a loaded machine
+    script = f"sleep 60 & echo $! > {pid_file}; wait"
+    assert probe.run_group(["bash", "-c", script], seconds=5) is None
     child = int(pid_file.read_text())
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 

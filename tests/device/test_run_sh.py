@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -39,7 +40,8 @@ def folder(tmp_path):
 
 def run_sh(folder: Path, *args: str, python: str = sys.executable) -> subprocess.CompletedProcess:
     argv = ["bash", str(folder / "run.sh"), "--python", python, *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "FSDP_MATRIX_DEVICE_WORK": str(folder.parent / "work")}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_dry_run_prints_the_call_s_steps_with_their_sites(folder, tmp_path):
@@ -48,8 +50,8 @@ def test_dry_run_prints_the_call_s_steps_with_their_sites(folder, tmp_path):
     out = done.stdout
     assert "2 step(s) on cuda: merge-peft0.13.0, probe" in out
     assert "[step 1/2] merge-peft0.13.0: seed 002 on 0.13.0 (1 cell(s), site peft0.13.0" in out
-    work = "fsdp-matrix-device/sites"
-    assert f"{work}/peft0.13.0:" in out and f"{work}/base:" in out  # the site, then the ones under it
+    sites = folder.parent / "work" / "sites"
+    assert f"PYTHONPATH={sites}/peft0.13.0:{sites}/harness\n" in out  # the site, then the one under it
     assert "--world-size 1 --combo gpu-image-peft0.13.0" in out and "merge-device/lora-fp32-llama-ws1" in out
     assert "fsdp_matrix.device.probe --device cuda" in out
     assert not (tmp_path / "out" / "run.log").exists()  # a dry run writes nothing

@@ -14,7 +14,7 @@ def test_a_site_takes_its_requirements_and_their_missing_needs_only(tmp_path):
     fake_wheel(src, "dill", "0.5.0")  # outside datasets' bound: never taken
     site = image.Site("t", ("trl==1.14.1",))
     index = Index(src)
-    got = wheels.fetch_site(site, tmp_path / "site", index.download, below=set(), say=lambda _: None)
+    got = wheels.fetch_site(site, tmp_path / "site", index.download, below={}, say=lambda _: None)
     # torch, accelerate and pyarrow are in the image; rich only for an extra; pydantic's marker is false on 3.12
     assert [p.name for p in got] == [
         "datasets-5.2.0-py3-none-any.whl", "dill-0.4.1-py3-none-any.whl", "trl-1.14.1-py3-none-any.whl",
@@ -22,12 +22,20 @@ def test_a_site_takes_its_requirements_and_their_missing_needs_only(tmp_path):
     assert index.asked == ["trl==1.14.1", "datasets>=3", "dill<0.5"]
 
 
-def test_a_name_a_site_below_carries_is_not_fetched_again(tmp_path):
+def test_a_name_a_site_below_carries_is_not_fetched_again_unless_its_version_does_not_fit(tmp_path):
     src = tmp_path / "index"
     fake_wheel(src, "peft", "0.13.0", ["pydantic"])
     index = Index(src)
-    got = wheels.fetch_site(image.Site("t", ("peft==0.13.0",)), tmp_path / "s", index.download, {"pydantic"}, print)
+    below = {"pydantic": "2.12.5"}
+    got = wheels.fetch_site(image.Site("t", ("peft==0.13.0",)), tmp_path / "s", index.download, below, print)
     assert [p.name for p in got] == ["peft-0.13.0-py3-none-any.whl"]
+    # datasets 4.4.2 wants dill<0.4.1; the site below carries 0.4.1: this site (in front) carries its own
+    fake_wheel(src, "datasets", "4.4.2", ["dill<0.4.1,>=0.3.0"])
+    fake_wheel(src, "dill", "0.4.0")
+    fake_wheel(src, "dill", "0.4.1")
+    site = image.Site("old", ("datasets==4.4.2",))
+    got = wheels.fetch_site(site, tmp_path / "old", index.download, {"dill": "0.4.1"}, print)
+    assert [p.name for p in got] == ["datasets-4.4.2-py3-none-any.whl", "dill-0.4.0-py3-none-any.whl"]
 
 
 def test_an_image_package_at_another_version_is_fetched_when_the_site_names_it(tmp_path):
@@ -36,7 +44,7 @@ def test_an_image_package_at_another_version_is_fetched_when_the_site_names_it(t
     fake_wheel(src, "huggingface-hub", "0.36.0")
     site = image.Site("t", ("transformers==4.46.3", "huggingface-hub==0.36.0"))
     index = Index(src)
-    got = wheels.fetch_site(site, tmp_path / "s", index.download, set(), lambda _: None)
+    got = wheels.fetch_site(site, tmp_path / "s", index.download, {}, lambda _: None)
     # tokenizers is in the image and the site does not name it: the image's stays (a site must name its own)
     assert sorted(p.name.split("-")[0] for p in got) == ["huggingface_hub", "transformers"]
 
@@ -48,7 +56,7 @@ def test_a_wheel_already_there_is_kept_and_a_stale_one_removed(tmp_path):
     stale = fake_wheel(folder, "pydantic", "2.11.0")
     index = Index(src)
     lines = []
-    got = wheels.fetch_site(image.Site("t", ("pydantic==2.12.5",)), folder, index.download, set(), lines.append)
+    got = wheels.fetch_site(image.Site("t", ("pydantic==2.12.5",)), folder, index.download, {}, lines.append)
     assert got == [kept] and not stale.exists() and index.asked == []
     assert "kept" in lines[0]
 
