@@ -102,24 +102,20 @@ OLD = Site(
         "huggingface-hub==0.36.0",
         "datasets==4.4.2",
     ),
-    {**VERSIONS, "peft": "0.13.0", "transformers": "4.46.3", "accelerate": "1.1.1"},
-    ("harness",),
+    {**BASE.versions, "peft": "0.13.0", "transformers": "4.46.3", "accelerate": "1.1.1"},
+    ("base",),
     "peft 0.13.0, the release with seed 002's device mismatch at merge (peft#2129), with the transformers and "
     "accelerate of combo old (4.46.3, 1.1.1: peft 0.13.x's time); transformers 4.46.3 refuses huggingface-hub 1.x at "
-    "import, so a 0.x hub comes too, and a datasets that takes it (transformers.trainer imports datasets; datasets "
-    "5.2.0 fails on hub 0.36, seen here)",
+    "import, so a 0.x hub comes too, and a datasets that takes it (transformers.trainer imports datasets; base's "
+    "5.2.0 fails on hub 0.36, seen here). Over base: every cell imports bitsandbytes (fsdp_matrix/workload/models.py); "
+    "base's trl wants a newer transformers, so the TRL cells stay off this site",
     records="peft0.13.0",
 )
-OLD_BNB = Site(
-    "peft0.13.0-bnb",
-    (),
-    {**OLD.versions, "bitsandbytes": "0.50.2", "trl": "1.14.1"},
-    ("peft0.13.0", "base"),
-    "peft0.13.0 in front of base, for its bitsandbytes: no wheel of its own, so seed 002's step needs only the small "
-    "site (base's trl wants a newer transformers: the TRL cells stay off it)",
-    records="peft0.13.0",
-)
-SITES: Tuple[Site, ...] = (HARNESS, BASE, OLD, OLD_BNB)
+SITES: Tuple[Site, ...] = (HARNESS, BASE, OLD)
+TRIM: Dict[str, Tuple[str, ...]] = {"bitsandbytes": ("libbitsandbytes_cpu.so", "libbitsandbytes_cuda130.so")}
+"""Native libraries a wheel keeps when trimmed for the trip: bitsandbytes 0.50.2 ships one per CUDA, ROCm and XPU
+release (41.1 MiB); it loads the one of torch's CUDA (13.0 in the image, the CPU one in the rehearsal), so the others
+stay behind. ``--prepare --no-trim`` keeps them all (for a machine with another CUDA)."""
 """Every site, in install order. A site's wheels must name one version of each package (two stop pip)."""
 
 

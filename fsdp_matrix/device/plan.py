@@ -150,7 +150,7 @@ def sample_cells(matrix: Matrix, versions: Mapping[str, Optional[str]], taken: S
 def smoke_cells(matrix: Matrix) -> Dict[str, str]:
     """Per site with cells: the first cell that runs on CPU at world size 1 and is not skipped under its versions."""
     out = {}
-    for site in (image.BASE, image.OLD, image.OLD_BNB):
+    for site in (image.BASE, image.OLD):
         for case in matrix.cases:
             cells = [c for c in expand_case(case, "cpu", 1) if c.world_size == 1]
             ready = [c for c in cells if unmet_requirement(case.requires, c) is None]
@@ -171,10 +171,10 @@ def _step(name: str, site: str, why: str, cells: Sequence[Cell]) -> Step:
 
 def build_steps(matrix: Matrix) -> Tuple[List[Step], List[str]]:
     """The steps in order of value, and the cells that need 2 GPUs."""
-    old, base, old_bnb = image.OLD, image.BASE, image.OLD_BNB
-    old_cells = device_cells(matrix, old_bnb.versions)
+    old, base = image.OLD, image.BASE
+    old_cells = device_cells(matrix, old.versions)
     cells = device_cells(matrix, base.versions)
-    merge_old = [c for c in device_cells(matrix, old.versions) if c.case == MERGE_CASE]
+    merge_old = [c for c in old_cells if c.case == MERGE_CASE]
     merge_new = [c for c in cells if c.case == MERGE_CASE]
     rest = [c for c in cells if c.case != MERGE_CASE]
     # base's trl sits under this site but wants a newer transformers than the site's: no TRL cell runs here
@@ -194,7 +194,7 @@ def build_steps(matrix: Matrix) -> Tuple[List[Step], List[str]]:
             "NCCL with a host id per rank, gloo under FSDP1 and FSDP2",
             est_s=60,
         ),
-        _step("cuda-cells-old", old_bnb.name, "the cells the device changes under peft 0.13.0's versions", old_rest),
+        _step("cuda-cells-old", old.name, "the cells the device changes under peft 0.13.0's versions", old_rest),
         _step(
             "cpu-sample",
             base.name,

@@ -15,7 +15,7 @@ import sys
 from argparse import ArgumentTypeError
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from fsdp_matrix.device import image, plan, wheels
 from fsdp_matrix.errors import EnvError
@@ -52,13 +52,15 @@ def check_dir(root: Path, folder: Path) -> None:
         raise PrepareError(f"{folder} is not ignored by git: add it to .gitignore or .git/info/exclude (e.g. .device/)")
 
 
-def fetch_all(folder: Path, download: wheels.Downloader, say: Callable[[str], None]) -> Dict[str, List[Path]]:
+def fetch_all(
+    folder: Path, download: wheels.Downloader, say: Callable[[str], None], keep: Mapping[str, Sequence[str]]
+) -> Dict[str, List[Path]]:
     """Every site's wheels under folder/wheels/SITE; a site stacked on others skips what they carry."""
     got: Dict[str, List[Path]] = {}
     for k, site in enumerate(image.SITES, 1):
         below = wheels.wheel_versions(p for s in reversed(image.stack(site.name)[1:]) for p in got[s])
         say(f"[prepare {k}/{len(image.SITES)}] site {site.name}: {site.why}")
-        got[site.name] = wheels.fetch_site(site, folder / "wheels" / site.name, download, below, say)
+        got[site.name] = wheels.fetch_site(site, folder / "wheels" / site.name, download, below, say, keep)
     return got
 
 
@@ -73,11 +75,12 @@ def prepare(
     limit: int = LIMIT,
     matrix_path: Optional[Path] = None,
     say: Callable[[str], None] = print,
+    keep: Mapping[str, Sequence[str]] = image.TRIM,
 ) -> plan.Plan:
     """Write DIR's wheels, plan.json and run.sh; say each call's size and carry. PrepareError when no call can fit."""
     check_dir(root, folder)
     folder.mkdir(parents=True, exist_ok=True)
-    got = fetch_all(folder, download, say)
+    got = fetch_all(folder, download, say, keep)
     site_bytes = {name: sum(p.stat().st_size for p in paths) for name, paths in got.items()}
     shutil.copy(RUN_SH, folder / "run.sh")
     os.chmod(folder / "run.sh", 0o755)
@@ -121,12 +124,16 @@ def positive_mib(text: str) -> float:
 def main(argv: Optional[List[str]] = None) -> int:
     p = OneLineParser(prog="fsdp_matrix device", description="prepare a device run (docs/pages/gpu.md)")
     p.add_argument("--prepare", type=Path, required=True, metavar="DIR", help="folder inside the repo, ignored by git")
+    p.add_argument(
+        "--no-trim", action="store_true", help="carry all of bitsandbytes' native libraries (image.TRIM); a fresh DIR"
+    )
     p.add_argument("--limit-mib", type=positive_mib, default=LIMIT / 2**20, help="what one call may carry (default 64)")
     args = p.parse_args(argv)
     root = Path(__file__).resolve().parents[2]
     folder = args.prepare if args.prepare.is_absolute() else Path.cwd() / args.prepare
     try:
-        prepare(root, folder, wheels.pip_downloader(), int(args.limit_mib * 2**20))
+        keep = {} if args.no_trim else image.TRIM
+        prepare(root, folder, wheels.pip_downloader(), int(args.limit_mib * 2**20), keep=keep)
     except PrepareError as exc:
         print(f"device --prepare: {exc}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ import tempfile
 import zipfile
 from email.parser import Parser
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Set
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
@@ -54,6 +54,30 @@ def requires(wheel: Path) -> List[Requirement]:
         if req.marker is None or req.marker.evaluate(env):
             out.append(req)
     return out
+
+
+def trim(wheel: Path, keep: Sequence[str]) -> Optional[str]:
+    """Rewrite ``wheel`` without the native libraries (``*.so`` at the package's top) that ``keep`` does not name, its
+    RECORD updated to match; the line to say, or None when there was nothing to drop (already trimmed)."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        drop = {n for n in names if n.count("/") == 1 and n.endswith(".so") and n.split("/")[1] not in keep}
+        if not drop:
+            return None
+        before = wheel.stat().st_size
+        tmp = wheel.with_suffix(".trimming")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+            for info in zf.infolist():
+                if info.filename in drop:
+                    continue
+                data = zf.read(info)
+                if info.filename.endswith(".dist-info/RECORD"):
+                    lines = data.decode().splitlines(keepends=True)
+                    data = "".join(line for line in lines if line.split(",", 1)[0] not in drop).encode()
+                out.writestr(info, data)
+    tmp.replace(wheel)
+    kept = ", ".join(sorted(n.split("/")[1] for n in names if n.endswith(".so") and n not in drop))
+    return f"{wheel.name}: {before / 2**20:.1f} -> {wheel.stat().st_size / 2**20:.1f} MiB, keeps {kept}"
 
 
 def pip_command() -> List[str]:
@@ -125,10 +149,13 @@ def fetch_site(
     download: Downloader,
     below: Dict[str, str],
     say: Callable[[str], None] = print,
+    keep: Optional[Mapping[str, Sequence[str]]] = None,
 ) -> List[Path]:
     """The site's wheels in ``folder`` (a wheel already there that fits is kept): its requirements and every
-    dependency that neither the image nor ``below`` (name -> version the sites under it carry) provides."""
+    dependency that neither the image nor ``below`` (name -> version the sites under it carry) provides. A wheel
+    named in ``keep`` is trimmed to the native libraries it lists (image.TRIM)."""
     folder.mkdir(parents=True, exist_ok=True)
+    keep = keep or {}
     queue = [Requirement(r) for r in site.wants]
     wanted = {canonicalize_name(r.name) for r in queue}
     done: Dict[str, Path] = {}
@@ -141,6 +168,9 @@ def fetch_site(
         how = "kept"
         if path is None:
             path, how = download(str(req), folder), "downloaded"
+        trimmed = trim(path, keep[name]) if name in keep else None
+        if trimmed:
+            say(f"  {site.name}: trimmed for the trip: {trimmed}")
         done[name] = path
         say(f"  {site.name}: {path.name} ({path.stat().st_size / 2**20:.1f} MiB, {how})")
         for dep in requires(path):

@@ -38,16 +38,12 @@ def test_the_rehearsal_adds_one_cpu_cell_per_site_it_uses():
 
 
 def test_a_step_runs_under_its_site_stack_and_files_records_by_site(tmp_path):
+    # the old versions in front of base's bitsandbytes (every cell imports it), then the harness's pydantic
     assert execute.site_path(tmp_path, "peft0.13.0").split(":") == [
-        str(tmp_path / "sites" / s) for s in ("peft0.13.0", "harness")
-    ]
-    # the QLoRA cells' site: the old versions in front of base's bitsandbytes
-    assert execute.site_path(tmp_path, "peft0.13.0-bnb").split(":") == [
-        str(tmp_path / "sites" / s) for s in ("peft0.13.0-bnb", "peft0.13.0", "harness", "base")
+        str(tmp_path / "sites" / s) for s in ("peft0.13.0", "base", "harness")
     ]
     assert execute.combo_for(PLAN, STEPS[0], "cuda") == "gpu-image-peft0.13.0"
     assert execute.combo_for(PLAN, STEPS[2], "cuda") == "gpu-image"
-    assert execute.combo_for(PLAN, plan.Step("x", "cells", "peft0.13.0-bnb", ""), "cuda") == "gpu-image-peft0.13.0"
     assert execute.combo_for(PLAN, STEPS[2], "cpu") == "gpu-image-rehearsal"
     args = argparse.Namespace(device="cuda", work=tmp_path)
     argv = execute.step_argv(PLAN, STEPS[0], args, list(STEPS[0].cells))

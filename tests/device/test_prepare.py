@@ -49,9 +49,7 @@ def test_prepare_writes_wheels_plan_and_run_sh_and_says_the_total(repo, tmp_path
     first = result.calls[0]
     assert first.steps[:3] == ("merge-peft0.13.0", "merge-fixed", "cuda-cells")
     assert first.carry == (".device/run.sh", ".device/plan.json", *(f".device/wheels/{s}" for s in first.sites))
-    assert set(first.sites) == {"harness", "base", "peft0.13.0"}  # seed 002's old site needs no bitsandbytes
-    old = next(c for c in result.calls if "cuda-cells-old" in c.steps)
-    assert old.sites == ("base", "harness", "peft0.13.0", "peft0.13.0-bnb")
+    assert set(first.sites) == {s.name for s in image.SITES}
 
 
 def test_over_the_limit_the_plan_splits_into_calls_in_order_of_value(repo, tmp_path):

@@ -51,7 +51,7 @@ def test_dry_run_prints_the_call_s_steps_with_their_sites(folder, tmp_path):
     assert "2 step(s) on cuda: merge-peft0.13.0, probe" in out
     assert "[step 1/2] merge-peft0.13.0: seed 002 on 0.13.0 (1 cell(s), site peft0.13.0" in out
     sites = folder.parent / "work" / "sites"
-    assert f"PYTHONPATH={sites}/peft0.13.0:{sites}/harness\n" in out  # the site, then the one under it
+    assert f"PYTHONPATH={sites}/peft0.13.0:{sites}/base:{sites}/harness\n" in out  # the site, then those under it
     assert "--world-size 1 --combo gpu-image-peft0.13.0" in out and "merge-device/lora-fp32-llama-ws1" in out
     assert "fsdp_matrix.device.probe --device cuda" in out
     assert not (tmp_path / "out" / "run.log").exists()  # a dry run writes nothing

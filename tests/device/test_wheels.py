@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zipfile
+
 from fsdp_matrix.device import image, wheels
 from tests.device.support import Index, fake_wheel
 
@@ -64,3 +66,24 @@ def test_a_wheel_already_there_is_kept_and_a_stale_one_removed(tmp_path):
 def test_requires_reads_metadata_with_the_image_markers(tmp_path):
     wheel = fake_wheel(tmp_path, "x", "1", ["a", "b; sys_platform == 'win32'", "c; python_version >= '3.12'"])
     assert [r.name for r in wheels.requires(wheel)] == ["a", "c"]
+
+
+def test_a_trimmed_wheel_keeps_the_named_libraries_and_a_record_that_matches(tmp_path):
+    wheel = fake_wheel(tmp_path, "bitsandbytes", "0.50.2")
+    with zipfile.ZipFile(wheel, "a") as zf:
+        for lib in ("libbitsandbytes_cpu.so", "libbitsandbytes_cuda128.so", "libbitsandbytes_cuda130.so"):
+            zf.writestr(f"bitsandbytes/{lib}", b"\x7fELF" + b"\0" * 4096)
+        zf.writestr("bitsandbytes-0.50.2.dist-info/RECORD", "".join(
+            f"{n},sha256=x,1\n" for n in ("bitsandbytes/__init__.py", "bitsandbytes/libbitsandbytes_cpu.so",
+                                         "bitsandbytes/libbitsandbytes_cuda128.so",
+                                         "bitsandbytes/libbitsandbytes_cuda130.so")))  # fmt: skip
+    keep = image.TRIM["bitsandbytes"]
+    line = wheels.trim(wheel, keep)
+    assert line and "keeps libbitsandbytes_cpu.so, libbitsandbytes_cuda130.so" in line
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        record = zf.read("bitsandbytes-0.50.2.dist-info/RECORD").decode()
+    assert "bitsandbytes/libbitsandbytes_cuda128.so" not in names | set(record.split())
+    assert {"bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/libbitsandbytes_cuda130.so"} <= names
+    assert "libbitsandbytes_cuda130.so,sha256=x,1" in record and "cuda128" not in record
+    assert wheels.trim(wheel, keep) is None  # already trimmed: nothing to do
