@@ -151,6 +151,13 @@ def heavy(session: nox.Session) -> None:
 
 
 @nox.session
+def device(session: nox.Session) -> None:
+    """A prepared GPU check: nox -s device -- --prepare DIR writes wheels, plan and run.sh (docs/pages/gpu.md)."""
+    session.install("pip", *HARNESS)  # pip download fetches the wheels for the device's Python and platform
+    session.run("python", "-m", "fsdp_matrix", "device", *session.posargs)
+
+
+@nox.session
 def bisect(session: nox.Session) -> None:
     """Find the release that changed a cell's outcome: nox -s bisect -- CELL --package NAME --old V --new V."""
     session.install(*HARNESS)

@@ -31,6 +31,7 @@ COMMANDS = {
     "check": "fsdp_matrix.check.cli",
     "gate": "fsdp_matrix.gate.cli",
     "docs": "fsdp_matrix.pages",
+    "device": "fsdp_matrix.device.prepare",
 }
 HELP = {
     "run": "run cells in the current env (what nox calls through pytest)",
@@ -49,6 +50,7 @@ HELP = {
     "check": "before a launch: which known failures a user's accelerate/Trainer/PEFT configs hit, and what works",
     "gate": "a pull-request check: what HEAD changes against its merge base, and which commit",
     "docs": "check (--write: rewrite) the case counts and the cases table against matrix.yaml",
+    "device": "prepare the GPU check: wheels, a plan and run.sh in one folder that travels to a GPU machine",
 }
 """One line per command for ``python -m fsdp_matrix --help`` (read without importing the command's module)."""
 

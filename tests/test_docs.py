@@ -182,7 +182,7 @@ def _check_nox(words: List[str], capsys, pytestconfig) -> None:
             continue
         assert word in ("-l", "--json", "--list"), f"nox {word}: an option this test does not know"
         i += 1
-    if names and names[0] in ("bisect", "upgrade", "gate"):
+    if names and names[0] in ("bisect", "upgrade", "gate", "device"):
         _check_fsdp_matrix([names[0], *posargs], capsys)
         return
     _, own = _noxfile()
@@ -210,6 +210,14 @@ def _check_launch(words: List[str]) -> None:
         assert f"{case}/{cell}" in _cell_ids(), f"{repros[0]} --cell {cell}: no such cell of {case}"
 
 
+def _check_run_sh(args: List[str]) -> None:
+    """``bash DIR/run.sh ARGS`` (a prepared device run): every flag is one of run.sh's own."""
+    script = (ROOT / "fsdp_matrix" / "device" / "run.sh").read_text()
+    known = set(re.findall(r"^\s+(--[a-z-]+)(?:\|-h)?\)", script, re.M))
+    for flag in _flags(args):
+        assert flag in known, f"run.sh {flag}: not an option of fsdp_matrix/device/run.sh ({', '.join(sorted(known))})"
+
+
 def _check_words(words: List[str], capsys, pytestconfig) -> None:
     program, rest = words[0], words[1:]
     if program == "nox":
@@ -222,6 +230,8 @@ def _check_words(words: List[str], capsys, pytestconfig) -> None:
         return _check_launch(rest)
     if program == "pytest" and rest[:2] == ["--pyargs", "fsdp_matrix.suite"]:  # the suite, as upstream runs it
         return _check_pytest_flags(rest[2:], pytestconfig)
+    if program == "bash" and rest and rest[0].endswith("/run.sh"):
+        return _check_run_sh(rest[1:])
     if program in ("python", "pytest") and rest and rest[0].endswith(".py"):
         assert (ROOT / rest[0]).is_file(), f"{rest[0]}: no such file"
         if program == "pytest":
@@ -261,6 +271,8 @@ def test_commands_are_found():
         ("torchrun --nproc-per-node 2 repros/dora_sharded_weight.py --cell no-such-cell-ws2", "no such cell"),
         ("torchrun --nproc-per-node 2 repros/no_such_repro.py", "no such file"),
         ("make docs", "does not know how to check"),
+        ("nox -s device -- --prepare .device --no-such-option", "no --no-such-option in its --help"),
+        ("bash .device/run.sh --rehearse --no-such-option", "not an option of fsdp_matrix/device/run.sh"),
     ],
 )
 def test_a_wrong_command_fails(command, why, capsys, pytestconfig):
