@@ -22,7 +22,7 @@ CASE = "accelerate-fsdp2-ram-efficient-buffer"
 # the MoE router of DeepSeek V3 keeps e_score_correction_bias as a persistent buffer (in model.state_dict())
 _SHAPE = dict(
     TINY_SHAPE,
-    q_lora_rank=None,
+    q_lora_rank=16,
     kv_lora_rank=16,
     qk_rope_head_dim=8,
     qk_nope_head_dim=8,
@@ -35,8 +35,8 @@ _SHAPE = dict(
     first_k_dense_replace=0,
     moe_intermediate_size=32,
 )
-TARGETS = ["q_proj", "o_proj"]
-"""DeepSeek V3's attention has no v_proj; q_proj exists without q_lora_rank."""
+TARGETS = ["q_b_proj", "o_proj"]
+"""DeepSeek V3's attention has no q_proj/v_proj with a q_lora_rank (transformers 4.51.3 always builds q_a/q_b_proj)."""
 
 
 def _build(ctx: RankContext, on_meta: bool) -> nn.Module:
