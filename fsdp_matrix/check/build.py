@@ -17,8 +17,7 @@ from fsdp_matrix.match import any_when
 from fsdp_matrix.matrix import Combo, Matrix
 from fsdp_matrix.triage.answer import Workaround
 from fsdp_matrix.triage.match import nearest_combo, rule_versions
-from fsdp_matrix.triage.versions import Workaround as Found
-from fsdp_matrix.triage.versions import _change, _missing_options, fixed_in, observed_range, older_than_observed
+from fsdp_matrix.triage.versions import fixed_in, observed_range, older_than_observed, workarounds
 
 EXAMPLES = 3
 """Cell ids shown per rule and per workaround."""
@@ -28,23 +27,6 @@ STATUS_ORDER = ("applies", "may-apply", "not-run", "trains")
 def _when(rule: Any) -> str:
     whens = any_when(getattr(rule, "when", None) or {})
     return " or ".join(", ".join(f"{k}={v}" for k, v in w.items()) for w in whens if w) or "every cell"
-
-
-def workarounds(matrix: Matrix, case, index: int, versions, device: str) -> List[Found]:
-    """triage's ``versions.workarounds`` on the setup's device: the rule's cells with one of its settings changed
-    that train on these versions (its ``_change`` and ``_missing_options``). triage's looks at CPU cells only, where
-    a platform skip (no 4-bit on CPU before transformers 4.56) hides what the rules say of a GPU."""
-    whens = any_when(getattr(case.expect[index], "when", None) or {})
-    lacking = set(_missing_options(matrix, versions)) - {"device", "world_size", "nodes"}
-    found: dict = {}
-    for cell in expand_case(case, device):
-        change = next((c for w in whens if (c := _change(w, cell))), None)
-        if change is None or change.split("=", 1)[0] in lacking:
-            continue
-        expected = expected_for(case, cell, versions)
-        if expected.kind == "ok" and expected.rule is not None:
-            found.setdefault((expected.rule, change), []).append(cell.id)
-    return [Found(r, change, sorted(ids)) for (r, change), ids in sorted(found.items(), key=lambda kv: -len(kv[1]))]
 
 
 def near_cells(found: CaseMatch, setup: Setup, change: str, cells: List[str]) -> List[str]:

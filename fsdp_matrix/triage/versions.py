@@ -161,13 +161,17 @@ def _missing_options(matrix: Matrix, versions: Mapping[str, Optional[str]]) -> L
     return out
 
 
-def workarounds(matrix: Matrix, case: Case, index: int, versions: Mapping[str, Optional[str]]) -> List[Workaround]:
-    """The matched rule's cells with one of its ``when`` settings changed that train on these versions, by the
-    ``ok`` rule that says so; a setting the user's release lacks (a platform skip) is left out."""
+def workarounds(
+    matrix: Matrix, case: Case, index: int, versions: Mapping[str, Optional[str]], device: str = "cpu"
+) -> List[Workaround]:
+    """The matched rule's cells on ``device`` with one of its ``when`` settings changed that train on these versions,
+    by the ``ok`` rule that says so; a setting the user's release lacks (a platform skip) is left out. ``check`` asks
+    for the setup's own device: on CPU a platform skip (no 4-bit on CPU before transformers 4.56) hides what the
+    rules say of a GPU."""
     whens = any_when(getattr(case.expect[index], "when", None) or {})
     lacking = set(_missing_options(matrix, versions)) - {"device", "world_size", "nodes"}
     found: Dict[Tuple[int, str], List[str]] = {}
-    for cell in expand_case(case):
+    for cell in expand_case(case, device):
         change = next((c for w in whens if (c := _change(w, cell))), None)
         if change is None or change.split("=", 1)[0] in lacking:
             continue
