@@ -289,7 +289,8 @@ class CorruptionChecks:
         self.checks.update(checks)
         self.failures += failures
         load = self.reference.params if self.reference is not None else None
-        self.dtypes = dtypes.promise_of(load, self.accelerate_mp, mixed_param_dtype(model))
+        four_bit = wrapper_kind(model) == "fsdp2" and dtypes.has_4bit(model)
+        self.dtypes = dtypes.promise_of(load, self.accelerate_mp, mixed_param_dtype(model), four_bit)
         self.checks["dtypes"] = dtypes.check_stored(self.dtypes, held, trainable)
 
     def after_training(self, model: nn.Module, optimizer: Any = None) -> Tuple[Dict[str, Any], List[str]]:

@@ -59,15 +59,24 @@ def promise_of(
     load: Optional[Mapping[str, Tuple[Any, torch.dtype]]],
     accelerate_mp: Optional[str],
     fsdp_dtype: Optional[torch.dtype],
+    fsdp2_4bit: bool = False,
 ) -> DtypePromise:
     """The promise of an entry: ``accelerate_mp`` is ``Accelerator.mixed_precision`` (None: not an accelerate entry),
-    ``fsdp_dtype`` the FSDP mixed precision's ``param_dtype`` on the wrapped model (corruption.mixed_param_dtype)."""
+    ``fsdp_dtype`` the FSDP mixed precision's ``param_dtype`` on the wrapped model (corruption.mixed_param_dtype).
+    ``fsdp2_4bit``: an FSDP2 model with bitsandbytes 4-bit layers, which accelerate does not upcast (1.15.0's
+    ``fsdp2_prepare_model`` skips the upcast where the model has ``Params4bit``, and says nothing)."""
     dtypes = None if load is None else {k: v[1] for k, v in load.items()}
     if accelerate_mp in ACCELERATE_DTYPES:
-        return DtypePromise(dtypes, True, ACCELERATE_DTYPES[accelerate_mp], f"accelerate:{accelerate_mp}")
+        setting = f"accelerate:{accelerate_mp}" + (" (4-bit FSDP2: no upcast)" if fsdp2_4bit else "")
+        return DtypePromise(dtypes, not fsdp2_4bit, ACCELERATE_DTYPES[accelerate_mp], setting)
     if fsdp_dtype is not None:
         return DtypePromise(dtypes, False, fsdp_dtype, f"fsdp:{dtype_name(fsdp_dtype)}")
     return DtypePromise(dtypes)
+
+
+def has_4bit(model: nn.Module) -> bool:
+    """The model holds bitsandbytes 4-bit layers (``Linear4bit``; their weights are ``Params4bit`` until wrapped)."""
+    return any(type(m).__name__ == "Linear4bit" for m in model.modules())
 
 
 def expected(promise: DtypePromise, name: str, trainable: bool) -> Optional[torch.dtype]:

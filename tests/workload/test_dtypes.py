@@ -59,7 +59,12 @@ def test_fsdp2_with_fp32_masters_passes(ctx):
         if param.requires_grad:
             param.data = param.data.float()
     checks = train_and_check(
-        _fsdp2(model, ctx, BF16), ctx, trainable=names, reference=reference, params=FSDP2, accelerate_mp="bf16"
+        _fsdp2(model, ctx, BF16),
+        ctx,
+        trainable=names,
+        reference=reference,
+        params=FSDP2,
+        entry={"mixed_precision": "bf16"},
     )
     assert checks["dtypes"]["trainable"] == {"float32": len(names)}, checks["dtypes"]
     assert checks["dtypes"]["setting"] == "accelerate:bf16" and checks["dtypes"]["compute"] == "bfloat16"
@@ -73,7 +78,9 @@ def test_trainable_left_bf16_under_promised_fp32_masters_fails(ctx):
     model, names, reference = _lora(ctx, "bf16", autocast=False)
     wrapped = _fsdp2(model, ctx, BF16)
     with pytest.raises(CheckFailed, match=r"dtypes: 8 trainable parameters not in their promised dtype \(fp32 masters"):
-        train_and_check(wrapped, ctx, trainable=names, reference=reference, params=FSDP2, accelerate_mp="bf16")
+        train_and_check(
+            wrapped, ctx, trainable=names, reference=reference, params=FSDP2, entry={"mixed_precision": "bf16"}
+        )
 
 
 def test_a_frozen_parameter_out_of_its_load_dtype_fails(ctx):
@@ -143,3 +150,16 @@ def test_check_optimizer_counts_adamw_moments():
     param.grad = torch.ones(3)
     optimizer.step()
     assert check_optimizer(optimizer) == ({"optimizer_state": 2, "optimizer_state_wrong": 0}, [])
+
+
+def test_accelerate_promises_no_upcast_for_a_4bit_fsdp2_model():
+    """accelerate 1.15.0's fsdp2_prepare_model skips its upcast where the model has Params4bit (and says nothing):
+    the TRL QLoRA FSDP2 cells (trl-qlora-upcast, storage bf16) keep bf16 LoRA, and no fp32 master is promised there.
+    FSDP1 upcasts every FlatParameter that requires grad, 4-bit or not."""
+    from fsdp_matrix.workload.dtypes import expected, promise_of
+
+    load = {"w": ((2,), torch.bfloat16)}
+    assert expected(promise_of(load, "bf16", None, fsdp2_4bit=True), "w", True) == torch.bfloat16
+    assert expected(promise_of(load, "bf16", None), "w", True) == torch.float32
+    assert expected(promise_of(load, "bf16", None), "w", False) == torch.bfloat16
+    assert expected(promise_of(load, "no", torch.bfloat16), "w", True) == torch.bfloat16

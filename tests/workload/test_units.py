@@ -81,17 +81,18 @@ def test_tied_parameters_split_over_two_groups_fail(ctx, monkeypatch):
         _train(model, ctx, names, reference)
 
 
-def test_an_adapter_managed_by_an_outer_unit_fails(ctx):
-    """A trainable module added to layer 0 after its fully_shard, before the root's: the root manages it, outside
-    the unit its base layer is in (it trains, and is all-gathered with the root)."""
+def test_an_adapter_outside_its_layers_unit_is_reported(ctx):
+    """A module added to layer 0 after its fully_shard, before the root's: no unit manages it (the root's
+    fully_shard skips modules inside another unit). Reported, not failed: fix-holds cells have such tensors by
+    design (units.py says which)."""
     model, names, _ = _lora(ctx)
     _fsdp2_layers(model, ctx)
     # frozen and in no forward, so that only where it is managed matters (no reference: a forward now would
     # lazily initialize the layers' FSDP state before the root's)
     decoder_layers(model)[0].extra = nn.Linear(4, 4).requires_grad_(False)
     fully_shard(model, mesh=device_mesh(ctx))
-    with pytest.raises(CheckFailed, match=r"managed by an outer unit, e\.g\. .*layers\.0\.extra\.(weight|bias)"):
-        _train(model, ctx, names, None)
+    summary = _train(model, ctx, names, None)["structure"]
+    assert summary["unmanaged"] == summary["unmanaged_in_units"] == 2 and summary["failed"] == 0, summary
 
 
 def test_a_checkpoint_wrapper_around_the_wrong_module_fails(ctx):
