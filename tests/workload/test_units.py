@@ -1,10 +1,14 @@
 """The structural check (workload/units.py), for real through train_and_check on a 1-rank gloo group: a healthy
 FSDP2 and FSDP1 model passes with its summary in ``checks["structure"]``; each broken pattern is caught: tied
-parameters split over two ``fully_shard`` groups, an adapter an outer unit manages, a checkpoint wrapper around the
-wrong module (and one the cell never asked for), a buffer left on the meta device. Each of these trains without
-an error, and every other check passes it."""
+parameters split over two ``fully_shard`` groups, a checkpoint wrapper around the wrong module (and checkpointing the
+cell never asked for), a buffer left on the meta device, and (on 2 real ranks, scratch_buffers.py) a buffer left
+unbroadcast. The first four train without an error and pass every other check; an adapter outside its layer's unit
+is reported, not failed (units.py says why)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +22,7 @@ from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.models import build_model, decoder_layers
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import device_mesh, fully_shard, wrap
-from tests.workload.support import cpu_context, one_rank_group
+from tests.workload.support import cpu_context, failed_on_both_ranks, one_rank_group, run_two_ranks
 
 FSDP2 = {"wrap": "fsdp2"}
 
@@ -125,3 +129,20 @@ def test_a_buffer_left_on_meta_fails(ctx):
     wrapped.base_model.model.register_buffer("scale", torch.empty(3, device="meta"), persistent=False)
     with pytest.raises(CheckFailed, match=r"structure: rank 0 holds 1 buffers on the meta device, e\.g\. .*scale"):
         _train(wrapped, ctx, names, reference)
+
+
+@pytest.fixture(scope="module")
+def buffer_outcomes(tmp_path_factory):
+    out = tmp_path_factory.mktemp("buffers")
+    proc = run_two_ranks(Path(__file__).with_name("scratch_buffers.py"), str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.timeout(600)
+def test_a_buffer_left_unbroadcast_fails_on_both_ranks(buffer_outcomes):
+    """Real 2 ranks: rank 1's rotary inv_freq differs from rank 0's after wrapping (the healthy control passes)."""
+    assert [o["healthy"]["status"] for o in buffer_outcomes] == ["ok", "ok"], buffer_outcomes
+    assert buffer_outcomes[0]["healthy"]["structure"]["failed"] == 0
+    message = failed_on_both_ranks(buffer_outcomes, "unbroadcast")
+    assert "structure: rank 1's buffers differ from rank 0's" in message and "inv_freq" in message, message
