@@ -6,6 +6,10 @@ computing outside the FSDP mixed-precision dtype. Each trains without an error, 
 
 from __future__ import annotations
 
+import inspect
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
@@ -17,7 +21,7 @@ from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.models import build_model, decoder_layers
 from fsdp_matrix.workload.training import LR, synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import decoder_layer_policy, device_mesh, fully_shard
-from tests.workload.support import cpu_context, one_rank_group
+from tests.workload.support import cpu_context, one_rank_group, run_two_ranks
 
 try:
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -163,3 +167,26 @@ def test_accelerate_promises_no_upcast_for_a_4bit_fsdp2_model():
     assert expected(promise_of(load, "bf16", None), "w", True) == torch.float32
     assert expected(promise_of(load, "bf16", None), "w", False) == torch.bfloat16
     assert expected(promise_of(load, "no", torch.bfloat16), "w", True) == torch.bfloat16
+
+
+@pytest.mark.timeout(600)
+def test_accelerate_fsdp2_bf16_keeps_its_fp32_master_promise(tmp_path):
+    """For real on 2 ranks through the accelerate entry (scratch_accelerate_mp.py): the installed accelerate's FSDP2
+    with bf16 mixed precision. 1.13.0 leaves the trainable parameters bf16 while its log line says it upcast them
+    (accelerate#3979): the dtype check alone fails it (observed 2026-11-28, accelerate 1.13.0 over the current combo:
+    no other check failed). 1.14.0 and 1.15.0 keep the promise."""
+    import accelerate
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    if "fsdp_version" not in inspect.signature(FullyShardedDataParallelPlugin).parameters:
+        pytest.skip(f"accelerate {accelerate.__version__} has no FSDP2")
+    proc = run_two_ranks(Path(__file__).with_name("scratch_accelerate_mp.py"), str(tmp_path), "full")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = [json.loads((tmp_path / f"rank{rank}.json").read_text())["full"] for rank in (0, 1)]
+    if accelerate.__version__ == "1.13.0":
+        assert [g["status"] for g in got] == ["CheckFailed"] * 2, got
+        assert got[0]["message"].startswith("dtypes: 8 trainable parameters not in their promised dtype"), got
+        assert "; " not in got[0]["message"], got  # no other check failed
+    else:
+        assert [g["status"] for g in got] == ["ok", "ok"], got
+        assert got[0]["dtypes"]["trainable"] == {"float32": 8}, got
