@@ -146,3 +146,13 @@ def test_a_buffer_left_unbroadcast_fails_on_both_ranks(buffer_outcomes):
     assert buffer_outcomes[0]["healthy"]["structure"]["failed"] == 0
     message = failed_on_both_ranks(buffer_outcomes, "unbroadcast")
     assert "structure: rank 1's buffers differ from rank 0's" in message and "inv_freq" in message, message
+
+
+def test_a_parameter_two_units_manage_fails():
+    """The ownership map alone: FSDP itself refuses to put one name in two units (FSDP1 flattens a parameter once,
+    FSDP2 skips parameters another group manages), so no model here builds it; the rule is judged on a map."""
+    from fsdp_matrix.workload.units import _owner_failures
+
+    assert _owner_failures({"w": ["a"], "v": ["a"]}, [["v", "w"]]) == []
+    (line,) = _owner_failures({"w": ["a", "b"]}, [])
+    assert line == "structure: 1 parameters managed by more than one FSDP unit, e.g. w (a, b)"
