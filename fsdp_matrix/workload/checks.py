@@ -175,6 +175,29 @@ def _local_grad_squares(model: nn.Module) -> Dict[str, float]:
     return out
 
 
+def grad_dtypes(model: nn.Module) -> Dict[str, List[str]]:
+    """Cleaned name -> [parameter dtype, gradient dtype] of every parameter holding a gradient now (an FSDP1
+    FlatParameter under its own name). Not collective."""
+    out = {}
+    for name, param in model.named_parameters():
+        grad = param.grad
+        if grad is None:
+            continue
+        grad = grad.to_local() if isinstance(grad, DTensor) else grad
+        key = name if _is_flat(name, param) else clean_name(name)
+        out[key] = [str(param.dtype).replace("torch.", ""), str(grad.dtype).replace("torch.", "")]
+    return out
+
+
+def grad_dtype_failures(seen: Dict[str, List[str]]) -> List[str]:
+    """The dtype promise for gradients (dtypes.py): each in its parameter's dtype."""
+    wrong = sorted(k for k, (p, g) in seen.items() if p != g)
+    if not wrong:
+        return []
+    p, g = seen[wrong[0]]
+    return [f"dtypes: {len(wrong)} gradients not in their parameter's dtype, e.g. {wrong[0]}'s is {g}, not {p}"]
+
+
 def world_seen() -> Tuple[int, int]:
     """(world size, rank) of the process group this rank is in now; (1, 0) without one. Not collective."""
     if not dist.is_initialized():
@@ -238,6 +261,8 @@ class TrainingChecks:
         self._read_as: Optional[tuple] = None  # (model id, raw names) of the snapshot, to read the same tensors
         self.losses: List[float] = []
         self.grad_steps: List[Dict[str, float]] = []
+        self.grad_dtypes: Dict[str, List[str]] = {}
+        """Cleaned name -> [parameter dtype, gradient dtype] before each optimizer step, the last one kept."""
         self.world_before = world_seen()
         """(world size, rank) when the checks were set up: before training (and, for the Trainer, before wrapping)."""
 
@@ -254,6 +279,7 @@ class TrainingChecks:
     def record_grads(self, model: nn.Module) -> None:
         """Per-tensor squared gradient norms, summed over ranks; call after backward, before the step. Collective."""
         names = sorted(self.before)
+        self.grad_dtypes.update(grad_dtypes(model))
         local = _local_grad_squares(model)
         # a NaN gradient must stay visible: float sums keep it, and the check below wants finite and > 0
         total = sum_over_ranks([local.get(n, 0.0) for n in names], self.device)
@@ -295,6 +321,7 @@ class TrainingChecks:
             "trainable_with_grad": len(train) - len(no_grad),
             "frozen_compared": len(frozen),
             "frozen_changed": frozen_changed,
+            "grad_dtypes": sorted({g for _, g in self.grad_dtypes.values()}),
             **(extra or {}),
         }
         failed = Failures(world_failures(self.world_size, self.world_before, world_after))
@@ -317,6 +344,7 @@ class TrainingChecks:
             failed.append(f"{len(no_grad)}/{len(train)} trainable tensors got no gradient: {no_grad[:5]}")
         if train_same:
             failed.append(f"{len(train_same)}/{len(train)} trainable tensors unchanged: {train_same[:5]}")
+        failed += grad_dtype_failures(self.grad_dtypes)
         failed += failures
         failed.raise_if_any()
         return checks

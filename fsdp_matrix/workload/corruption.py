@@ -27,6 +27,7 @@ try:
 except ImportError:  # torch < 2.6
     from torch.distributed._composable.fsdp import FSDPModule
 
+from fsdp_matrix.workload import dtypes
 from fsdp_matrix.workload.checks import DTensor, clean_name, trainable_names, wrapper_kind
 from fsdp_matrix.workload.shards import (
     Shape,
@@ -38,6 +39,7 @@ from fsdp_matrix.workload.shards import (
     max_diff,
     snapshot_pieces,
 )
+from fsdp_matrix.workload.units import StructurePromise, check_structure, checkpointing_asked, tied_groups
 
 LOGITS_TOLERANCE = {
     torch.float32: (1.3e-6, 1e-5),
@@ -59,6 +61,9 @@ class Reference:
     """Each module's first output tensor in that forward, on CPU, in execution order (names where a forward differs)."""
     error: Optional[str] = None
     """Why there are no logits: the unwrapped forward's exception, as ``Type: message``."""
+    tied: List[List[str]] = field(default_factory=list)
+    """Cleaned names sharing one parameter on the unwrapped model (units.tied_groups): each group must stay managed
+    by one FSDP unit."""
 
 
 ReferenceLike = Union[Reference, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
@@ -140,11 +145,12 @@ def take_reference(model: nn.Module, batch: torch.Tensor) -> Optional[Reference]
     the cell's own training then shows the error where it belongs.
     """
     params = {clean_name(n): (tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
+    tied = tied_groups(model)
     try:
         logits, outputs = forward_logits(model, batch)
     except Exception as exc:  # noqa: BLE001 - the error is the model's, judged by training; this check records it
-        return Reference(params, error=f"{type(exc).__name__}: {str(exc)[:200]}")
-    return Reference(params, logits, outputs)
+        return Reference(params, error=f"{type(exc).__name__}: {str(exc)[:200]}", tied=tied)
+    return Reference(params, logits, outputs, tied=tied)
 
 
 def as_reference(reference: Optional[ReferenceLike], batch: torch.Tensor) -> Optional[Reference]:
@@ -166,14 +172,20 @@ def _logits_close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) ->
 
 
 def check_forward(
-    model: nn.Module, reference: Optional[Reference], batch: torch.Tensor
+    model: nn.Module,
+    reference: Optional[Reference],
+    batch: torch.Tensor,
+    seen: Optional[Dict[str, torch.Tensor]] = None,
 ) -> Tuple[Dict[str, Any], List[str]]:
-    """The forward check on the wrapped model: (checks, failures). Collective when it runs."""
+    """The forward check on the wrapped model: (checks, failures). Collective when it runs. ``seen`` receives each
+    module's first output of the wrapped model's forward (for the compute-dtype check)."""
     if reference is None:
         return {"forward_check": "no reference"}, []
     if reference.logits is None:
         return {"forward_check": f"not run: the unwrapped forward raised {reference.error}"}, []
     logits, outputs = forward_logits(model, batch)
+    if seen is not None:
+        seen.update(outputs)
     # under FSDP mixed precision the wrapped model computes in its param_dtype even where the model casts its
     # logits back to fp32 (LlamaForCausalLM on transformers 4.44 does): judge it by the dtype it computed in
     computed = [d for d in (mixed_param_dtype(model),) if d is not None]
@@ -226,12 +238,21 @@ class CorruptionChecks:
         world_size: int,
         reference: Optional[Reference] = None,
         batch: Optional[torch.Tensor] = None,
+        params: Optional[Mapping[str, Any]] = None,
+        entry: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.trainable = None if trainable is None else sorted({clean_name(n) for n in trainable})
         """Cleaned names given as trainable; None: read from the wrapped model."""
         self.world_size = world_size
         self.reference = reference
         self.batch = batch
+        entry = entry or {}
+        self.checkpointing = checkpointing_asked(params, entry.get("checkpointing"))
+        """Whether the cell asks for activation checkpointing: its ``ac``/``gc`` axes (``params``) or its entry's
+        setting (``entry["checkpointing"]``); None: not known (units.checkpointing_asked)."""
+        self.accelerate_mp = entry.get("mixed_precision")
+        """``Accelerator.mixed_precision`` of an accelerate/Trainer entry (None for the torch entry): dtypes.py."""
+        self.dtypes: Optional[dtypes.DtypePromise] = None
         self.checks: Dict[str, Any] = {}
         self.failures: List[str] = []
         self.before: Dict[str, torch.Tensor] = {}
@@ -246,22 +267,43 @@ class CorruptionChecks:
         names = self.trainable if self.trainable is not None else trainable_names(model)
         master = names if mixed_param_dtype(model) in (torch.bfloat16, torch.float16) else ()
         unwrapped = self.reference and self.reference.params
-        checks, failures, _ = check_sharding(model, kind, self.world_size, unwrapped, master)
+        checks, failures, held = check_sharding(model, kind, self.world_size, unwrapped, master)
         self.checks.update(checks)
         self.failures += failures
+        self._structure_and_dtypes(model, held, names)
+        outputs: Dict[str, torch.Tensor] = {}
         if self.batch is not None:
-            checks, failures = check_forward(model, self.reference, self.batch)
+            checks, failures = check_forward(model, self.reference, self.batch, outputs)
             self.checks.update(checks)
             self.failures += failures
+        self.checks["dtypes"].update(dtypes.check_compute(self.dtypes, model, outputs))
         # the forward may have lazily initialized FSDP1 (its shard moved to _local_shard): read the pieces again
         self.before = snapshot_pieces(holding(model, kind, self.world_size), names)
         self.ran = True
 
-    def after_training(self, model: nn.Module) -> Tuple[Dict[str, Any], List[str]]:
-        """Shards trained and ranks agree, plus what ``after_wrap`` found: (checks, failures). Collective."""
+    def _structure_and_dtypes(self, model: nn.Module, held: Any, trainable: List[str]) -> None:
+        """The structural check (units.py) and the stored-dtype promise (dtypes.py), right after wrapping."""
+        device = None if self.batch is None else self.batch.device
+        tied = self.reference.tied if self.reference is not None else []
+        checks, failures = check_structure(model, StructurePromise(self.checkpointing, tied, device))
+        self.checks.update(checks)
+        self.failures += failures
+        load = self.reference.params if self.reference is not None else None
+        four_bit = wrapper_kind(model) == "fsdp2" and dtypes.has_4bit(model)
+        self.dtypes = dtypes.promise_of(load, self.accelerate_mp, mixed_param_dtype(model), four_bit)
+        self.checks["dtypes"] = dtypes.check_stored(self.dtypes, held, trainable)
+
+    def after_training(self, model: nn.Module, optimizer: Any = None) -> Tuple[Dict[str, Any], List[str]]:
+        """Shards trained and ranks agree, plus what ``after_wrap`` found, and the optimizer state's dtypes
+        (dtypes.check_optimizer) of the ``optimizer`` that trained: (checks, failures). Collective."""
         if not self.ran:
             return {}, []
+        if optimizer is not None:
+            states, wrong = dtypes.check_optimizer(optimizer)
+            self.checks["dtypes"].update(states)
+            self.failures += wrong
         held = holding(model, wrapper_kind(model), self.world_size)
         trained, untrained = check_pieces_trained(self.before, snapshot_pieces(held, sorted(self.before)))
         agree, disagree = check_ranks_agree(held.unmanaged)
-        return {**self.checks, **trained, **agree}, self.failures + untrained + disagree
+        promised = self.dtypes.failures if self.dtypes is not None else []
+        return {**self.checks, **trained, **agree}, self.failures + promised + untrained + disagree

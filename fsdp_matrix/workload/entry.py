@@ -328,6 +328,10 @@ def prepare_and_train(
                 reference=reference,
                 loop=Loop.for_accelerate(setup.accelerator, params),
                 params=params,
+                entry={
+                    "mixed_precision": str(setup.accelerator.mixed_precision),
+                    "checkpointing": getattr(setup.plugin, "activation_checkpointing", False),
+                },
             )
         )
     return checks

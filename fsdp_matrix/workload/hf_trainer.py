@@ -182,6 +182,15 @@ def _callback(probe: _GradProbe) -> Any:
     return AttachGradProbe()
 
 
+def entry_settings(trainer: Any) -> Dict[str, Any]:
+    """The Trainer's mixed precision (its ``bf16``/``fp16`` arguments, as its Accelerator holds them) and its
+    ``gradient_checkpointing`` argument, for the structural and dtype checks (corruption.CorruptionChecks)."""
+    return {
+        "mixed_precision": str(trainer.accelerator.mixed_precision),
+        "checkpointing": bool(getattr(trainer.args, "gradient_checkpointing", False)),
+    }
+
+
 def trainer_train_and_check(
     trainer: Any,
     params: Mapping[str, Any],
@@ -211,7 +220,7 @@ def trainer_train_and_check(
         judge.before = box[0]
     else:
         judge.snapshot(trainer.model)
-    guard = CorruptionChecks(trainable, ctx.world_size, reference, batch)
+    guard = CorruptionChecks(trainable, ctx.world_size, reference, batch, params, entry_settings(trainer))
     spy, compiled = CollectiveSpy(), CompileProbe.start(knobs_of(params))  # the Trainer compiles inside train()
     probe = _GradProbe(judge, trainer, guard, spy)
     trainer.add_callback(_callback(probe))
@@ -236,7 +245,7 @@ def trainer_train_and_check(
         "global_step": trainer.state.global_step,
     }
     require_wrapper(wrapped, fsdp_version(params))
-    found, failures = guard.after_training(wrapped)
+    found, failures = guard.after_training(wrapped, trainer.optimizer)
     units = fsdp_unit_modules(wrapped)
     counted, broken = judge_collectives(spy, units, wrapped, params, ctx.world_size, knobs_of(params).accum)
     frames, uncompiled = compiled.judge()

@@ -80,15 +80,14 @@ def train_and_check(
     reference: Optional[ReferenceLike] = None,
     loop: Optional[Loop] = None,
     params: Optional[Mapping[str, Any]] = None,
+    entry: Optional[Mapping[str, Any]] = None,
 ) -> dict:
     """Train ``steps`` AdamW steps on an FSDP-wrapped model, then check it (see checks.TrainingChecks.finish).
 
-    The checks: the model is FSDP1 or FSDP2 (not the DDP accelerate falls back to on CPU) in the world the cell was
-    promised; the loss is finite; the trainable gradient norm is > 0 from step 1 on (``lora_B`` starts at zero);
-    every trainable tensor got a non-zero gradient and changed; every other tensor is bit-identical. Then
-    corruption.py's: each rank holds what sharding promises (before any forward), every trainable tensor's piece
-    changed on every rank, every parameter FSDP does not manage is identical on every rank, and, given a
-    ``reference``, the wrapped model's logits equal the unwrapped model's; a ``compile`` cell compiled something.
+    The checks: the model is FSDP1 or FSDP2 (not DDP) in the world the cell was promised; the loss is finite; the
+    trainable gradient norm is > 0 from step 1 on; every trainable tensor got a gradient and changed, every other is
+    bit-identical. Then corruption.py's (sharding, shards trained, ranks agree, forward against a ``reference``),
+    units.py's structure, dtypes.py's promise, collectives.py's counts; a ``compile`` cell compiled something.
 
     ``trainable``: the names of the parameters that require grad, taken from the PEFT model before wrapping
     (``trainable_names(model)``); when absent they are read from the wrapped model's per-parameter
@@ -99,6 +98,7 @@ def train_and_check(
     does not run and the sharding check counts from the wrapped model's own dtypes (an upcast goes unseen).
     ``loop``: the knobs as the entry runs them (default: the ``torch`` entry's for ``params``, knobs.Loop); ``params``:
     the cell's, whose ``wrap`` and ``shard`` promise the collectives in ``checks["collectives"]`` (collectives.py).
+    ``entry``: the entry's ``mixed_precision`` and ``checkpointing`` settings, for units.py's and dtypes.py's checks.
 
     Raises CheckFailed naming every failed check with its measured value; returns the checks and values otherwise.
     Every collective runs before any check can raise, so a failed check cannot leave another rank waiting.
@@ -116,15 +116,15 @@ def train_and_check(
     # unsharded, and model.parameters() lists unsharded copies or non-leaf views: observed, pytorch#149205)
     loop = loop or Loop.for_torch(params or {})
     compiled = CompileProbe.start(loop.knobs)  # before the forward check, the cell's first forward of this model
-    guard = CorruptionChecks(trainable, ctx.world_size, as_reference(reference, batch), batch)
+    guard = CorruptionChecks(trainable, ctx.world_size, as_reference(reference, batch), batch, params, entry)
     guard.after_wrap(model)
     spy, units = spy_on(model)
     start = time.perf_counter()
     with spy.spying():
         train_steps(model, batch, steps, optimizer, backward, judge, loop, spy)
     train_s = time.perf_counter() - start
+    found, failures = guard.after_training(model, optimizer)
     del optimizer
-    found, failures = guard.after_training(model)
     counted, broken = judge_collectives(spy, units, model, params, ctx.world_size, loop.knobs.accum)
     frames, uncompiled = compiled.judge()
     extra = {"trainable_params_local": len(params_list), "train_s": round(train_s, 3), **found, **frames}

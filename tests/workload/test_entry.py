@@ -107,7 +107,8 @@ def test_prepare_and_train_inspects_the_prepared_model_before_training(monkeypat
 
     class Setup:
         model, optimizer = "prepared", "accelerate's optimizer"
-        accelerator = type("Acc", (), {"backward": "accelerate's backward"})()
+        accelerator = type("Acc", (), {"backward": "accelerate's backward", "mixed_precision": "bf16"})()
+        plugin = type("Plugin", (), {"activation_checkpointing": True})()
 
         def checks(self):
             calls.append("setup.checks")
@@ -135,12 +136,14 @@ def test_prepare_and_train_inspects_the_prepared_model_before_training(monkeypat
     kwargs = {"trainable": ["a"], "optimizer": "accelerate's optimizer", "backward": "accelerate's backward"}
     # the knobs' loop (accum, clip, compile) goes along as accelerate's own: accumulate(), clip_grad_norm_
     loop = calls[3][2].pop("loop")
+    entry_settings = {"mixed_precision": "bf16", "checkpointing": True}
     assert (loop.knobs.accum, loop.knobs.clip, loop.knobs.compile) == (1, None, "none")
     assert calls == [
         ("prepare", "model"),
         "setup.checks",
         ("inspect", "prepared"),
-        ("train", "prepared", {**kwargs, "reference": None, "params": {}}),
+        # the structural and dtype checks read the entry's settings as accelerate holds them
+        ("train", "prepared", {**kwargs, "reference": None, "params": {}, "entry": entry_settings}),
         "leave",
     ]
 
