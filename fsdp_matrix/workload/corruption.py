@@ -27,8 +27,15 @@ try:
 except ImportError:  # torch < 2.6
     from torch.distributed._composable.fsdp import FSDPModule
 
-from fsdp_matrix.workload import dtypes
 from fsdp_matrix.workload.checks import DTensor, clean_name, trainable_names, wrapper_kind
+from fsdp_matrix.workload.dtypes import (
+    DtypePromise,
+    check_compute,
+    check_optimizer,
+    check_stored,
+    dtype_promise_of,
+    has_4bit,
+)
 from fsdp_matrix.workload.shards import (
     Shape,
     check_pieces_trained,
@@ -252,7 +259,7 @@ class CorruptionChecks:
         setting (``entry["checkpointing"]``); None: not known (units.checkpointing_asked)."""
         self.accelerate_mp = entry.get("mixed_precision")
         """``Accelerator.mixed_precision`` of an accelerate/Trainer entry (None for the torch entry): dtypes.py."""
-        self.dtypes: Optional[dtypes.DtypePromise] = None
+        self.dtypes: Optional[DtypePromise] = None
         self.checks: Dict[str, Any] = {}
         self.failures: List[str] = []
         self.before: Dict[str, torch.Tensor] = {}
@@ -276,7 +283,7 @@ class CorruptionChecks:
             checks, failures = check_forward(model, self.reference, self.batch, outputs)
             self.checks.update(checks)
             self.failures += failures
-        self.checks["dtypes"].update(dtypes.check_compute(self.dtypes, model, outputs))
+        self.checks["dtypes"].update(check_compute(self.dtypes, model, outputs))
         # the forward may have lazily initialized FSDP1 (its shard moved to _local_shard): read the pieces again
         self.before = snapshot_pieces(holding(model, kind, self.world_size), names)
         self.ran = True
@@ -289,17 +296,17 @@ class CorruptionChecks:
         self.checks.update(checks)
         self.failures += failures
         load = self.reference.params if self.reference is not None else None
-        four_bit = wrapper_kind(model) == "fsdp2" and dtypes.has_4bit(model)
-        self.dtypes = dtypes.promise_of(load, self.accelerate_mp, mixed_param_dtype(model), four_bit)
-        self.checks["dtypes"] = dtypes.check_stored(self.dtypes, held, trainable)
+        four_bit = wrapper_kind(model) == "fsdp2" and has_4bit(model)
+        self.dtypes = dtype_promise_of(load, self.accelerate_mp, mixed_param_dtype(model), four_bit)
+        self.checks["dtypes"] = check_stored(self.dtypes, held, trainable)
 
     def after_training(self, model: nn.Module, optimizer: Any = None) -> Tuple[Dict[str, Any], List[str]]:
         """Shards trained and ranks agree, plus what ``after_wrap`` found, and the optimizer state's dtypes
-        (dtypes.check_optimizer) of the ``optimizer`` that trained: (checks, failures). Collective."""
+        (dtypes.py's check_optimizer) of the ``optimizer`` that trained: (checks, failures). Collective."""
         if not self.ran:
             return {}, []
         if optimizer is not None:
-            states, wrong = dtypes.check_optimizer(optimizer)
+            states, wrong = check_optimizer(optimizer)
             self.checks["dtypes"].update(states)
             self.failures += wrong
         held = holding(model, wrapper_kind(model), self.world_size)

@@ -55,7 +55,7 @@ class DtypePromise:
     """Broken promises found so far (``check_stored``, ``check_compute``), raised with the cell's other checks."""
 
 
-def promise_of(
+def dtype_promise_of(
     load: Optional[Mapping[str, Tuple[Any, torch.dtype]]],
     accelerate_mp: Optional[str],
     fsdp_dtype: Optional[torch.dtype],

@@ -160,13 +160,13 @@ def test_accelerate_promises_no_upcast_for_a_4bit_fsdp2_model():
     """accelerate 1.15.0's fsdp2_prepare_model skips its upcast where the model has Params4bit (and says nothing):
     the TRL QLoRA FSDP2 cells (trl-qlora-upcast, storage bf16) keep bf16 LoRA, and no fp32 master is promised there.
     FSDP1 upcasts every FlatParameter that requires grad, 4-bit or not."""
-    from fsdp_matrix.workload.dtypes import expected, promise_of
+    from fsdp_matrix.workload.dtypes import dtype_promise_of, expected
 
     load = {"w": ((2,), torch.bfloat16)}
-    assert expected(promise_of(load, "bf16", None, fsdp2_4bit=True), "w", True) == torch.bfloat16
-    assert expected(promise_of(load, "bf16", None), "w", True) == torch.float32
-    assert expected(promise_of(load, "bf16", None), "w", False) == torch.bfloat16
-    assert expected(promise_of(load, "no", torch.bfloat16), "w", True) == torch.bfloat16
+    assert expected(dtype_promise_of(load, "bf16", None, fsdp2_4bit=True), "w", True) == torch.bfloat16
+    assert expected(dtype_promise_of(load, "bf16", None), "w", True) == torch.float32
+    assert expected(dtype_promise_of(load, "bf16", None), "w", False) == torch.bfloat16
+    assert expected(dtype_promise_of(load, "no", torch.bfloat16), "w", True) == torch.bfloat16
 
 
 @pytest.mark.timeout(600)
