@@ -130,10 +130,10 @@ def tests(session: nox.Session, combo: str) -> None:
         harness = ["--ignore", cells, "-n", "auto", "--dist", "loadfile"]
         session.run("python", "-m", "pytest", str(HERE / "tests"), *harness, *common, *session.posargs, env=BYTECODE)
     else:
-        # the harness's tests that read configs with this combo's own libraries (check's FSDP2 configs): in the first
-        # combo's run they skip while this env is not built yet
-        readers = [str(HERE / "tests" / "check"), "-m", "current_reader", "-p", "no:cacheprovider"]
-        session.run("python", "-m", "pytest", *readers, env=BYTECODE)
+        # the harness's tests that need this combo's own libraries (check's FSDP2 configs, accelerate's FSDP2 dtype
+        # promise): in the first combo's run they skip (no FSDP2 there, or this env not built yet)
+        own = [str(HERE / "tests" / "check"), str(HERE / "tests" / "workload" / "test_dtypes.py")]
+        session.run("python", "-m", "pytest", *own, "-m", "current_combo", "-p", "no:cacheprovider", env=BYTECODE)
     # the cells: one pytest process, so that they share one batched launch (fsdp_matrix/pytest_plugin.py)
     session.run("python", "-m", "pytest", cells, *common, *session.posargs, env=BYTECODE)
 

@@ -101,14 +101,14 @@ def _reader_for(combo: str) -> bool:
 _skip_without_current_reader = pytest.mark.skipif(
     not _reader_for("current"),
     reason="reading with accelerate 1.15 / transformers 5.23 needs the current combo's env: "
-    "nox -s 'tests(current)' runs these in it (-m current_reader)",
+    "nox -s 'tests(current)' runs these in it (-m current_combo)",
 )
 
 
 def needs_current_reader(test):
     """Skipped in the old combo's env before the current one is built (a fresh clone); never skipped for good:
-    ``nox -s 'tests(current)'`` runs the tests marked ``current_reader`` in the current combo's own env."""
-    return pytest.mark.current_reader(_skip_without_current_reader(test))
+    ``nox -s 'tests(current)'`` runs the tests marked ``current_combo`` in the current combo's own env."""
+    return pytest.mark.current_combo(_skip_without_current_reader(test))
 
 
 @needs_current_reader
