@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,7 +31,7 @@ from fsdp_matrix.workload.checkpoint_torch import RAW_PATHS, raw_roundtrip, writ
 from fsdp_matrix.workload.models import build_model
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import wrap
-from tests.workload.support import cpu_context, one_rank_group
+from tests.workload.support import cpu_context, one_rank_group, rank_outcomes, run_two_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
@@ -187,14 +183,8 @@ def test_on_every_rank_passes_results_and_errors_through(ctx):
 def test_saving_only_rank0s_shard_is_caught_naming_tensor_and_shapes(tmp_path):
     """For real on 2 ranks (gloo): FSDP2-trained LoRA, one save with only rank 0's local shard of each tensor,
     one with full tensors. The first fails on every rank naming the tensor and both shapes; the second passes."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "MASTER_"))}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    script = str(ROOT / "tests" / "workload" / "scratch_rank0_shard.py")
-    proc = subprocess.run(cmd + [script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for rank in (0, 1):
-        outcome = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    proc = run_two_ranks(ROOT / "tests" / "workload" / "scratch_rank0_shard.py", str(tmp_path))
+    for outcome in rank_outcomes(proc, tmp_path):
         assert outcome["full"] == {"status": "ok"}
         wrong = outcome["rank0_shard"]
         assert wrong["status"] == "CheckFailed"

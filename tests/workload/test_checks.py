@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from fsdp_matrix.workload.adapters import add_adapter
 from fsdp_matrix.workload.checks import Failures
 from fsdp_matrix.workload.models import build_model
 from fsdp_matrix.workload.recipe import wrap_and_train
-from tests.workload.support import cpu_context, one_rank_group, run_two_ranks
+from tests.workload.support import cpu_context, one_rank_group, rank_outcomes, run_two_ranks
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +51,7 @@ def test_two_ranks_that_each_train_alone_in_a_world_of_their_own_fail(tmp_path):
     """The same on 2 real ranks, as the review ran it: each destroys the launch's group and re-initialises a 1-rank
     world, then wrap_and_train (scratch_world.py). On 771cdf4 both ranks passed every check."""
     proc = run_two_ranks(Path(__file__).with_name("scratch_world.py"), str(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for rank in (0, 1):
-        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for got in rank_outcomes(proc, tmp_path):
         assert got["status"] == "CheckFailed", got
         assert (
             "world: the process group had 1 rank before training and 1 after, the cell was promised 2"

@@ -4,7 +4,6 @@ and FSDP2 passes with its counts; the judge on counts made up here; the spy rest
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -13,15 +12,14 @@ from torch import distributed as dist
 from torch import nn
 
 from fsdp_matrix.workload.collectives import KINDS, OTHER, CollectiveSpy, Promise, judge_counts, per_step, promise_of
-from tests.workload.support import failed_on_both_ranks, run_two_ranks
+from tests.workload.support import failed_on_both_ranks, rank_outcomes, run_two_ranks
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     out = tmp_path_factory.mktemp("collectives")
     proc = run_two_ranks(Path(__file__).with_name("scratch_collectives.py"), str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return rank_outcomes(proc, out)
 
 
 @pytest.mark.timeout(600)

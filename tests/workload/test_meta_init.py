@@ -4,7 +4,6 @@ shims it needs, on one process."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,15 +11,14 @@ import torch
 
 from fsdp_matrix.workload import cpu_shim, meta_init
 from fsdp_matrix.workload.params import UnknownAxisValue
-from tests.workload.support import run_two_ranks
+from tests.workload.support import rank_outcomes, run_two_ranks
 
 
 @pytest.fixture(scope="module")
 def meta_init_outcomes(tmp_path_factory):
     out = tmp_path_factory.mktemp("meta-init")
     proc = run_two_ranks(Path(__file__).with_name("scratch_meta_init.py"), str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return rank_outcomes(proc, out)
 
 
 def test_init_defaults_to_full_and_refuses_an_unknown_value():

@@ -3,7 +3,6 @@ release, and real 2-rank cells through TRL's SFTTrainer (scratch_trl.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ pytest.importorskip("trl", reason="the env pins no trl (matrix.yaml: trl is an o
 from fsdp_matrix.workload import trl_trainer  # noqa: E402
 from fsdp_matrix.workload.models import VOCAB  # noqa: E402
 from fsdp_matrix.workload.training import SEQ  # noqa: E402
-from tests.workload.support import run_two_ranks  # noqa: E402
+from tests.workload.support import rank_outcomes, run_two_ranks  # noqa: E402
 
 
 def test_tokenizer_maps_text_to_the_tiny_models_ids():
@@ -56,8 +55,7 @@ def test_an_unknown_trainer_is_refused(tmp_path):
 def outcomes(tmp_path_factory):
     out = tmp_path_factory.mktemp("trl")
     proc = run_two_ranks(Path(__file__).with_name("scratch_trl.py"), str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return rank_outcomes(proc, out)
 
 
 @pytest.mark.heavy  # a 2-rank run of TRL's SFTTrainer; the entry_trl cells run in nox -s tests

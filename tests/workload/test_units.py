@@ -7,7 +7,6 @@ is reported, not failed (units.py says why)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from fsdp_matrix.workload.corruption import take_reference
 from fsdp_matrix.workload.models import build_model, decoder_layers
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
 from fsdp_matrix.workload.wrapping import device_mesh, fully_shard, wrap
-from tests.workload.support import cpu_context, failed_on_both_ranks, one_rank_group, run_two_ranks
+from tests.workload.support import cpu_context, failed_on_both_ranks, one_rank_group, rank_outcomes, run_two_ranks
 
 FSDP2 = {"wrap": "fsdp2"}
 
@@ -135,8 +134,7 @@ def test_a_buffer_left_on_meta_fails(ctx):
 def buffer_outcomes(tmp_path_factory):
     out = tmp_path_factory.mktemp("buffers")
     proc = run_two_ranks(Path(__file__).with_name("scratch_buffers.py"), str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return rank_outcomes(proc, out)
 
 
 @pytest.mark.timeout(600)
