@@ -163,8 +163,8 @@ def map_fsdp(setup: Setup, env: Dict[str, str]) -> None:
     if _truthy(env.get("FSDP_ACTIVATION_CHECKPOINTING")):
         setup.put("gc", ["torch_ac"], "fsdp activation_checkpointing true (torch's checkpoint_wrapper)")
     mixed = env.get("ACCELERATE_MIXED_PRECISION", "no")
-    # the mp axis is FSDP1's MixedPrecision computing in bf16: fp16 or fp8 mixed precision is a value no case covers
-    mp = {"bf16": ["bf16"], "no": ["none"]}.get(mixed, []) if version == 1 else ["none"]
+    # the mp axis is bf16 mixed precision as the entry sets it (FSDP1 and FSDP2): fp16 or fp8 is a value no case covers
+    mp = {"bf16": ["bf16"], "no": ["none"]}.get(mixed, [])
     setup.put("mp", mp, f"mixed_precision {mixed}")
     setup.put("layer_cls", ["name"], "the layer class given by name (as accelerate config writes it)")
     layer = (env.get("FSDP_TRANSFORMER_CLS_TO_WRAP") or "").split(",")[0].strip()
@@ -186,7 +186,7 @@ def map_training(setup: Setup, ta: Reading) -> None:
     setup.put("accum", [2 if steps > 1 else 1], f"gradient_accumulation_steps {steps}")
     norm = float(eff.get("max_grad_norm") or 0)
     setup.put("clip", [1.0 if norm > 0 else "none"], f"max_grad_norm {norm:g}")
-    if "orig" in setup.values and (eff.get("bf16") or eff.get("fp16")):  # the Trainer's mixed precision, on FSDP1
+    if eff.get("bf16") or eff.get("fp16"):  # the Trainer's mixed precision (the mp axis through the Trainer)
         setup.put(
             "mp",
             ["bf16"] if eff.get("bf16") else [],

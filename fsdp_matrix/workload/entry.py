@@ -42,7 +42,7 @@ from fsdp_matrix.workload.meta_init import cpu_sync_module_states, ram_efficient
 from fsdp_matrix.workload.models import decoder_layer_class
 from fsdp_matrix.workload.params import UnknownAxisValue, axis, flag
 from fsdp_matrix.workload.training import synthetic_batch, train_and_check
-from fsdp_matrix.workload.wrapping import WRAPS
+from fsdp_matrix.workload.wrapping import MIXED_PRECISION, WRAPS
 
 ENTRIES = ("torch", "accelerate", "trainer", "trl")
 """The entry axis values of matrix.yaml; a cell without the axis is ``torch``."""
@@ -301,6 +301,13 @@ def accelerate_train_and_check(
     return prepare_and_train(model, params, ctx, trainable, reference=reference)
 
 
+def entry_mixed_precision(params: Mapping[str, Any]) -> str:
+    """The ``mp`` axis as accelerate's ``mixed_precision`` (and the Trainer's ``bf16``) spell it: ``no`` without
+    one. Through these entries it is the user's setting, which accelerate turns into its own policy (and, for
+    low-precision trainable parameters, an fp32 upcast: accelerate PR #2674)."""
+    return axis(params, "mp", tuple(MIXED_PRECISION), default=None) or "no"
+
+
 def prepare_and_train(
     model: nn.Module,
     params: Mapping[str, Any],
@@ -314,7 +321,7 @@ def prepare_and_train(
     ``inspect(prepared_model)`` adds to the checks what a repro looks at between ``prepare`` and training. Without
     ``reference`` the forward and sharding checks of corruption.py are not run (accelerate_train_and_check takes one).
     """
-    with accelerate_setup(model, params, ctx) as setup:
+    with accelerate_setup(model, params, ctx, mixed_precision=entry_mixed_precision(params)) as setup:
         checks = setup.checks()
         if inspect is not None:
             checks.update(inspect(setup.model))

@@ -21,6 +21,7 @@ from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import CorruptionChecks, Reference
 from fsdp_matrix.workload.cpu_shim import cpu_fsdp_shim
 from fsdp_matrix.workload.entry import (
+    entry_mixed_precision,
     fsdp_units,
     fsdp_version,
     isolated_accelerate_state,
@@ -131,6 +132,8 @@ def trainer_setup(
             fsdp_config={**trainer_fsdp_config(model, params), **(fsdp_config or {})},
         )
         kwargs.update(trainer_kwargs(knobs_of(params), ctx.device))
+        if entry_mixed_precision(params) != "no":
+            kwargs[entry_mixed_precision(params)] = True  # TrainingArguments(bf16=True), as users turn it on
         kwargs.update(overrides)
         args = TrainingArguments(**kwargs)
         trainer = Trainer(model=model, args=args, train_dataset=TokenRows(rows, ctx.seed))

@@ -14,7 +14,13 @@ from accelerate.state import AcceleratorState, PartialState
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.workload import entry
 from fsdp_matrix.workload.adapters import add_adapter
-from fsdp_matrix.workload.entry import entry_of, isolated_accelerate_state, make_plugin, require_wrapper
+from fsdp_matrix.workload.entry import (
+    entry_mixed_precision,
+    entry_of,
+    isolated_accelerate_state,
+    make_plugin,
+    require_wrapper,
+)
 from fsdp_matrix.workload.hf_trainer import trainer_fsdp_config
 from fsdp_matrix.workload.models import build_model
 from fsdp_matrix.workload.wrapping import wrap
@@ -177,3 +183,11 @@ def test_accelerate_setup_takes_a_plugin_of_ones_own(ctx, monkeypatch):
     monkeypatch.setattr(entry, "make_plugin", lambda *a, **k: pytest.fail("the cell's own plugin was built"))
     with accelerate_setup(_lora(ctx), {"wrap": "decoder_layer", "orig": 1}, ctx, plugin=own) as setup:
         assert setup.plugin is own
+
+
+def test_the_mp_axis_is_the_entrys_mixed_precision_setting():
+    """accelerate's ``mixed_precision`` and the Trainer's ``bf16`` come from the ``mp`` axis; ``no`` without it."""
+    assert entry_mixed_precision({"mp": "bf16"}) == "bf16"
+    assert entry_mixed_precision({}) == "no"
+    with pytest.raises(ValueError, match="fp8"):
+        entry_mixed_precision({"mp": "fp8"})
