@@ -1,4 +1,4 @@
-"""accelerate's fp32 upcast under FSDP2 with bf16 mixed precision: https://github.com/huggingface/accelerate/issues/3844 and https://github.com/huggingface/accelerate/issues/3979"""
+"""accelerate's FSDP2 fp32 upcast under bf16: https://github.com/huggingface/accelerate/issues/3979 (and #3844)"""
 
 from __future__ import annotations
 
