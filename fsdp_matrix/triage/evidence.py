@@ -50,8 +50,11 @@ ELSEWHERE: Tuple[Tuple[str, re.Pattern[str], str], ...] = (
     ),
 )
 """Stacks other than FSDP that raise the same messages: (name, pattern in the paste's text or frames, reason)."""
+# a word of its own (ASCII bounds): "summon_full_params" is FSDP1's API, not a run trained whole
 _FULL_FINETUNE = re.compile(
-    r"full[ _-]?fine[ _-]?tun|finetuning_type:\s*full|full[ _-]param|continue[ _-]?pre-?train|\bOSFT\b", re.IGNORECASE
+    r"(?<![A-Za-z0-9_])(?:full[ _-]?fine[ _-]?tun|finetuning_type:\s*full|full[ _-]param|continue[ _-]?pre-?train)"
+    r"|\bOSFT\b",
+    re.IGNORECASE,
 )
 _LAYER_CLS_CONFIG = re.compile(r"transformer_layer_cls_to_wrap|FSDP_TRANSFORMER_CLS_TO_WRAP", re.IGNORECASE)
 

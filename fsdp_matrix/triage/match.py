@@ -84,7 +84,7 @@ HANG_SIGNS = re.compile(
 
 LEVELS = (("strong", 7.0), ("likely", 5.0), ("weak", 3.0))
 """Evidence points a fit needs for each level; below the last, nothing is claimed."""
-POINTS = {"exact": 3.0, "case-insensitive": 2.0, "in the text": 2.0, "values": 2.0, "loose": 1.0}
+POINTS = {"exact": 3.0, "case-insensitive": 2.0, "in the text": 2.0, "values": 2.0, "part": 1.0, "loose": 1.0}
 """Points for how the rule's message was found in the paste."""
 GENERIC_WORDS = 4
 """A rule whose regex has this many words (besides "of", "to", "be"...) or fewer (``tuple index out of range``,
@@ -117,7 +117,7 @@ class Hit:
         if self.against:
             return None
         # a fit that is not the rule's own message (other words, other values) is never strong
-        points = min(self.points, LEVELS[1][1]) if self.fit in ("loose", "values") else self.points
+        points = min(self.points, LEVELS[1][1]) if self.fit in PARTIAL else self.points
         # a report's words, without a message that fits on its own, are weak evidence at most
         points = min(points, LEVELS[2][1]) if self.fit == "words" else points
         return next((name for name, least in LEVELS if points >= least), None)
@@ -203,6 +203,8 @@ def _primary_report(case: Optional[Case]) -> Optional[str]:
     return found.group(1) if found else None
 
 
+PARTIAL = ("loose", "values", "part")
+"""Fits that are not the rule's own message (other words, other values, a part of it): never strong."""
 LOOSE_WORDS = 6
 """A rule's regex needs this many words before a loose fit is tried: a short message must match exactly."""
 LOOSE_COVER = 0.85
@@ -279,6 +281,11 @@ def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optio
         return "values", found
     if normalise.fits(readings, paste.text):
         return "values", []
+    found = [e for e in paste.errors if normalise.part(readings, e.message, _cut(e, paste))]
+    if found:
+        return "part", found
+    if normalise.part(readings, paste.text):
+        return "part", []
     found = [e for e in paste.errors if _loose(raw, e.message)]
     if found:
         return "loose", found
@@ -286,6 +293,11 @@ def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optio
     if _loose(raw, _plain(paste.text)) and any(_loose(raw, line) for line in paste.lines if len(line) < 600):
         return "loose", []
     return None, []
+
+
+def _cut(error: PastedError, paste: Paste) -> bool:
+    """The exception line is where the paste stops (a stored excerpt, a truncated log): its message may be cut."""
+    return bool(paste.errors) and error is paste.errors[-1] and paste.text.rstrip().endswith(error.message[-40:])
 
 
 def _in_module(paste: Paste, module: str) -> bool:
@@ -337,7 +349,7 @@ def _unshown_stack(module: str, paste: Paste, ctx: Context, errors: List[PastedE
     """Why a paste that never shows the stack every case runs on (FSDP, a PEFT adapter), or whose traceback raised
     the message elsewhere, is not claimed; None when nothing contradicts the rule."""
     said = len(paste.text.split()) - sum(len(e.message.split()) for e in paste.errors)
-    if kind in ("loose", "values") and not ctx.peft and (said >= REPORT_WORDS or len(paste.frames) >= 3):
+    if kind in PARTIAL and not ctx.peft and (said >= REPORT_WORDS or len(paste.frames) >= 3):
         return "similar message with other words or values, and nothing in the paste shows a PEFT adapter"
     # a report (prose, versions, a command) without a single frame: what it says of its stack is all there is
     if not ctx.fsdp and not paste.frames and said >= REPORT_WORDS and not module.startswith("torch.distributed.fsdp"):
@@ -405,7 +417,7 @@ def _evidence(
     if ctx.fsdp:
         points += 1
         found.append("FSDP: " + ctx.fsdp[0])
-    elif module and module.startswith("torch.distributed.fsdp") and (kind != "loose" or errors):
+    elif module and module.startswith("torch.distributed.fsdp") and (kind not in ("loose", "part") or errors):
         points += 1
         found.append("FSDP: the message is FSDP's own")
     if ctx.peft:
@@ -445,6 +457,8 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
         notes.append("loose fit: the rule's words are in the message, its regex is not (another order or wording)")
     elif kind == "values":
         notes.append("the rule's message with other values (numbers, shapes, names, paths) or broken across lines")
+    elif kind == "part":
+        notes.append("part of the rule's message: quoted without its first or last words, or cut where the paste ends")
     against = _against(sig, case, paste, ctx, errors, kind)
     generic = _generic(err.match) or not getattr(err, "module", None)
     if not against and generic and not any(f.startswith("frame in") for f in found):

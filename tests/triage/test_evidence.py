@@ -79,3 +79,18 @@ def test_an_exact_message_whose_traceback_runs_in_another_sharding_library_is_no
     assert claims(match(matrix, parse(frames + message))) == []
     torch_frame = '  File "/x/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", line 9, in f\n'
     assert claims(match(matrix, parse(frames.replace(frames.splitlines()[1], torch_frame.rstrip()) + message)))
+
+
+@pytest.mark.parametrize(
+    "text,full",
+    [
+        ("We continue pretraining the whole model (full fine-tuning, no adapters)\n", True),
+        ("finetuning_type: full\n", True),
+        ("train with full_params and the optimizer over every weight\n", True),
+        # an API's name that holds the words is not the run's setting (FSDP1's summon_full_params)
+        ("the fix calls FullyShardedDataParallel.summon_full_params() around the weight access\n", False),
+        ("state_dict_type: FULL_STATE_DICT with fully_shard\n", False),
+    ],
+)
+def test_full_fine_tuning_is_read_from_words_not_from_an_api_name(text, full):
+    assert read_context(parse(text)).full_finetune is full

@@ -115,3 +115,17 @@ def test_a_hang_report_fits_the_hang_rule_by_its_frames():
     as_exception = HANG_REPORT.replace("Timeout (0:00:10)!\n", "").replace("(most recent call first)", "")
     weaker = match(MATRIX, parse(as_exception + "RuntimeError: something else\n"))
     assert all(h.points < first.hits[0].points for m in weaker for h in m.hits if h.fit == "stack")
+
+
+def test_a_message_cut_where_the_paste_ends_fits_in_part_never_strong():
+    frames = (
+        "FSDP1 training of LoRA on MoE experts (target_parameters):\n"
+        '  File "/x/site-packages/peft/tuners/lora/layer.py", line 2081, in get_delta_weight\n'
+        "    weight_A = weight_A.reshape(self.num_experts, -1, weight_A.shape[-1])\n"
+    )
+    cut = "RuntimeError: shape '[64, -1, 1024]' is invalid for inp"
+    found = claims(match(MATRIX, parse(frames + cut)))
+    assert found and found[0].case.id == "moe-target-parameters" and found[0].level == "likely"
+    assert found[0].hits[0].fit == "part"
+    # the same words followed by more of the log were not cut: no fit
+    assert not claims(match(MATRIX, parse(frames + cut + "\nrank1: exiting\n")))
