@@ -58,6 +58,11 @@ def _distinct(titles: Tuple[Tuple[str, str], ...]) -> Dict[str, FrozenSet[str]]:
     return {case: frozenset(t for t in terms(title) if counts[t] <= most) for case, title in titles}
 
 
+_PATH = re.compile(r"[^\s\"'`\[(]*[/\\][^\s\"'`]*?\.py\b\S*")
+"""A file's path (a frame's): its folders name the libraries the run imports (``site-packages/trl/...``), not what
+the report says."""
+
+
 def _holds(text: str, term: str) -> bool:
     word = re.escape(term.rstrip("()"))
     return bool(re.search(rf"(?<![A-Za-z0-9_]){word}(?![A-Za-z0-9_])", text, re.IGNORECASE))
@@ -66,6 +71,7 @@ def _holds(text: str, term: str) -> bool:
 def named(titles: Sequence[Tuple[str, str]], text: str, messages: FrozenSet[str] = frozenset()) -> Optional[Named]:
     """The one case the report's words name best, with ``LEAST`` evidence and ahead of every other; None otherwise.
     ``titles`` is (case id, title) for every case; ``messages`` the cases whose rule message is in the report."""
+    text = _PATH.sub(" ", text)
     found: List[Named] = []
     for case, words in _distinct(tuple(titles)).items():
         held = tuple(sorted(t for t in words if _holds(text, t)))

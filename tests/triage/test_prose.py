@@ -44,3 +44,10 @@ def test_words_alone_never_claim_above_weak():
     text = "FSDP1 with LoRA: use_orig_params=False and the PEFT model's modules_to_save lm_head, DoRA off, no error yet"
     first, level = _first(text)
     assert level in (None, "weak")
+
+
+def test_a_library_s_name_in_a_frame_s_path_is_not_a_word_of_the_report():
+    frames = '  File "/x/site-packages/trl/trainer/sft_trainer.py", line 440, in train\n'
+    text = "FSDP + QLoRA runs out of memory on 4 GPUs\n" + frames
+    assert named(TITLES, text) is None  # qlora alone: one word
+    assert named(TITLES, text + "with TRL's trainer\n") is not None  # the report says trl: two words
