@@ -151,3 +151,13 @@ def frame_hints_met(hints: List[str], paste: Paste) -> List[str]:
         elif any(f.module and (f.module == hint or f.module.startswith(hint + ".")) for f in paste.frames):
             met.append(f"frame in {hint}")
     return met
+
+
+def loading_before_wrap(frames: List[Frame], module: str) -> bool:
+    """The traceback runs inside transformers' ``from_pretrained`` with no frame of FSDP and none of the rule's
+    ``module``: the message was raised while the model loaded, before anything was wrapped (bitsandbytes building
+    ``Params4bit`` in ``from_pretrained`` raises torch's requires-grad error too)."""
+    loading = any(f.function == "from_pretrained" and (f.module or "").startswith("transformers.") for f in frames)
+    fsdp = any(f.module and f.module.startswith(FSDP_MODULES) for f in frames)
+    mine = any(f.module and (f.module == module or f.module.startswith(module + ".")) for f in frames)
+    return bool(module) and loading and not fsdp and not mine

@@ -21,7 +21,13 @@ from fsdp_matrix.expectations import expected_for, version_matches
 from fsdp_matrix.matrix import Case, Combo, Matrix
 from fsdp_matrix.records import Record
 from fsdp_matrix.triage import normalise, prose
-from fsdp_matrix.triage.evidence import Context, frame_hints_met, from_pretrained_init, read_context
+from fsdp_matrix.triage.evidence import (
+    Context,
+    frame_hints_met,
+    from_pretrained_init,
+    loading_before_wrap,
+    read_context,
+)
 from fsdp_matrix.triage.parse import Paste, PastedError
 
 TIE_WORDS = (
@@ -327,6 +333,8 @@ def _against(
     model_init = from_pretrained_init(paste)
     if model_init:
         return f"similar message, but it is raised in the model's own __init__ ({model_init}) under from_pretrained"
+    if loading_before_wrap([f for e in errors for f in e.frames] or paste.frames, module):
+        return f"similar message, but it is raised while from_pretrained loads the model (no frame of FSDP or {module})"
     if module.startswith("peft") and paste.modules and not ctx.peft:
         return f"similar message, but no frame or word of the paste shows PEFT, whose {module} raises it"
     raised = next((e.raised_in for e in errors if e.raised_in), None)

@@ -94,3 +94,24 @@ def test_an_exact_message_whose_traceback_runs_in_another_sharding_library_is_no
 )
 def test_full_fine_tuning_is_read_from_words_not_from_an_api_name(text, full):
     assert read_context(parse(text)).full_finetune is full
+
+
+def test_a_message_raised_while_from_pretrained_loads_the_model_is_not_an_fsdp_case_s():
+    """The rule's error with a traceback inside transformers' from_pretrained, no frame of FSDP or of the rule's
+    module: it is raised while loading, before anything is wrapped."""
+    from pathlib import Path
+
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.triage.match import claims, match
+
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
+    head = "fsdp + qlora on 8 GPUs: RuntimeError: only Tensors of floating point dtype can require gradients\n\n"
+    frames = (
+        '  File "/x/site-packages/transformers/modeling_utils.py", line 3, in from_pretrained\n'
+        "    model = cls._load_pretrained_model(\n"
+        '  File "/x/site-packages/bitsandbytes/nn/modules.py", line 9, in __new__\n'
+        "    self = torch.Tensor._make_subclass(cls, data, requires_grad)\n"
+    )
+    assert claims(match(matrix, parse(head + frames))) == []
+    wrapping = '  File "/x/site-packages/torch/distributed/fsdp/_fully_shard/_fully_shard.py", line 9, in fully_shard\n'
+    assert claims(match(matrix, parse(head + frames.replace("in from_pretrained", "in load") + wrapping)))
