@@ -29,6 +29,8 @@ from fsdp_matrix.triage.evidence import (
     read_context,
 )
 from fsdp_matrix.triage.parse import Paste, PastedError
+from fsdp_matrix.triage.stated import stated_versions
+from fsdp_matrix.triage.versions import cannot_raise
 
 TIE_WORDS = (
     ("DPOTrainer", re.compile(r"\bdpo\b", re.IGNORECASE)),
@@ -46,6 +48,9 @@ TIE_WORDS = (
 """(context word of ``evidence.CONTEXT_WORDS``, what in a case's title, report, rules or sources names the same entry
 or library path)."""
 
+OUTSIDE = 2.0
+"""Ranking points a rule loses when the versions the paste states cannot raise it: more than a case's own report
+(+1.5), so that of two cases with one message the one those versions can raise comes first."""
 SIMILAR = 0.75
 """How alike (difflib ratio, numbers masked) a record's message and a pasted one must be to call them the same."""
 WEIGHTS = {"peft": 3.0, "torch": 2.0, "transformers": 1.0, "accelerate": 1.0, "bitsandbytes": 0.5}
@@ -116,6 +121,9 @@ class Hit:
     """Why the paste is another failure with a similar message (DeepSpeed ZeRO-3, a config typo...): not claimed."""
     fit: str = "exact"
     """How the message was found: exact, case-insensitive, in the text, loose."""
+    outside: Optional[str] = None
+    """Why the versions the paste states cannot raise this rule (``versions.cannot_raise``): ranked lower, never
+    strong."""
 
     @property
     def level(self) -> Optional[str]:
@@ -123,7 +131,7 @@ class Hit:
         if self.against:
             return None
         # a fit that is not the rule's own message (other words, other values) is never strong
-        points = min(self.points, LEVELS[1][1]) if self.fit in PARTIAL else self.points
+        points = min(self.points, LEVELS[1][1]) if self.fit in PARTIAL or self.outside else self.points
         # a report's words, without a message that fits on its own, are weak evidence at most
         points = min(points, LEVELS[2][1]) if self.fit == "words" else points
         return next((name for name, least in LEVELS if points >= least), None)
@@ -530,11 +538,16 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
     by_case: Dict[str, CaseMatch] = {}
     cases = {c.id: c for c in matrix.cases}
     ctx = read_context(paste)
+    stated = stated_versions(paste.text)
     for sig in signatures(matrix):
         case = cases.get(sig.case) if sig.case else None
         hit = fit(sig, paste, case, ctx)
         if hit is None or case is None:
             continue
+        hit.outside = cannot_raise(matrix, sig.rule, stated) if stated else None
+        if hit.outside:
+            hit.score -= OUTSIDE
+            hit.notes.append(f"the versions the paste states cannot raise it: {hit.outside}")
         by_case.setdefault(case.id, CaseMatch(case)).hits.append(hit)
     for record in records:
         if record.case in cases and record_fits(record, paste):
