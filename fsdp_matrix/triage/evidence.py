@@ -30,6 +30,8 @@ _PEFT_WORDS = re.compile(
     r"prefix[ _-]tuning|prompt[ _-]tuning|use_peft|peft(?!\s*(?:version|==|:\s*\d|\s+\d|\s*=\s*\d)))(?![A-Za-z0-9_])",
     re.IGNORECASE,
 )
+# a 4-bit bitsandbytes base cannot be trained itself (its weights are not floating point): what trains is an adapter
+_FOUR_BIT = re.compile(r"Params4bit|Linear4bit|load_in_4bit|bnb_4bit\w*|\bnf4\b|\b4-?bit quantized", re.IGNORECASE)
 _FUNCTION_HINTS = re.compile(r"^[A-Za-z_]\w*$")
 
 ELSEWHERE: Tuple[Tuple[str, re.Pattern[str], str], ...] = (
@@ -118,6 +120,8 @@ def _read_context(text: str, frames: Tuple[Frame, ...], errors: Tuple[PastedErro
     ctx.peft = [f"frame in {m}" for m in peft_frames[:2]]
     if _PEFT_WORDS.search(paste.text):
         ctx.peft.append(f"the paste says {_PEFT_WORDS.search(paste.text).group(0)!r}")
+    elif _FOUR_BIT.search(paste.text):
+        ctx.peft.append(f"a 4-bit base ({_FOUR_BIT.search(paste.text).group(0)!r}) trains only through adapters")
     paths = " ".join(f.path for f in paste.frames)
     for name, pattern, reason in ELSEWHERE:
         if pattern.search(paste.text) or pattern.search(paths):

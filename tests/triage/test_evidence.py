@@ -115,3 +115,15 @@ def test_a_message_raised_while_from_pretrained_loads_the_model_is_not_an_fsdp_c
     assert claims(match(matrix, parse(head + frames))) == []
     wrapping = '  File "/x/site-packages/torch/distributed/fsdp/_fully_shard/_fully_shard.py", line 9, in fully_shard\n'
     assert claims(match(matrix, parse(head + frames.replace("in from_pretrained", "in load") + wrapping)))
+
+
+@pytest.mark.parametrize(
+    "text,peft",
+    [
+        ("FSDP full state dict of a model whose Linear4bit layers hold Params4bit weights\n", True),
+        ("model loaded with load_in_4bit=True, bnb_4bit_quant_type='nf4', under FSDP\n", True),
+        ("bitsandbytes 0.45.0 installed; FSDP full fine-tuning in bf16\n", False),
+    ],
+)
+def test_a_4bit_base_is_trained_through_adapters(text, peft):
+    assert bool(read_context(parse(text)).peft) is peft
