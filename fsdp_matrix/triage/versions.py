@@ -138,6 +138,11 @@ class Workaround:
     cells: List[str]
     """Cell ids expected to train with that change."""
 
+    @property
+    def key(self) -> str:
+        """The setting's name (``storage``)."""
+        return self.change.split("=", 1)[0]
+
 
 def _change(rule_when: Mapping[str, Any], cell: Cell) -> Optional[str]:
     """The one ``when`` key the cell has otherwise (``key=value``), or None when it differs in none or several."""
@@ -159,6 +164,11 @@ def _missing_options(matrix: Matrix, versions: Mapping[str, Optional[str]]) -> L
             for one in when if isinstance(when, list) else [when]:
                 out += list(one.keys())
     return out
+
+
+def lacking_options(matrix: Matrix, versions: Mapping[str, Optional[str]]) -> set:
+    """The settings the user's release lacks (a platform skip's ``when`` keys), hardware keys aside."""
+    return set(_missing_options(matrix, versions)) - set(HARDWARE_KEYS)
 
 
 def workarounds(

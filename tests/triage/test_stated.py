@@ -45,3 +45,21 @@ def test_a_covered_paste_that_states_versions_is_answered_on_them_with_what_trai
     claim = answer["claims"][0]
     assert claim["case"] == "lora-requires-grad"
     assert claim["what_works"] and any(w.startswith(("set ", "upgrade ")) for w in claim["what_works"])
+
+
+def test_older_than_observed_what_works_comes_from_the_nearest_combo_that_has_a_setting(capsys, monkeypatch):
+    """A torch older than every combo: the nearest combo (peft 0.10) lacks autocast_adapter_dtype, so its setting is
+    read on the nearest combo that has one; a release the paste states that lacks the option gets none."""
+    text = (
+        "FSDP + LoRA in bf16 with PEFT's fp32 adapters, torch 2.2.2\n"
+        "ValueError: Must flatten tensors with uniform dtype but got torch.bfloat16 and torch.float32\n"
+    )
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    assert triage_cli.main(["-", "--json"]) == 0
+    claim = json.loads(capsys.readouterr().out)["claims"][0]
+    assert claim["case"] == "mixed-dtype"
+    assert any(w.startswith("set autocast=0 (trains on the nearest combo with") for w in claim["what_works"])
+    monkeypatch.setattr("sys.stdin", io.StringIO(text + "peft 0.10.0\n"))
+    assert triage_cli.main(["-", "--json"]) == 0
+    claim = json.loads(capsys.readouterr().out)["claims"][0]
+    assert not any("autocast" in w for w in claim["what_works"])  # peft 0.10 has no autocast_adapter_dtype
