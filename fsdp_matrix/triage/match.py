@@ -219,6 +219,9 @@ def _primary_report(case: Optional[Case]) -> Optional[str]:
 
 PARTIAL = ("loose", "values", "part")
 """Fits that are not the rule's own message (other words, other values, a part of it): never strong."""
+GENERIC_AGAINST = "a message many libraries raise"
+"""How a fit of a generic message without a frame is turned down: the one reason a report's words may still name
+its case (every other reason, frames elsewhere, another stack, is evidence against the words too)."""
 LOOSE_WORDS = 6
 """A rule's regex needs this many words before a loose fit is tried: a short message must match exactly."""
 LOOSE_COVER = 0.85
@@ -479,7 +482,7 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
     generic = _generic(err.match) or not getattr(err, "module", None)
     if not against and generic and not any(f.startswith("frame in") for f in found):
         where = getattr(err, "module", None) or "the rule's code path (it names no module)"
-        against = f"a message many libraries raise: claimed only with a frame in {where}"
+        against = f"{GENERIC_AGAINST}: claimed only with a frame in {where}"
     score = points + _tie_bonus(case, ctx)
     source = getattr(sig.rule, "source", "") or ""
     if _cites_own_report(case, source):
@@ -568,11 +571,15 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     if any(m.level for m in by_case.values()) or not (ctx.fsdp and ctx.peft) or ctx.elsewhere or ctx.full_finetune:
         return
     messages = frozenset(case for case, m in by_case.items() if m.hits)
-    found = prose.named([(c.id, c.title) for c in matrix.cases], paste.text, messages)
+    # the words are the report's: an exception message's own words (its dtypes) are counted once, as its fit
+    words = functools.reduce(lambda text, e: text.replace(e.message, " "), paste.errors, paste.text)
+    found = prose.named([(c.id, _words_of(c)) for c in matrix.cases], words, messages)
     if found is None or (paste.errors and not found.message):
         return  # an exception line that fits none of the case's rules is another error
     case = next(c for c in matrix.cases if c.id == found.case)
     seen = by_case.get(case.id)
+    if seen and any(h.against and not h.against.startswith(GENERIC_AGAINST) for h in seen.hits):
+        return  # the paste contradicts the case's message (frames elsewhere, loading): its words do not name it
     rule_sig = seen.hits[0].signature if seen and seen.hits else _first_error(case)
     if rule_sig is None:
         return
@@ -583,6 +590,13 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     hit = Hit(rule_sig, LEVELS[2][1], notes, LEVELS[2][1], evidence, None, "words")
     by_case.setdefault(case.id, CaseMatch(case)).hits.insert(0, hit)
     by_case[case.id].against = None
+
+
+def _words_of(case: Case) -> str:
+    """What a report may name a case by: its title, and the classes of the errors its rules expect (a report says
+    "an assertion error" where a traceback says ``AssertionError: ...``)."""
+    classes = sorted({str(r.error.type).rsplit(".", 1)[-1] for r in case.expect if r.error is not None})
+    return " ".join([case.title] + classes)
 
 
 def _first_error(case: Case) -> Optional[Signature]:

@@ -48,7 +48,8 @@ which any AttributeError has, and is not compared once its values are gone."""
 _PLACEHOLDERS = re.compile(r"addr|path|shape|name|num")
 
 
-def _dtypes(text: str) -> str:
+def dtypes(text: str) -> str:
+    """``text`` with each dtype in one spelling (``bf16``, ``BFloat16``, ``torch.bfloat16`` -> ``bfloat16``)."""
     for pattern, name in _DTYPES:
         text = pattern.sub(name, text)
     return text
@@ -59,7 +60,7 @@ def reduce(text: str) -> str:
     """``text`` with its values as placeholders, one spelling per dtype, no whitespace, lower-cased; the gap marker of
     a rule's literal kept."""
     # backticks go, as ``match._plain`` drops them: some releases quote a name with them, others do not
-    text = _dtypes(text.replace("`", ""))
+    text = dtypes(text.replace("`", ""))
     for pattern, placeholder in _VALUES:
         text = pattern.sub(placeholder, text)
     return re.sub(r"\s+", "", text).lower()

@@ -14,8 +14,15 @@ import re
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-_TERM = re.compile(r"[A-Za-z_][\w.]*\(\)|\b\w+_\w+\b|\b[A-Za-z]*[a-z][A-Z]\w*|\b[A-Z][A-Z0-9]{1,}\w*")
-"""Code-like words of a title: a call (``generate()``), a snake_case setting, a CamelCase name, an acronym."""
+from fsdp_matrix.triage import normalise
+
+_TERM = re.compile(
+    r"[A-Za-z_][\w.]*\(\)|\b\w+_\w+\b|\b[A-Za-z]*[a-z][A-Z]\w*|\b[A-Z][A-Z0-9]{1,}\w*|\b(?:bfloat16|float16|float32)\b"
+)
+"""Code-like words of a title: a call (``generate()``), a snake_case setting, a CamelCase name, an acronym, a dtype
+(in one spelling: ``normalise.dtypes``)."""
+_CLASS_SUFFIX = re.compile(r"(error|exception|warning)$")
+"""A class name's last word, which a report may write apart (``AssertionError`` as "assertion error")."""
 STOP = frozenset(
     {"fsdp", "fsdp1", "fsdp2", "lora", "peft", "cpu", "cuda", "valueerror", "userwarning", "nan", "lora_a"}
 )
@@ -45,7 +52,7 @@ class Named:
 
 def terms(title: str) -> FrozenSet[str]:
     """The code-like words of a case's title, lower-cased."""
-    return frozenset(t.strip(".").lower() for t in _TERM.findall(title)) - STOP
+    return frozenset(t.strip(".").lower() for t in _TERM.findall(normalise.dtypes(title))) - STOP
 
 
 @functools.lru_cache(maxsize=8)
@@ -64,14 +71,14 @@ the report says."""
 
 
 def _holds(text: str, term: str) -> bool:
-    word = re.escape(term.rstrip("()"))
+    word = _CLASS_SUFFIX.sub(r"[\\s_-]?\1", re.escape(term.rstrip("()")))
     return bool(re.search(rf"(?<![A-Za-z0-9_]){word}(?![A-Za-z0-9_])", text, re.IGNORECASE))
 
 
 def named(titles: Sequence[Tuple[str, str]], text: str, messages: FrozenSet[str] = frozenset()) -> Optional[Named]:
     """The one case the report's words name best, with ``LEAST`` evidence and ahead of every other; None otherwise.
     ``titles`` is (case id, title) for every case; ``messages`` the cases whose rule message is in the report."""
-    text = _PATH.sub(" ", text)
+    text = normalise.dtypes(_PATH.sub(" ", text))
     found: List[Named] = []
     for case, words in _distinct(tuple(titles)).items():
         held = tuple(sorted(t for t in words if _holds(text, t)))
