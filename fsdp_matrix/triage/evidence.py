@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_matrix.triage.parse import Frame, Paste, PastedError
 
@@ -165,3 +165,18 @@ def loading_before_wrap(frames: List[Frame], module: str) -> bool:
     fsdp = any(f.module and f.module.startswith(FSDP_MODULES) for f in frames)
     mine = any(f.module and (f.module == module or f.module.startswith(module + ".")) for f in frames)
     return bool(module) and loading and not fsdp and not mine
+
+
+ADAPTER_KINDS: Tuple[Tuple[re.Pattern[str], FrozenSet[str]], ...] = (
+    (re.compile(r"(?<![A-Za-z0-9])(?:q?dora|use_dora)(?![A-Za-z0-9])", re.IGNORECASE), frozenset({"dora", "qdora"})),
+    (re.compile(r"prompt[ _-]tuning|PromptTuningConfig", re.IGNORECASE), frozenset({"prompt"})),
+    (re.compile(r"\btarget_parameters\b"), frozenset({"lora_params"})),
+)
+"""Words that name an adapter other than plain LoRA, and the ``adapter`` axis values that run it (matrix.yaml's
+axes: dora is LoRA with use_dora, lora_params LoRA on parameters)."""
+
+
+def adapters_named(text: str) -> Set[str]:
+    """The ``adapter`` values of the kinds the paste names (DoRA, prompt tuning, LoRA on parameters); empty when it
+    names only LoRA or nothing."""
+    return {kind for pattern, kinds in ADAPTER_KINDS if pattern.search(text) for kind in kinds}

@@ -11,7 +11,7 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -23,6 +23,7 @@ from fsdp_matrix.records import Record
 from fsdp_matrix.triage import normalise, prose
 from fsdp_matrix.triage.evidence import (
     Context,
+    adapters_named,
     frame_hints_met,
     from_pretrained_init,
     loading_before_wrap,
@@ -573,7 +574,10 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     messages = frozenset(case for case, m in by_case.items() if m.hits)
     # the words are the report's: an exception message's own words (its dtypes) are counted once, as its fit
     words = functools.reduce(lambda text, e: text.replace(e.message, " "), paste.errors, paste.text)
-    found = prose.named([(c.id, _words_of(c)) for c in matrix.cases], words, messages)
+    # a case whose cells never run the adapter the report names (DoRA, prompt tuning) is not named by its words
+    named_kinds = adapters_named(words)
+    cases = [c for c in matrix.cases if not named_kinds or named_kinds & _adapters_of(c)]
+    found = prose.named([(c.id, _words_of(c)) for c in cases], words, messages)
     if found is None or (paste.errors and not found.message):
         return  # an exception line that fits none of the case's rules is another error
     case = next(c for c in matrix.cases if c.id == found.case)
@@ -590,6 +594,11 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     hit = Hit(rule_sig, LEVELS[2][1], notes, LEVELS[2][1], evidence, None, "words")
     by_case.setdefault(case.id, CaseMatch(case)).hits.insert(0, hit)
     by_case[case.id].against = None
+
+
+def _adapters_of(case: Case) -> Set[str]:
+    """The ``adapter`` values of the case's cells (``lora`` for a case without the axis)."""
+    return {str(cell.context().get("adapter", "lora")) for cell in expand_case(case)}
 
 
 def _words_of(case: Case) -> str:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fsdp_matrix.triage.evidence import from_pretrained_init, read_context
+from fsdp_matrix.triage.evidence import adapters_named, from_pretrained_init, read_context
 from fsdp_matrix.triage.parse import parse
 
 
@@ -127,3 +127,18 @@ def test_a_message_raised_while_from_pretrained_loads_the_model_is_not_an_fsdp_c
 )
 def test_a_4bit_base_is_trained_through_adapters(text, peft):
     assert bool(read_context(parse(text)).peft) is peft
+
+
+@pytest.mark.parametrize(
+    "text,kinds",
+    [
+        ("SFTTrainer with use_dora=True under FSDP\n", {"dora", "qdora"}),
+        ("QDoRA on a 4-bit base\n", {"dora", "qdora"}),
+        ("prompt tuning under FSDP1\n", {"prompt"}),
+        ("LoRA on the experts with target_parameters\n", {"lora_params"}),
+        ("LoRA under FSDP, the adapter's dropout\n", set()),
+        ("DoRAemon_config = 1\n", set()),
+    ],
+)
+def test_the_adapter_kinds_a_paste_names(text, kinds):
+    assert adapters_named(parse(text).text) == kinds

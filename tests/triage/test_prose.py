@@ -70,3 +70,9 @@ def test_a_report_names_a_case_by_its_dtypes_and_its_error_s_class():
     text = "PEFT LoRA under FSDP: the bfloat16 base and the float32 adapters end in an assertion error when wrapping\n"
     assert _first(text) == ("fsdp2-mixed-dtype-unit", "weak")
     assert _first(text.replace("an assertion error", "a failure")) == (None, None)  # two cases name both dtypes
+
+
+def test_words_never_name_a_case_whose_cells_never_run_the_adapter_the_report_names():
+    text = "FSDP with TRL's SFTTrainer and DoRA: training fails after the first steps\n"
+    assert _first(text) == (None, None)  # SFTTrainer and TRL name fsdp1-mp-optimizer-dtype, which runs no DoRA
+    assert _first(text.replace("DoRA", "LoRA")) == ("fsdp1-mp-optimizer-dtype", "weak")
