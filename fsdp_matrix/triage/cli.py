@@ -22,6 +22,7 @@ from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.installed import installed_versions
 from fsdp_matrix.matrix import PACKAGES, Matrix, load_matrix, same_value
 from fsdp_matrix.records import Record, Skipped, iter_records, latest
+from fsdp_matrix.rules import RULE_PACKAGES
 from fsdp_matrix.triage.answer import Answer, Claim, PlatformFit, RuleFit, Similar, Workaround
 from fsdp_matrix.triage.match import (
     CaseMatch,
@@ -454,9 +455,10 @@ def _users_versions(given: Optional[Dict[str, str]], text: str) -> Tuple[Dict[st
     ones installed here."""
     if given is not None:
         return given, "given with --versions"
-    stated = stated_versions(text, PACKAGES)
+    # TRL too: rules bound it (trl <0.29), and "upgrade trl" is only said to someone on an older one
+    stated = stated_versions(text, RULE_PACKAGES)
     if stated:
-        return {package: stated.get(package) for package in PACKAGES}, "stated in the paste"
+        return {package: stated.get(package) for package in RULE_PACKAGES}, "stated in the paste"
     return installed_versions(PACKAGES), "installed here"
 
 

@@ -63,3 +63,19 @@ def test_older_than_observed_what_works_comes_from_the_nearest_combo_that_has_a_
     assert triage_cli.main(["-", "--json"]) == 0
     claim = json.loads(capsys.readouterr().out)["claims"][0]
     assert not any("autocast" in w for w in claim["what_works"])  # peft 0.10 has no autocast_adapter_dtype
+
+
+def test_a_stated_trl_is_answered_on_never_told_to_upgrade_to_an_older_release(capsys, monkeypatch):
+    text = (
+        "QLoRA with FSDP through TRL's DPOTrainer (prepare_model_for_kbit_training), peft 0.13.2\n"
+        "ValueError: Must flatten tensors with uniform dtype but got torch.bfloat16 and torch.float32\n"
+    )
+    monkeypatch.setattr("sys.stdin", io.StringIO(text + "trl==0.8.6\n"))
+    assert triage_cli.main(["-", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["versions"]["trl"] == "0.8.6"
+    assert "upgrade trl to 0.29 or later (you have 0.8.6)" in answer["claims"][0]["what_works"]
+    monkeypatch.setattr("sys.stdin", io.StringIO(text + "trl==0.30.0\n"))
+    assert triage_cli.main(["-", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert not any("upgrade trl" in w for c in answer["claims"] for w in c["what_works"])
