@@ -38,7 +38,14 @@ from fsdp_matrix.triage.match import (
 )
 from fsdp_matrix.triage.parse import MAX_BYTES, MAX_ERRORS, Paste, decode, parse
 from fsdp_matrix.triage.stated import stated_versions
-from fsdp_matrix.triage.versions import fixed_in, lacking_options, observed_range, older_than_observed, workarounds
+from fsdp_matrix.triage.versions import (
+    fails_on,
+    fixed_in,
+    lacking_options,
+    observed_range,
+    older_than_observed,
+    workarounds,
+)
 from fsdp_matrix.triage.works import what_works
 from fsdp_matrix.usage import OneLineParser
 from fsdp_matrix.verdicts import Verdict
@@ -250,7 +257,11 @@ def _nearest_works(matrix: Matrix, found: CaseMatch, near, versions) -> List[str
     lacking = lacking_options(matrix, versions)
     tagged = [c for c in matrix.combos if "cpu" in c.tags] or list(matrix.combos)
     for combo in [near] + sorted((c for c in tagged if c is not near), key=lambda c: distance(versions, c)):
-        mine = [w for w in workarounds(matrix, found.case, index, combo.pins.model_dump()) if w.key not in lacking]
+        mine = [
+            w
+            for w in workarounds(matrix, found.case, index, combo.pins.model_dump())
+            if w.key not in lacking and not fails_on(found.case, w.cells, versions)
+        ]
         if mine:
             return [
                 f"set {w.change} (trains on the nearest combo with a setting that does, {combo.id}; not known on yours)"

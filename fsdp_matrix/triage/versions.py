@@ -225,3 +225,11 @@ def cannot_raise(matrix: Matrix, rule: Any, versions: Mapping[str, Optional[str]
             stated = ", ".join(f"{p} {versions[p]}" for p in specs)
             return f"its cells need a setting {stated} lacks ({skip.id})"
     return None
+
+
+def fails_on(case: Case, cell_ids: List[str], versions: Mapping[str, Optional[str]], device: str = "cpu") -> bool:
+    """Whether a rule of the case expects one of these cells to fail (an error, a hang, a check) on these versions:
+    a setting that trains on another combo but is known to fail on the user's own is not what works there."""
+    wanted = set(cell_ids)
+    cells = [c for c in expand_case(case, device) if c.id in wanted]
+    return any(expected_for(case, cell, versions).kind not in ("ok", "skip", "none") for cell in cells)

@@ -79,3 +79,19 @@ def test_a_stated_trl_is_answered_on_never_told_to_upgrade_to_an_older_release(c
     assert triage_cli.main(["-", "--json"]) == 0
     answer = json.loads(capsys.readouterr().out)
     assert not any("upgrade trl" in w for c in answer["claims"] for w in c["what_works"])
+
+
+def test_a_setting_that_fails_on_the_stated_versions_is_not_what_works(capsys, monkeypatch):
+    """DoRA through the Trainer, use_orig_params=True, on peft 0.11: orig=0 trains from peft 0.12 on, but fails with
+    the requires_grad error on 0.11 (a rule says so): it is not offered as the nearest combo's."""
+    text = (
+        "DoRA with the Trainer under FSDP1, peft 0.11.1\n"
+        '  File "/x/site-packages/peft/tuners/lora/dora.py", line 3, in get_weight_norm\n'
+        "    x = weight.shape[1]\n"
+        "IndexError: tuple index out of range\n"
+    )
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    assert triage_cli.main(["-", "--json"]) == 0
+    claim = json.loads(capsys.readouterr().out)["claims"][0]
+    assert claim["case"] == "dora-sharded-weight"
+    assert not any(w.startswith("set orig=0") for w in claim["what_works"])
