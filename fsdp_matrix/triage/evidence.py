@@ -180,3 +180,12 @@ def adapters_named(text: str) -> Set[str]:
     """The ``adapter`` values of the kinds the paste names (DoRA, prompt tuning, LoRA on parameters); empty when it
     names only LoRA or nothing."""
     return {kind for pattern, kinds in ADAPTER_KINDS if pattern.search(text) for kind in kinds}
+
+
+_LORA = re.compile(r"(?<![A-Za-z0-9])(?:q?lora|loraconfig)(?![A-Za-z0-9])", re.IGNORECASE)
+
+
+def adapter_kinds(text: str) -> Set[str]:
+    """The ``adapter`` values the paste's adapter can be: the kinds it names (``adapters_named``), else LoRA's
+    (``lora``, ``qlora``) when it names only LoRA; empty when it names none."""
+    return adapters_named(text) or ({"lora", "qlora"} if _LORA.search(text) else set())

@@ -11,7 +11,7 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -23,6 +23,7 @@ from fsdp_matrix.records import Record
 from fsdp_matrix.triage import normalise, prose
 from fsdp_matrix.triage.evidence import (
     Context,
+    adapter_kinds,
     adapters_named,
     frame_hints_met,
     from_pretrained_init,
@@ -125,6 +126,14 @@ class Hit:
     outside: Optional[str] = None
     """Why the versions the paste states cannot raise this rule (``versions.cannot_raise``): ranked lower, never
     strong."""
+    context: float = 0.0
+    """The ranking points of the context words the paste and the case both name (an entry, a library path)."""
+
+    @property
+    def shown(self) -> float:
+        """What the paste itself shows for this rule: its evidence points and the context words it shares with the
+        case (not the case's own report, which ranks but is no evidence of this paste)."""
+        return self.points + self.context
 
     @property
     def level(self) -> Optional[str]:
@@ -150,6 +159,8 @@ class CaseMatch:
     """Records of this case whose observed error is the pasted one."""
     against: Optional[str] = None
     """Set when the paste points elsewhere for every rule: the case is shown as a similar message, not claimed."""
+    tied: Optional[str] = None
+    """Another case the paste shows exactly as much for: nothing tells them apart, so neither is strong."""
 
     @property
     def score(self) -> float:
@@ -165,8 +176,14 @@ class CaseMatch:
             return None
         levels = [h.level for h in self.hits if h.level]
         if levels:
-            return min(levels, key=[name for name, _ in LEVELS].index)
+            best = min(levels, key=[name for name, _ in LEVELS].index)
+            return LEVELS[1][0] if self.tied and best == LEVELS[0][0] else best
         return "likely" if self.records and not self.hits else None
+
+    @property
+    def shown(self) -> float:
+        """What the paste shows for the case's best claimable rule (``Hit.shown``)."""
+        return max((h.shown for h in self.hits if h.level), default=0.0)
 
 
 @functools.lru_cache(maxsize=64)
@@ -484,14 +501,15 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
     if not against and generic and not any(f.startswith("frame in") for f in found):
         where = getattr(err, "module", None) or "the rule's code path (it names no module)"
         against = f"{GENERIC_AGAINST}: claimed only with a frame in {where}"
-    score = points + _tie_bonus(case, ctx)
+    tie = _tie_bonus(case, ctx)
+    score = points + tie
     source = getattr(sig.rule, "source", "") or ""
     if _cites_own_report(case, source):
         score += 1
         # among the case's own rules, the one of the report it was written from (peft#2166 before PR #2167)
         primary = _primary_report(case)
         score += 0.5 if primary and re.match(rf"\s*[\w./-]*?(?:PR\s*)?#{primary}\b", source) else 0
-    return Hit(sig, score, notes, points, found, against, kind)
+    return Hit(sig, score, notes, points, found, against, kind, context=tie)
 
 
 def _hang_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Context) -> Optional[Hit]:
@@ -543,11 +561,16 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
     cases = {c.id: c for c in matrix.cases}
     ctx = read_context(paste)
     stated = stated_versions(paste.text)
+    kinds = adapter_kinds(paste.text)
     for sig in signatures(matrix):
         case = cases.get(sig.case) if sig.case else None
         hit = fit(sig, paste, case, ctx)
         if hit is None or case is None:
             continue
+        if kinds and not kinds & _adapters_of(case):
+            # a setting the paste states that none of the case's cells has: DoRA's case for a LoRA paste
+            hit.points, hit.score = hit.points - 1, hit.score - 1
+            hit.notes.append(f"the paste's adapter is {'/'.join(sorted(kinds))}, no cell of this case runs one")
         hit.outside = cannot_raise(matrix, sig.rule, stated) if stated else None
         if hit.outside:
             hit.score -= OUTSIDE
@@ -563,7 +586,20 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
         elif not found.hits and ctx.elsewhere:
             found.against = f"similar message, but this looks like {ctx.elsewhere[0][1]}"
     _by_words(matrix, paste, ctx, by_case)
-    return sorted(by_case.values(), key=lambda m: -m.score)
+    found = sorted(by_case.values(), key=lambda m: -m.score)
+    _ties(found)
+    return found
+
+
+def _ties(found: List[CaseMatch]) -> None:
+    """The first claimed case is not strong when the paste shows exactly as much for the next one (the same message,
+    no entry, setting or frame that tells them apart): naming both lower is better than the wrong one strongly; what
+    ranks it first (the case's own report) is no evidence of this paste."""
+    claimed = [m for m in found if m.level]
+    if len(claimed) >= 2 and claimed[0].shown == claimed[1].shown:
+        claimed[0].tied = claimed[1].case.id
+        for hit in claimed[0].hits[:1]:
+            hit.notes.append(f"{claimed[1].case.id} fits with the same evidence: nothing in the paste tells them apart")
 
 
 def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, CaseMatch]) -> None:
@@ -596,9 +632,18 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     by_case[case.id].against = None
 
 
-def _adapters_of(case: Case) -> Set[str]:
-    """The ``adapter`` values of the case's cells (``lora`` for a case without the axis)."""
-    return {str(cell.context().get("adapter", "lora")) for cell in expand_case(case)}
+_ADAPTERS: Dict[int, Tuple[Case, FrozenSet[str]]] = {}
+
+
+def _adapters_of(case: Case) -> FrozenSet[str]:
+    """The ``adapter`` values of the case's cells (``lora`` for a case without the axis), read once per case."""
+    known = _ADAPTERS.get(id(case))
+    if known is None or known[0] is not case:
+        known = _ADAPTERS[id(case)] = (
+            case,
+            frozenset(str(c.context().get("adapter", "lora")) for c in expand_case(case)),
+        )
+    return known[1]
 
 
 def _words_of(case: Case) -> str:

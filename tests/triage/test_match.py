@@ -133,3 +133,27 @@ def test_a_message_cut_where_the_paste_ends_fits_in_part_never_strong():
     assert found[0].hits[0].fit == "part"
     # the same words followed by more of the log were not cut: no fit
     assert not claims(match(MATRIX, parse(frames + cut + "\nrank1: exiting\n")))
+
+
+FLATTEN = (
+    "PEFT model under FSDP1 with use_orig_params=False:\n"
+    '  File "/x/site-packages/torch/distributed/fsdp/_flat_param.py", line 3, in _validate_tensors_to_flatten\n'
+    "    raise ValueError(\n"
+    "ValueError: Must flatten tensors with uniform requires_grad when use_orig_params=False\n"
+)
+
+
+def test_two_cases_the_paste_shows_as_much_for_are_both_named_neither_strong():
+    found = claims(match(MATRIX, parse(FLATTEN)))
+    assert len(found) >= 2 and found[0].level == "likely" and found[0].tied == found[1].case.id
+    assert any("same evidence" in note for note in found[0].hits[0].notes)
+
+
+def test_a_case_whose_cells_never_run_the_paste_s_adapter_ranks_lower():
+    lora = {m.case.id: m for m in claims(match(MATRIX, parse(FLATTEN.replace("PEFT model", "LoRA model"))))}
+    dora = {m.case.id: m for m in claims(match(MATRIX, parse(FLATTEN.replace("PEFT model", "DoRA model"))))}
+    # dora-sharded-weight runs DoRA only: a LoRA paste shows one point less for it, a DoRA paste does not
+    assert lora["dora-sharded-weight"].hits[0].points == dora["dora-sharded-weight"].hits[0].points - 1
+    assert "lora-requires-grad" not in dora or dora["lora-requires-grad"].hits[0].points < (
+        dora["dora-sharded-weight"].hits[0].points
+    )
