@@ -50,6 +50,9 @@ TIE_WORDS = (
 """(context word of ``evidence.CONTEXT_WORDS``, what in a case's title, report, rules or sources names the same entry
 or library path)."""
 
+TITLE_WORD = 1.0
+"""Ranking points per word of a case's title (those that tell cases apart) the paste names outside its messages, two
+at most, as the context words: one word is below a case's own report (+1.5), two are above it."""
 OUTSIDE = 2.0
 """Ranking points a rule loses when the versions the paste states cannot raise it: more than a case's own report
 (+1.5), so that of two cases with one message the one those versions can raise comes first."""
@@ -562,11 +565,17 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
     ctx = read_context(paste)
     stated = stated_versions(paste.text)
     kinds = adapter_kinds(paste.text)
+    titled = prose.held([(c.id, c.title) for c in matrix.cases], _report_words(paste), dtypes=False)
     for sig in signatures(matrix):
         case = cases.get(sig.case) if sig.case else None
         hit = fit(sig, paste, case, ctx)
         if hit is None or case is None:
             continue
+        if titled.get(case.id):
+            # a setting or entry of the case's title the paste names (modules_to_save, merge_and_unload) ranks it
+            bonus = TITLE_WORD * min(len(titled[case.id]), 2)
+            hit.context, hit.score = hit.context + bonus, hit.score + bonus
+            hit.evidence.append(f"words of the case's title: {', '.join(titled[case.id])}")
         if kinds and not kinds & _adapters_of(case):
             # a setting the paste states that none of the case's cells has: DoRA's case for a LoRA paste
             hit.points, hit.score = hit.points - 1, hit.score - 1
@@ -608,8 +617,7 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     if any(m.level for m in by_case.values()) or not (ctx.fsdp and ctx.peft) or ctx.elsewhere or ctx.full_finetune:
         return
     messages = frozenset(case for case, m in by_case.items() if m.hits)
-    # the words are the report's: an exception message's own words (its dtypes) are counted once, as its fit
-    words = functools.reduce(lambda text, e: text.replace(e.message, " "), paste.errors, paste.text)
+    words = _report_words(paste)
     # a case whose cells never run the adapter the report names (DoRA, prompt tuning) is not named by its words
     named_kinds = adapters_named(words)
     cases = [c for c in matrix.cases if not named_kinds or named_kinds & _adapters_of(c)]
@@ -633,6 +641,12 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
 
 
 _ADAPTERS: Dict[int, Tuple[Case, FrozenSet[str]]] = {}
+
+
+def _report_words(paste: Paste) -> str:
+    """The paste without its exception messages: the words are the report's, and a message's own words (its dtypes,
+    ``use_orig_params=False``) are counted once, as its fit."""
+    return functools.reduce(lambda text, e: text.replace(e.message, " "), paste.errors, paste.text)
 
 
 def _adapters_of(case: Case) -> FrozenSet[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
 from fsdp_matrix.triage import normalise
 
@@ -21,6 +21,7 @@ _TERM = re.compile(
 )
 """Code-like words of a title: a call (``generate()``), a snake_case setting, a CamelCase name, an acronym, a dtype
 (in one spelling: ``normalise.dtypes``)."""
+_DTYPE_WORDS = frozenset({"bfloat16", "float16", "float32"})
 _CLASS_SUFFIX = re.compile(r"(error|exception|warning)$")
 """A class name's last word, which a report may write apart (``AssertionError`` as "assertion error")."""
 STOP = frozenset(
@@ -75,15 +76,23 @@ def _holds(text: str, term: str) -> bool:
     return bool(re.search(rf"(?<![A-Za-z0-9_]){word}(?![A-Za-z0-9_])", text, re.IGNORECASE))
 
 
+def held(titles: Sequence[Tuple[str, str]], text: str, dtypes: bool = True) -> Dict[str, Tuple[str, ...]]:
+    """Case id -> the words of its title (those that tell cases apart) the report holds; cases it holds none of are
+    left out. ``titles`` is (case id, title) for every case; without ``dtypes``, a dtype is no word (a title that
+    quotes a message holds the message's dtypes)."""
+    text = normalise.dtypes(_PATH.sub(" ", text))
+    out = {}
+    for case, words in _distinct(tuple(titles)).items():
+        found = tuple(sorted(t for t in words if (dtypes or t not in _DTYPE_WORDS) and _holds(text, t)))
+        if found:
+            out[case] = found
+    return out
+
+
 def named(titles: Sequence[Tuple[str, str]], text: str, messages: FrozenSet[str] = frozenset()) -> Optional[Named]:
     """The one case the report's words name best, with ``LEAST`` evidence and ahead of every other; None otherwise.
     ``titles`` is (case id, title) for every case; ``messages`` the cases whose rule message is in the report."""
-    text = normalise.dtypes(_PATH.sub(" ", text))
-    found: List[Named] = []
-    for case, words in _distinct(tuple(titles)).items():
-        held = tuple(sorted(t for t in words if _holds(text, t)))
-        if held:
-            found.append(Named(case, held, case in messages))
+    found = [Named(case, words, case in messages) for case, words in held(titles, text).items()]
     found.sort(key=lambda n: -n.score)
     if not found or found[0].score < LEAST or (len(found) > 1 and found[1].score >= found[0].score):
         return None

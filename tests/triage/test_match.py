@@ -136,7 +136,7 @@ def test_a_message_cut_where_the_paste_ends_fits_in_part_never_strong():
 
 
 FLATTEN = (
-    "PEFT model under FSDP1 with use_orig_params=False:\n"
+    "PEFT model under FSDP1:\n"
     '  File "/x/site-packages/torch/distributed/fsdp/_flat_param.py", line 3, in _validate_tensors_to_flatten\n'
     "    raise ValueError(\n"
     "ValueError: Must flatten tensors with uniform requires_grad when use_orig_params=False\n"
@@ -157,3 +157,12 @@ def test_a_case_whose_cells_never_run_the_paste_s_adapter_ranks_lower():
     assert "lora-requires-grad" not in dora or dora["lora-requires-grad"].hits[0].points < (
         dora["dora-sharded-weight"].hits[0].points
     )
+
+
+def test_a_setting_of_a_case_s_title_the_paste_names_ranks_that_case():
+    with_head = FLATTEN.replace("PEFT model", "PEFT model with modules_to_save=['lm_head']")
+    found = claims(match(MATRIX, parse(with_head)))
+    assert found[0].case.id == "modules-to-save" and found[0].tied is None
+    assert any("modules_to_save" in e for e in found[0].hits[0].evidence)
+    # the message's own words are not the report's: use_orig_params=False in the message ranks no case
+    assert claims(match(MATRIX, parse(FLATTEN)))[0].tied
