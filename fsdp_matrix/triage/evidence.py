@@ -187,5 +187,6 @@ _LORA = re.compile(r"(?<![A-Za-z0-9])(?:q?lora|loraconfig)(?![A-Za-z0-9])", re.I
 
 def adapter_kinds(text: str) -> Set[str]:
     """The ``adapter`` values the paste's adapter can be: the kinds it names (``adapters_named``), else LoRA's
-    (``lora``, ``qlora``) when it names only LoRA; empty when it names none."""
-    return adapters_named(text) or ({"lora", "qlora"} if _LORA.search(text) else set())
+    (``lora``, ``qlora``, and ``lora_params``: LoRA on MoE experts is still called LoRA) when it names only LoRA;
+    empty when it names none."""
+    return adapters_named(text) or ({"lora", "qlora", "lora_params"} if _LORA.search(text) else set())

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fsdp_matrix.triage.evidence import adapters_named, from_pretrained_init, read_context
+from fsdp_matrix.triage.evidence import adapter_kinds, adapters_named, from_pretrained_init, read_context
 from fsdp_matrix.triage.parse import parse
 
 
@@ -142,3 +142,15 @@ def test_a_4bit_base_is_trained_through_adapters(text, peft):
 )
 def test_the_adapter_kinds_a_paste_names(text, kinds):
     assert adapters_named(parse(text).text) == kinds
+
+
+@pytest.mark.parametrize(
+    "text,kinds",
+    [
+        ("LoRA on the MoE experts under FSDP\n", {"lora", "qlora", "lora_params"}),
+        ("DoRA under FSDP (LoRA with use_dora)\n", {"dora", "qdora"}),
+        ("a full fine-tune under FSDP\n", set()),
+    ],
+)
+def test_the_adapter_a_paste_s_words_allow(text, kinds):
+    assert adapter_kinds(parse(text).text) == kinds
