@@ -22,11 +22,13 @@ from fsdp_matrix.errors import MatrixError
 from fsdp_matrix.installed import installed_versions
 from fsdp_matrix.matrix import PACKAGES, Matrix, load_matrix, same_value
 from fsdp_matrix.records import Record, Skipped, iter_records, latest
+from fsdp_matrix.rules import RULE_PACKAGES
 from fsdp_matrix.triage.answer import Answer, Claim, PlatformFit, RuleFit, Similar, Workaround
 from fsdp_matrix.triage.match import (
     CaseMatch,
     Hit,
     claims,
+    distance,
     in_range,
     match,
     nearest_combo,
@@ -36,7 +38,14 @@ from fsdp_matrix.triage.match import (
 )
 from fsdp_matrix.triage.parse import MAX_BYTES, MAX_ERRORS, Paste, decode, parse
 from fsdp_matrix.triage.stated import stated_versions
-from fsdp_matrix.triage.versions import fixed_in, observed_range, older_than_observed, workarounds
+from fsdp_matrix.triage.versions import (
+    fails_on,
+    fixed_in,
+    lacking_options,
+    observed_range,
+    older_than_observed,
+    workarounds,
+)
 from fsdp_matrix.triage.works import what_works
 from fsdp_matrix.usage import OneLineParser
 from fsdp_matrix.verdicts import Verdict
@@ -237,14 +246,28 @@ def _workarounds(matrix: Matrix, found: CaseMatch, versions, near, records, outs
     return label, out, None
 
 
-def _nearest_works(matrix: Matrix, found: CaseMatch, near) -> List[str]:
-    """Settings that train on the nearest combo, when nothing is offered on the user's versions (older or newer than
-    every combo observed): said as the nearest combo's, not as the user's."""
+def _nearest_works(matrix: Matrix, found: CaseMatch, near, versions) -> List[str]:
+    """Settings that train on the nearest combo that has one, when nothing is offered on the user's versions (older
+    or newer than every combo observed): said as that combo's, not as the user's. A setting the user's own release
+    lacks (a platform skip: no ``autocast_adapter_dtype`` before PEFT 0.12) is never offered; combos as near as the
+    nearest are tried in matrix order, so that one lacking the setting does not hide the next."""
     if near is None or not found.hits:
         return []
     index = int(found.hits[0].signature.where.split("[", 1)[1].rstrip("]"))
-    mine = workarounds(matrix, found.case, index, near.pins.model_dump())
-    return [f"set {w.change} (trains on the nearest combo {near.id}; not known on yours)" for w in mine]
+    lacking = lacking_options(matrix, versions)
+    tagged = [c for c in matrix.combos if "cpu" in c.tags] or list(matrix.combos)
+    for combo in [near] + sorted((c for c in tagged if c is not near), key=lambda c: distance(versions, c)):
+        mine = [
+            w
+            for w in workarounds(matrix, found.case, index, combo.pins.model_dump())
+            if w.key not in lacking and not fails_on(found.case, w.cells, versions)
+        ]
+        if mine:
+            return [
+                f"set {w.change} (trains on the nearest combo with a setting that does, {combo.id}; not known on yours)"
+                for w in mine
+            ]
+    return []
 
 
 def _claim(matrix: Matrix, found: CaseMatch, paste: Paste, versions, near, records, outside) -> Claim:
@@ -271,7 +294,7 @@ def _claim(matrix: Matrix, found: CaseMatch, paste: Paste, versions, near, recor
         workarounds=offered,
         workarounds_note=note,
         what_works=what_works(offered, label, fits[0] if fits else None, versions)
-        or _nearest_works(matrix, found, near),
+        or _nearest_works(matrix, found, near, versions),
     )
 
 
@@ -443,9 +466,10 @@ def _users_versions(given: Optional[Dict[str, str]], text: str) -> Tuple[Dict[st
     ones installed here."""
     if given is not None:
         return given, "given with --versions"
-    stated = stated_versions(text, PACKAGES)
+    # TRL too: rules bound it (trl <0.29), and "upgrade trl" is only said to someone on an older one
+    stated = stated_versions(text, RULE_PACKAGES)
     if stated:
-        return {package: stated.get(package) for package in PACKAGES}, "stated in the paste"
+        return {package: stated.get(package) for package in RULE_PACKAGES}, "stated in the paste"
     return installed_versions(PACKAGES), "installed here"
 
 

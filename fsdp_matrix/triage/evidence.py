@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_matrix.triage.parse import Frame, Paste, PastedError
 
@@ -30,6 +30,8 @@ _PEFT_WORDS = re.compile(
     r"prefix[ _-]tuning|prompt[ _-]tuning|use_peft|peft(?!\s*(?:version|==|:\s*\d|\s+\d|\s*=\s*\d)))(?![A-Za-z0-9_])",
     re.IGNORECASE,
 )
+# a 4-bit bitsandbytes base cannot be trained itself (its weights are not floating point): what trains is an adapter
+_FOUR_BIT = re.compile(r"Params4bit|Linear4bit|load_in_4bit|bnb_4bit\w*|\bnf4\b|\b4-?bit quantized", re.IGNORECASE)
 _FUNCTION_HINTS = re.compile(r"^[A-Za-z_]\w*$")
 
 ELSEWHERE: Tuple[Tuple[str, re.Pattern[str], str], ...] = (
@@ -50,8 +52,11 @@ ELSEWHERE: Tuple[Tuple[str, re.Pattern[str], str], ...] = (
     ),
 )
 """Stacks other than FSDP that raise the same messages: (name, pattern in the paste's text or frames, reason)."""
+# a word of its own (ASCII bounds): "summon_full_params" is FSDP1's API, not a run trained whole
 _FULL_FINETUNE = re.compile(
-    r"full[ _-]?fine[ _-]?tun|finetuning_type:\s*full|full[ _-]param|continue[ _-]?pre-?train|\bOSFT\b", re.IGNORECASE
+    r"(?<![A-Za-z0-9_])(?:full[ _-]?fine[ _-]?tun|finetuning_type:\s*full|full[ _-]param|continue[ _-]?pre-?train)"
+    r"|\bOSFT\b",
+    re.IGNORECASE,
 )
 _LAYER_CLS_CONFIG = re.compile(r"transformer_layer_cls_to_wrap|FSDP_TRANSFORMER_CLS_TO_WRAP", re.IGNORECASE)
 
@@ -115,6 +120,8 @@ def _read_context(text: str, frames: Tuple[Frame, ...], errors: Tuple[PastedErro
     ctx.peft = [f"frame in {m}" for m in peft_frames[:2]]
     if _PEFT_WORDS.search(paste.text):
         ctx.peft.append(f"the paste says {_PEFT_WORDS.search(paste.text).group(0)!r}")
+    elif _FOUR_BIT.search(paste.text):
+        ctx.peft.append(f"a 4-bit base ({_FOUR_BIT.search(paste.text).group(0)!r}) trains only through adapters")
     paths = " ".join(f.path for f in paste.frames)
     for name, pattern, reason in ELSEWHERE:
         if pattern.search(paste.text) or pattern.search(paths):
@@ -148,3 +155,38 @@ def frame_hints_met(hints: List[str], paste: Paste) -> List[str]:
         elif any(f.module and (f.module == hint or f.module.startswith(hint + ".")) for f in paste.frames):
             met.append(f"frame in {hint}")
     return met
+
+
+def loading_before_wrap(frames: List[Frame], module: str) -> bool:
+    """The traceback runs inside transformers' ``from_pretrained`` with no frame of FSDP and none of the rule's
+    ``module``: the message was raised while the model loaded, before anything was wrapped (bitsandbytes building
+    ``Params4bit`` in ``from_pretrained`` raises torch's requires-grad error too)."""
+    loading = any(f.function == "from_pretrained" and (f.module or "").startswith("transformers.") for f in frames)
+    fsdp = any(f.module and f.module.startswith(FSDP_MODULES) for f in frames)
+    mine = any(f.module and (f.module == module or f.module.startswith(module + ".")) for f in frames)
+    return bool(module) and loading and not fsdp and not mine
+
+
+ADAPTER_KINDS: Tuple[Tuple[re.Pattern[str], FrozenSet[str]], ...] = (
+    (re.compile(r"(?<![A-Za-z0-9])(?:q?dora|use_dora)(?![A-Za-z0-9])", re.IGNORECASE), frozenset({"dora", "qdora"})),
+    (re.compile(r"prompt[ _-]tuning|PromptTuningConfig", re.IGNORECASE), frozenset({"prompt"})),
+    (re.compile(r"\btarget_parameters\b"), frozenset({"lora_params"})),
+)
+"""Words that name an adapter other than plain LoRA, and the ``adapter`` axis values that run it (matrix.yaml's
+axes: dora is LoRA with use_dora, lora_params LoRA on parameters)."""
+
+
+def adapters_named(text: str) -> Set[str]:
+    """The ``adapter`` values of the kinds the paste names (DoRA, prompt tuning, LoRA on parameters); empty when it
+    names only LoRA or nothing."""
+    return {kind for pattern, kinds in ADAPTER_KINDS if pattern.search(text) for kind in kinds}
+
+
+_LORA = re.compile(r"(?<![A-Za-z0-9])(?:q?lora|loraconfig)(?![A-Za-z0-9])", re.IGNORECASE)
+
+
+def adapter_kinds(text: str) -> Set[str]:
+    """The ``adapter`` values the paste's adapter can be: the kinds it names (``adapters_named``), else LoRA's
+    (``lora``, ``qlora``, and ``lora_params``: LoRA on MoE experts is still called LoRA) when it names only LoRA;
+    empty when it names none."""
+    return adapters_named(text) or ({"lora", "qlora", "lora_params"} if _LORA.search(text) else set())

@@ -11,7 +11,7 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -21,8 +21,18 @@ from fsdp_matrix.expectations import expected_for, version_matches
 from fsdp_matrix.matrix import Case, Combo, Matrix
 from fsdp_matrix.records import Record
 from fsdp_matrix.triage import normalise, prose
-from fsdp_matrix.triage.evidence import Context, frame_hints_met, from_pretrained_init, read_context
+from fsdp_matrix.triage.evidence import (
+    Context,
+    adapter_kinds,
+    adapters_named,
+    frame_hints_met,
+    from_pretrained_init,
+    loading_before_wrap,
+    read_context,
+)
 from fsdp_matrix.triage.parse import Paste, PastedError
+from fsdp_matrix.triage.stated import stated_versions
+from fsdp_matrix.triage.versions import cannot_raise
 
 TIE_WORDS = (
     ("DPOTrainer", re.compile(r"\bdpo\b", re.IGNORECASE)),
@@ -40,6 +50,12 @@ TIE_WORDS = (
 """(context word of ``evidence.CONTEXT_WORDS``, what in a case's title, report, rules or sources names the same entry
 or library path)."""
 
+TITLE_WORD = 1.0
+"""Ranking points per word of a case's title (those that tell cases apart) the paste names outside its messages, two
+at most, as the context words: one word is below a case's own report (+1.5), two are above it."""
+OUTSIDE = 2.0
+"""Ranking points a rule loses when the versions the paste states cannot raise it: more than a case's own report
+(+1.5), so that of two cases with one message the one those versions can raise comes first."""
 SIMILAR = 0.75
 """How alike (difflib ratio, numbers masked) a record's message and a pasted one must be to call them the same."""
 WEIGHTS = {"peft": 3.0, "torch": 2.0, "transformers": 1.0, "accelerate": 1.0, "bitsandbytes": 0.5}
@@ -84,7 +100,7 @@ HANG_SIGNS = re.compile(
 
 LEVELS = (("strong", 7.0), ("likely", 5.0), ("weak", 3.0))
 """Evidence points a fit needs for each level; below the last, nothing is claimed."""
-POINTS = {"exact": 3.0, "case-insensitive": 2.0, "in the text": 2.0, "values": 2.0, "loose": 1.0}
+POINTS = {"exact": 3.0, "case-insensitive": 2.0, "in the text": 2.0, "values": 2.0, "part": 1.0, "loose": 1.0}
 """Points for how the rule's message was found in the paste."""
 GENERIC_WORDS = 4
 """A rule whose regex has this many words (besides "of", "to", "be"...) or fewer (``tuple index out of range``,
@@ -110,6 +126,17 @@ class Hit:
     """Why the paste is another failure with a similar message (DeepSpeed ZeRO-3, a config typo...): not claimed."""
     fit: str = "exact"
     """How the message was found: exact, case-insensitive, in the text, loose."""
+    outside: Optional[str] = None
+    """Why the versions the paste states cannot raise this rule (``versions.cannot_raise``): ranked lower, never
+    strong."""
+    context: float = 0.0
+    """The ranking points of the context words the paste and the case both name (an entry, a library path)."""
+
+    @property
+    def shown(self) -> float:
+        """What the paste itself shows for this rule: its evidence points and the context words it shares with the
+        case (not the case's own report, which ranks but is no evidence of this paste)."""
+        return self.points + self.context
 
     @property
     def level(self) -> Optional[str]:
@@ -117,7 +144,7 @@ class Hit:
         if self.against:
             return None
         # a fit that is not the rule's own message (other words, other values) is never strong
-        points = min(self.points, LEVELS[1][1]) if self.fit in ("loose", "values") else self.points
+        points = min(self.points, LEVELS[1][1]) if self.fit in PARTIAL or self.outside else self.points
         # a report's words, without a message that fits on its own, are weak evidence at most
         points = min(points, LEVELS[2][1]) if self.fit == "words" else points
         return next((name for name, least in LEVELS if points >= least), None)
@@ -135,6 +162,8 @@ class CaseMatch:
     """Records of this case whose observed error is the pasted one."""
     against: Optional[str] = None
     """Set when the paste points elsewhere for every rule: the case is shown as a similar message, not claimed."""
+    tied: Optional[str] = None
+    """Another case the paste shows exactly as much for: nothing tells them apart, so neither is strong."""
 
     @property
     def score(self) -> float:
@@ -150,8 +179,14 @@ class CaseMatch:
             return None
         levels = [h.level for h in self.hits if h.level]
         if levels:
-            return min(levels, key=[name for name, _ in LEVELS].index)
+            best = min(levels, key=[name for name, _ in LEVELS].index)
+            return LEVELS[1][0] if self.tied and best == LEVELS[0][0] else best
         return "likely" if self.records and not self.hits else None
+
+    @property
+    def shown(self) -> float:
+        """What the paste shows for the case's best claimable rule (``Hit.shown``)."""
+        return max((h.shown for h in self.hits if h.level), default=0.0)
 
 
 @functools.lru_cache(maxsize=64)
@@ -203,6 +238,11 @@ def _primary_report(case: Optional[Case]) -> Optional[str]:
     return found.group(1) if found else None
 
 
+PARTIAL = ("loose", "values", "part")
+"""Fits that are not the rule's own message (other words, other values, a part of it): never strong."""
+GENERIC_AGAINST = "a message many libraries raise"
+"""How a fit of a generic message without a frame is turned down: the one reason a report's words may still name
+its case (every other reason, frames elsewhere, another stack, is evidence against the words too)."""
 LOOSE_WORDS = 6
 """A rule's regex needs this many words before a loose fit is tried: a short message must match exactly."""
 LOOSE_COVER = 0.85
@@ -279,6 +319,11 @@ def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optio
         return "values", found
     if normalise.fits(readings, paste.text):
         return "values", []
+    found = [e for e in paste.errors if normalise.part(readings, e.message, _cut(e, paste))]
+    if found:
+        return "part", found
+    if normalise.part(readings, paste.text):
+        return "part", []
     found = [e for e in paste.errors if _loose(raw, e.message)]
     if found:
         return "loose", found
@@ -286,6 +331,11 @@ def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optio
     if _loose(raw, _plain(paste.text)) and any(_loose(raw, line) for line in paste.lines if len(line) < 600):
         return "loose", []
     return None, []
+
+
+def _cut(error: PastedError, paste: Paste) -> bool:
+    """The exception line is where the paste stops (a stored excerpt, a truncated log): its message may be cut."""
+    return bool(paste.errors) and error is paste.errors[-1] and paste.text.rstrip().endswith(error.message[-40:])
 
 
 def _in_module(paste: Paste, module: str) -> bool:
@@ -315,6 +365,8 @@ def _against(
     model_init = from_pretrained_init(paste)
     if model_init:
         return f"similar message, but it is raised in the model's own __init__ ({model_init}) under from_pretrained"
+    if loading_before_wrap([f for e in errors for f in e.frames] or paste.frames, module):
+        return f"similar message, but it is raised while from_pretrained loads the model (no frame of FSDP or {module})"
     if module.startswith("peft") and paste.modules and not ctx.peft:
         return f"similar message, but no frame or word of the paste shows PEFT, whose {module} raises it"
     raised = next((e.raised_in for e in errors if e.raised_in), None)
@@ -337,7 +389,7 @@ def _unshown_stack(module: str, paste: Paste, ctx: Context, errors: List[PastedE
     """Why a paste that never shows the stack every case runs on (FSDP, a PEFT adapter), or whose traceback raised
     the message elsewhere, is not claimed; None when nothing contradicts the rule."""
     said = len(paste.text.split()) - sum(len(e.message.split()) for e in paste.errors)
-    if kind in ("loose", "values") and not ctx.peft and (said >= REPORT_WORDS or len(paste.frames) >= 3):
+    if kind in PARTIAL and not ctx.peft and (said >= REPORT_WORDS or len(paste.frames) >= 3):
         return "similar message with other words or values, and nothing in the paste shows a PEFT adapter"
     # a report (prose, versions, a command) without a single frame: what it says of its stack is all there is
     if not ctx.fsdp and not paste.frames and said >= REPORT_WORDS and not module.startswith("torch.distributed.fsdp"):
@@ -405,7 +457,7 @@ def _evidence(
     if ctx.fsdp:
         points += 1
         found.append("FSDP: " + ctx.fsdp[0])
-    elif module and module.startswith("torch.distributed.fsdp") and (kind != "loose" or errors):
+    elif module and module.startswith("torch.distributed.fsdp") and (kind not in ("loose", "part") or errors):
         points += 1
         found.append("FSDP: the message is FSDP's own")
     if ctx.peft:
@@ -445,19 +497,22 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
         notes.append("loose fit: the rule's words are in the message, its regex is not (another order or wording)")
     elif kind == "values":
         notes.append("the rule's message with other values (numbers, shapes, names, paths) or broken across lines")
+    elif kind == "part":
+        notes.append("part of the rule's message: quoted without its first or last words, or cut where the paste ends")
     against = _against(sig, case, paste, ctx, errors, kind)
     generic = _generic(err.match) or not getattr(err, "module", None)
     if not against and generic and not any(f.startswith("frame in") for f in found):
         where = getattr(err, "module", None) or "the rule's code path (it names no module)"
-        against = f"a message many libraries raise: claimed only with a frame in {where}"
-    score = points + _tie_bonus(case, ctx)
+        against = f"{GENERIC_AGAINST}: claimed only with a frame in {where}"
+    tie = _tie_bonus(case, ctx)
+    score = points + tie
     source = getattr(sig.rule, "source", "") or ""
     if _cites_own_report(case, source):
         score += 1
         # among the case's own rules, the one of the report it was written from (peft#2166 before PR #2167)
         primary = _primary_report(case)
         score += 0.5 if primary and re.match(rf"\s*[\w./-]*?(?:PR\s*)?#{primary}\b", source) else 0
-    return Hit(sig, score, notes, points, found, against, kind)
+    return Hit(sig, score, notes, points, found, against, kind, context=tie)
 
 
 def _hang_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Context) -> Optional[Hit]:
@@ -508,11 +563,27 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
     by_case: Dict[str, CaseMatch] = {}
     cases = {c.id: c for c in matrix.cases}
     ctx = read_context(paste)
+    stated = stated_versions(paste.text)
+    kinds = adapter_kinds(paste.text)
+    titled = prose.held([(c.id, c.title) for c in matrix.cases], _report_words(paste), dtypes=False)
     for sig in signatures(matrix):
         case = cases.get(sig.case) if sig.case else None
         hit = fit(sig, paste, case, ctx)
         if hit is None or case is None:
             continue
+        if titled.get(case.id):
+            # a setting or entry of the case's title the paste names (modules_to_save, merge_and_unload) ranks it
+            bonus = TITLE_WORD * min(len(titled[case.id]), 2)
+            hit.context, hit.score = hit.context + bonus, hit.score + bonus
+            hit.evidence.append(f"words of the case's title: {', '.join(titled[case.id])}")
+        if kinds and not kinds & _adapters_of(case):
+            # a setting the paste states that none of the case's cells has: DoRA's case for a LoRA paste
+            hit.points, hit.score = hit.points - 1, hit.score - 1
+            hit.notes.append(f"the paste's adapter is {'/'.join(sorted(kinds))}, no cell of this case runs one")
+        hit.outside = cannot_raise(matrix, sig.rule, stated) if stated else None
+        if hit.outside:
+            hit.score -= OUTSIDE
+            hit.notes.append(f"the versions the paste states cannot raise it: {hit.outside}")
         by_case.setdefault(case.id, CaseMatch(case)).hits.append(hit)
     for record in records:
         if record.case in cases and record_fits(record, paste):
@@ -524,7 +595,20 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
         elif not found.hits and ctx.elsewhere:
             found.against = f"similar message, but this looks like {ctx.elsewhere[0][1]}"
     _by_words(matrix, paste, ctx, by_case)
-    return sorted(by_case.values(), key=lambda m: -m.score)
+    found = sorted(by_case.values(), key=lambda m: -m.score)
+    _ties(found)
+    return found
+
+
+def _ties(found: List[CaseMatch]) -> None:
+    """The first claimed case is not strong when the paste shows exactly as much for the next one (the same message,
+    no entry, setting or frame that tells them apart): naming both lower is better than the wrong one strongly; what
+    ranks it first (the case's own report) is no evidence of this paste."""
+    claimed = [m for m in found if m.level]
+    if len(claimed) >= 2 and claimed[0].shown == claimed[1].shown:
+        claimed[0].tied = claimed[1].case.id
+        for hit in claimed[0].hits[:1]:
+            hit.notes.append(f"{claimed[1].case.id} fits with the same evidence: nothing in the paste tells them apart")
 
 
 def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, CaseMatch]) -> None:
@@ -533,11 +617,17 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     if any(m.level for m in by_case.values()) or not (ctx.fsdp and ctx.peft) or ctx.elsewhere or ctx.full_finetune:
         return
     messages = frozenset(case for case, m in by_case.items() if m.hits)
-    found = prose.named([(c.id, c.title) for c in matrix.cases], paste.text, messages)
+    words = _report_words(paste)
+    # a case whose cells never run the adapter the report names (DoRA, prompt tuning) is not named by its words
+    named_kinds = adapters_named(words)
+    cases = [c for c in matrix.cases if not named_kinds or named_kinds & _adapters_of(c)]
+    found = prose.named([(c.id, _words_of(c)) for c in cases], words, messages)
     if found is None or (paste.errors and not found.message):
         return  # an exception line that fits none of the case's rules is another error
     case = next(c for c in matrix.cases if c.id == found.case)
     seen = by_case.get(case.id)
+    if seen and any(h.against and not h.against.startswith(GENERIC_AGAINST) for h in seen.hits):
+        return  # the paste contradicts the case's message (frames elsewhere, loading): its words do not name it
     rule_sig = seen.hits[0].signature if seen and seen.hits else _first_error(case)
     if rule_sig is None:
         return
@@ -548,6 +638,33 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     hit = Hit(rule_sig, LEVELS[2][1], notes, LEVELS[2][1], evidence, None, "words")
     by_case.setdefault(case.id, CaseMatch(case)).hits.insert(0, hit)
     by_case[case.id].against = None
+
+
+_ADAPTERS: Dict[int, Tuple[Case, FrozenSet[str]]] = {}
+
+
+def _report_words(paste: Paste) -> str:
+    """The paste without its exception messages: the words are the report's, and a message's own words (its dtypes,
+    ``use_orig_params=False``) are counted once, as its fit."""
+    return functools.reduce(lambda text, e: text.replace(e.message, " "), paste.errors, paste.text)
+
+
+def _adapters_of(case: Case) -> FrozenSet[str]:
+    """The ``adapter`` values of the case's cells (``lora`` for a case without the axis), read once per case."""
+    known = _ADAPTERS.get(id(case))
+    if known is None or known[0] is not case:
+        known = _ADAPTERS[id(case)] = (
+            case,
+            frozenset(str(c.context().get("adapter", "lora")) for c in expand_case(case)),
+        )
+    return known[1]
+
+
+def _words_of(case: Case) -> str:
+    """What a report may name a case by: its title, and the classes of the errors its rules expect (a report says
+    "an assertion error" where a traceback says ``AssertionError: ...``)."""
+    classes = sorted({str(r.error.type).rsplit(".", 1)[-1] for r in case.expect if r.error is not None})
+    return " ".join([case.title] + classes)
 
 
 def _first_error(case: Case) -> Optional[Signature]:

@@ -48,7 +48,8 @@ which any AttributeError has, and is not compared once its values are gone."""
 _PLACEHOLDERS = re.compile(r"addr|path|shape|name|num")
 
 
-def _dtypes(text: str) -> str:
+def dtypes(text: str) -> str:
+    """``text`` with each dtype in one spelling (``bf16``, ``BFloat16``, ``torch.bfloat16`` -> ``bfloat16``)."""
     for pattern, name in _DTYPES:
         text = pattern.sub(name, text)
     return text
@@ -59,7 +60,7 @@ def reduce(text: str) -> str:
     """``text`` with its values as placeholders, one spelling per dtype, no whitespace, lower-cased; the gap marker of
     a rule's literal kept."""
     # backticks go, as ``match._plain`` drops them: some releases quote a name with them, others do not
-    text = _dtypes(text.replace("`", ""))
+    text = dtypes(text.replace("`", ""))
     for pattern, placeholder in _VALUES:
         text = pattern.sub(placeholder, text)
     return re.sub(r"\s+", "", text).lower()
@@ -95,5 +96,50 @@ def fits(readings: List[str], message: str) -> bool:
                 break
             at += len(piece)
         else:
+            return True
+    return False
+
+
+QUOTED = 0.85
+"""The share of a rule's letters (placeholders aside) that a run of its words, its first or last words left out, must
+keep to stand for it: a title quotes a message without its lead word (``mixed torch.Tensor and DTensor``)."""
+CUT = 0.5
+"""The share of a rule's letters a message cut where the paste ends (a stored excerpt, a truncated log) must keep:
+what is left is a prefix of the rule, cut anywhere, even inside a word."""
+
+
+def _letters(reduced: str) -> int:
+    return len(_PLACEHOLDERS.sub("", reduced))
+
+
+def _runs(words: List[str], least: float) -> List[str]:
+    """The reduced runs of ``words`` without some of their first or last words that keep ``least`` of its letters;
+    a word with a digit (a dtype, a size) is never left out, for ``bfloat16 and float16`` is not ``bfloat16 and
+    float32``."""
+    total = _letters(reduce(" ".join(words)))
+    kept = [i for i, w in enumerate(words) if any(c.isdigit() for c in w)]
+    first, last = (min(kept), max(kept)) if kept else (len(words), -1)
+    runs = [reduce(" ".join(words[i:])) for i in range(1, min(first, len(words) - 1) + 1)]
+    runs += [reduce(" ".join(words[:j])) for j in range(len(words) - 1, max(last, 0), -1)]
+    return [r for r in runs if _letters(r) >= least * total]
+
+
+def part(readings: List[str], message: str, cut: bool = False) -> bool:
+    """Whether the message holds most of one reading of the rule (``QUOTED``, its first or last words left out), or,
+    when the message is ``cut`` where the paste ends, ends with a prefix of it (``CUT``). Values are reduced as in
+    ``fits``; a rule with a gap (``.*``) is not read in part."""
+    mine = reduce(message)
+    for reading in readings:
+        text = literal(reading)
+        if text is None or GAP in text:
+            continue
+        whole = reduce(text)
+        total = _letters(whole)
+        if total < MIN_CHARS:
+            continue
+        if any(_letters(run) >= MIN_CHARS and run in mine for run in _runs(text.split(), QUOTED)):
+            return True
+        prefixes = (whole[:k] for k in range(len(whole), 0, -1) if _letters(whole[:k]) >= CUT * total)
+        if cut and any(mine.endswith(prefix) for prefix in prefixes):
             return True
     return False

@@ -138,6 +138,11 @@ class Workaround:
     cells: List[str]
     """Cell ids expected to train with that change."""
 
+    @property
+    def key(self) -> str:
+        """The setting's name (``storage``)."""
+        return self.change.split("=", 1)[0]
+
 
 def _change(rule_when: Mapping[str, Any], cell: Cell) -> Optional[str]:
     """The one ``when`` key the cell has otherwise (``key=value``), or None when it differs in none or several."""
@@ -161,6 +166,11 @@ def _missing_options(matrix: Matrix, versions: Mapping[str, Optional[str]]) -> L
     return out
 
 
+def lacking_options(matrix: Matrix, versions: Mapping[str, Optional[str]]) -> set:
+    """The settings the user's release lacks (a platform skip's ``when`` keys), hardware keys aside."""
+    return set(_missing_options(matrix, versions)) - set(HARDWARE_KEYS)
+
+
 def workarounds(
     matrix: Matrix, case: Case, index: int, versions: Mapping[str, Optional[str]], device: str = "cpu"
 ) -> List[Workaround]:
@@ -181,3 +191,45 @@ def workarounds(
     return [
         Workaround(r, change, sorted(ids)) for (r, change), ids in sorted(found.items(), key=lambda kv: -len(kv[1]))
     ]
+
+
+HARDWARE_KEYS = ("device", "world_size", "nodes")
+"""Platform-skip keys of the machine that runs the matrix (a CPU), not of the user's run."""
+
+
+def _skips_every_cell(skip_when: Mapping[str, Any], rule_whens: List[Dict[str, Any]]) -> bool:
+    """Every cell of one of the rule's ``when`` alternatives has the skip's settings (hardware keys aside)."""
+    keys = [k for k in skip_when if k not in HARDWARE_KEYS]
+    if not keys:
+        return False
+    for when in rule_whens:
+        values = {k: when[k] if isinstance(when[k], list) else [when[k]] for k in keys if k in when}
+        if len(values) == len(keys) and all(matches({k: skip_when[k]}, {k: v}) for k in keys for v in values[k]):
+            return True
+    return False
+
+
+def cannot_raise(matrix: Matrix, rule: Any, versions: Mapping[str, Optional[str]]) -> Optional[str]:
+    """Why the rule cannot be the failure on the versions a paste states: a stated version outside its range, or a
+    setting its cells need that the stated release lacks (a platform skip: no ``autocast_adapter_dtype`` before PEFT
+    0.12); None when nothing stated rules it out (a version not stated rules nothing out)."""
+    for package, spec in (getattr(rule, "versions", None) or {}).items():
+        if versions.get(package) and not version_matches(spec, versions[package]):
+            return f"it reproduces on {package} {spec}, the paste states {package} {versions[package]}"
+    rule_whens = any_when(getattr(rule, "when", None) or {})
+    for skip in getattr(getattr(matrix, "platform", None), "skips", None) or []:
+        specs = getattr(skip, "versions", None) or {}
+        if not specs or not all(versions.get(p) and version_matches(s, versions[p]) for p, s in specs.items()):
+            continue
+        if any(_skips_every_cell(w, rule_whens) for w in any_when(getattr(skip, "when", None) or {})):
+            stated = ", ".join(f"{p} {versions[p]}" for p in specs)
+            return f"its cells need a setting {stated} lacks ({skip.id})"
+    return None
+
+
+def fails_on(case: Case, cell_ids: List[str], versions: Mapping[str, Optional[str]], device: str = "cpu") -> bool:
+    """Whether a rule of the case expects one of these cells to fail (an error, a hang, a check) on these versions:
+    a setting that trains on another combo but is known to fail on the user's own is not what works there."""
+    wanted = set(cell_ids)
+    cells = [c for c in expand_case(case, device) if c.id in wanted]
+    return any(expected_for(case, cell, versions).kind not in ("ok", "skip", "none") for cell in cells)

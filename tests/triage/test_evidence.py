@@ -2,7 +2,7 @@
 
 import pytest
 
-from fsdp_matrix.triage.evidence import from_pretrained_init, read_context
+from fsdp_matrix.triage.evidence import adapter_kinds, adapters_named, from_pretrained_init, read_context
 from fsdp_matrix.triage.parse import parse
 
 
@@ -79,3 +79,78 @@ def test_an_exact_message_whose_traceback_runs_in_another_sharding_library_is_no
     assert claims(match(matrix, parse(frames + message))) == []
     torch_frame = '  File "/x/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", line 9, in f\n'
     assert claims(match(matrix, parse(frames.replace(frames.splitlines()[1], torch_frame.rstrip()) + message)))
+
+
+@pytest.mark.parametrize(
+    "text,full",
+    [
+        ("We continue pretraining the whole model (full fine-tuning, no adapters)\n", True),
+        ("finetuning_type: full\n", True),
+        ("train with full_params and the optimizer over every weight\n", True),
+        # an API's name that holds the words is not the run's setting (FSDP1's summon_full_params)
+        ("the fix calls FullyShardedDataParallel.summon_full_params() around the weight access\n", False),
+        ("state_dict_type: FULL_STATE_DICT with fully_shard\n", False),
+    ],
+)
+def test_full_fine_tuning_is_read_from_words_not_from_an_api_name(text, full):
+    assert read_context(parse(text)).full_finetune is full
+
+
+def test_a_message_raised_while_from_pretrained_loads_the_model_is_not_an_fsdp_case_s():
+    """The rule's error with a traceback inside transformers' from_pretrained, no frame of FSDP or of the rule's
+    module: it is raised while loading, before anything is wrapped."""
+    from pathlib import Path
+
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.triage.match import claims, match
+
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
+    head = "fsdp + qlora on 8 GPUs: RuntimeError: only Tensors of floating point dtype can require gradients\n\n"
+    frames = (
+        '  File "/x/site-packages/transformers/modeling_utils.py", line 3, in from_pretrained\n'
+        "    model = cls._load_pretrained_model(\n"
+        '  File "/x/site-packages/bitsandbytes/nn/modules.py", line 9, in __new__\n'
+        "    self = torch.Tensor._make_subclass(cls, data, requires_grad)\n"
+    )
+    assert claims(match(matrix, parse(head + frames))) == []
+    wrapping = '  File "/x/site-packages/torch/distributed/fsdp/_fully_shard/_fully_shard.py", line 9, in fully_shard\n'
+    assert claims(match(matrix, parse(head + frames.replace("in from_pretrained", "in load") + wrapping)))
+
+
+@pytest.mark.parametrize(
+    "text,peft",
+    [
+        ("FSDP full state dict of a model whose Linear4bit layers hold Params4bit weights\n", True),
+        ("model loaded with load_in_4bit=True, bnb_4bit_quant_type='nf4', under FSDP\n", True),
+        ("bitsandbytes 0.45.0 installed; FSDP full fine-tuning in bf16\n", False),
+    ],
+)
+def test_a_4bit_base_is_trained_through_adapters(text, peft):
+    assert bool(read_context(parse(text)).peft) is peft
+
+
+@pytest.mark.parametrize(
+    "text,kinds",
+    [
+        ("SFTTrainer with use_dora=True under FSDP\n", {"dora", "qdora"}),
+        ("QDoRA on a 4-bit base\n", {"dora", "qdora"}),
+        ("prompt tuning under FSDP1\n", {"prompt"}),
+        ("LoRA on the experts with target_parameters\n", {"lora_params"}),
+        ("LoRA under FSDP, the adapter's dropout\n", set()),
+        ("DoRAemon_config = 1\n", set()),
+    ],
+)
+def test_the_adapter_kinds_a_paste_names(text, kinds):
+    assert adapters_named(parse(text).text) == kinds
+
+
+@pytest.mark.parametrize(
+    "text,kinds",
+    [
+        ("LoRA on the MoE experts under FSDP\n", {"lora", "qlora", "lora_params"}),
+        ("DoRA under FSDP (LoRA with use_dora)\n", {"dora", "qdora"}),
+        ("a full fine-tune under FSDP\n", set()),
+    ],
+)
+def test_the_adapter_a_paste_s_words_allow(text, kinds):
+    assert adapter_kinds(parse(text).text) == kinds

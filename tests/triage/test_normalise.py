@@ -4,7 +4,7 @@ dtype pair. Synthetic strings and messages of dev pastes only (never the held-ou
 import pytest
 
 from fsdp_matrix.triage.match import _pattern, _readings
-from fsdp_matrix.triage.normalise import fits, literal, reduce
+from fsdp_matrix.triage.normalise import fits, literal, part, reduce
 
 MOE = r"shape '\[4, -1, \d+\]' is invalid for input of size \d+"
 SIZE = r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)"
@@ -55,3 +55,43 @@ def test_values_become_placeholders_on_both_sides():
     # a regex's wildcard is a value, ``.*`` a gap; an escaped parenthesis is a literal one
     assert literal(r"sizes \[\d+, \d+\], .* out of bounds") == "sizes [7, 7], \x00 out of bounds"
     assert _readings(SIZE) == [SIZE]
+
+
+MIXED = r"got mixed torch\.Tensor and DTensor"
+
+
+@pytest.mark.parametrize(
+    "regex,message,cut",
+    [
+        # a title that quotes the message without its first word
+        (MIXED, "FSDP2 + LoRA results in `mixed torch.Tensor and DTensor`", False),
+        # a message cut where the paste ends, in the middle of a word, with other values
+        (MOE, "shape '[64, -1, 2048]' is invalid for inp", True),
+    ],
+)
+def test_part_of_the_rule_s_message_fits_a_quote_or_a_cut_paste(regex, message, cut):
+    assert not _fits(regex, message)
+    assert part(_readings(_pattern(regex)), message, cut)
+
+
+@pytest.mark.parametrize(
+    "regex,message,cut",
+    [
+        # the same cut message is no fit where the paste goes on after it (it was not cut)
+        (MOE, "shape '[64, -1, 2048]' is invalid for inp", False),
+        # too little of the rule is left: a cut that keeps its first words only
+        (MOE, "shape '[64, -1, 2048]' is in", True),
+        (MIXED, "got mixed signals", False),
+        # half of a long message is not the message
+        (SIZE, "must match the size of tensor b (3)", False),
+    ],
+)
+def test_too_small_a_part_does_not_fit(regex, message, cut):
+    assert not part(_readings(_pattern(regex)), message, cut)
+
+
+def test_a_part_keeps_every_word_with_a_digit():
+    # the rule's message without its last word is another dtype pair's too (bf16 beside fp16 is not PEFT's upcast)
+    assert not part(_readings(_pattern(DTYPE)), "Must flatten tensors with uniform dtype but got torch.bfloat16 and")
+    quoted = "flatten tensors with uniform dtype but got torch.bfloat16 and torch.float32"
+    assert part(_readings(_pattern(DTYPE)), quoted)

@@ -44,3 +44,35 @@ def test_words_alone_never_claim_above_weak():
     text = "FSDP1 with LoRA: use_orig_params=False and the PEFT model's modules_to_save lm_head, DoRA off, no error yet"
     first, level = _first(text)
     assert level in (None, "weak")
+
+
+def test_a_library_s_name_in_a_frame_s_path_is_not_a_word_of_the_report():
+    frames = '  File "/x/site-packages/trl/trainer/sft_trainer.py", line 440, in train\n'
+    text = "FSDP + QLoRA runs out of memory on 4 GPUs\n" + frames
+    assert named(TITLES, text) is None  # qlora alone: one word
+    assert named(TITLES, text + "with TRL's trainer\n") is not None  # the report says trl: two words
+
+
+def test_a_title_s_dtypes_are_words_in_one_spelling():
+    assert {"bfloat16", "float32"} <= terms("FSDP2 unit: bf16 base, fp32 LoRA")
+    assert "float32" in terms("fp32-upcast adapters")
+    titles = [("a", "FSDP2 unit: bf16 base, fp32 LoRA"), ("b", "FSDP1 NO_SHARD: the flat parameter")]
+    assert named(titles, "LoRA loaded in float32 beside a bfloat16 model").case == "a"
+
+
+def test_an_exception_class_is_a_word_however_the_report_spells_it():
+    titles = [("a", "fully_shard unit of a bf16 base AssertionError"), ("b", "fully_shard on a ParameterDict")]
+    found = named(titles, "a bf16 base and then an assertion error from fully_shard")
+    assert found is not None and found.case == "a" and "assertionerror" in found.words
+
+
+def test_a_report_names_a_case_by_its_dtypes_and_its_error_s_class():
+    text = "PEFT LoRA under FSDP: the bfloat16 base and the float32 adapters end in an assertion error when wrapping\n"
+    assert _first(text) == ("fsdp2-mixed-dtype-unit", "weak")
+    assert _first(text.replace("an assertion error", "a failure")) == (None, None)  # two cases name both dtypes
+
+
+def test_words_never_name_a_case_whose_cells_never_run_the_adapter_the_report_names():
+    text = "FSDP with TRL's SFTTrainer and DoRA: training fails after the first steps\n"
+    assert _first(text) == (None, None)  # SFTTrainer and TRL name fsdp1-mp-optimizer-dtype, which runs no DoRA
+    assert _first(text.replace("DoRA", "LoRA")) == ("fsdp1-mp-optimizer-dtype", "weak")

@@ -77,3 +77,28 @@ def test_a_patch_release_below_the_oldest_combo_is_known_as_its_minor():
     [line] = observed_range(MATRIX, {package: below})
     assert "older than every combo" not in line and f"earlier patch of the oldest combo's {package} {pin}" in line
     assert "older than every combo" in observed_range(MATRIX, {package: f"{pin.major}.{pin.minor - 1}.0"})[0]
+
+
+def test_a_rule_the_stated_release_cannot_raise_is_named():
+    from fsdp_matrix.triage.versions import cannot_raise
+
+    upcast = CASES["mixed-dtype"].expect[6]  # autocast_adapter_dtype=True: PEFT >= 0.12 only
+    assert cannot_raise(MATRIX, upcast, {"peft": "0.10.0"})
+    assert cannot_raise(MATRIX, upcast, {"peft": "0.13.2"}) is None
+    assert cannot_raise(MATRIX, upcast, {}) is None  # nothing stated: nothing known
+    ranged = CASES["trl-qlora-upcast"].expect[0]  # trl <0.29
+    assert cannot_raise(MATRIX, ranged, {"trl": "0.30.0"}) and cannot_raise(MATRIX, ranged, {"trl": "0.8.6"}) is None
+
+
+def test_of_two_cases_with_one_message_the_one_the_stated_versions_can_raise_is_first():
+    from fsdp_matrix.triage.match import claims, match
+    from fsdp_matrix.triage.parse import parse
+
+    text = (
+        "QLoRA with FSDP fails at once\n"
+        "ValueError: Must flatten tensors with uniform dtype but got torch.bfloat16 and torch.float32\n"
+    )
+    first = [m.case.id for m in claims(match(MATRIX, parse(text)))]
+    assert first[:2] == ["mixed-dtype", "trl-qlora-upcast"]  # PEFT's upcast is the case's own report: first
+    stated = [m.case.id for m in claims(match(MATRIX, parse("peft==0.10.0\n" + text)))]
+    assert stated[:2] == ["trl-qlora-upcast", "mixed-dtype"]  # PEFT 0.10 has no upcast: TRL's is first
