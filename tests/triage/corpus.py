@@ -1,14 +1,18 @@
-"""The triage corpus: real pastes from upstream threads (tests/fixtures/triage/corpus/), each with its URL and the
-case it should be named as first, or ``none`` for another failure; and the measure of triage on it.
+"""The triage corpus: real pastes from upstream threads, each with its URL and the case it should be named as first,
+or ``none`` for another failure; and the measure of triage on it.
 
 ``python -m tests.triage.corpus [--matrix FILE] [--half dev|test|all]`` prints the table for each half: precision
 (claims that were right), recall (covered pastes named first), claims on other pastes, strong claims that were wrong,
 median time per paste.
 
 The corpus is split by thread into ``dev`` (the half triage is tuned on) and ``test`` (held out, measured once at the
-end): a paste's half is the parity of the first 8 hex digits of the sha256 of its thread's URL, so every paste of one
-thread is on one side, and a new paste cannot move another. The split was fixed before any tuning and is recorded in
-``tests/fixtures/triage/split.json`` with the sha256 of each test paste (tests/test_triage.py checks it).
+end), recorded in ``tests/fixtures/triage/split.json`` with the sha256 of each test paste
+(tests/triage/test_corpus.py checks it). Split version 2 (2026-11-28): ``dev`` is every paste of
+``tests/fixtures/triage/corpus/`` (the 105 pastes of version 1, both of its halves: version 1's test half was
+measured and reported once, so it is no longer held out), ``test`` is every paste of ``tests/fixtures/triage/fresh/``
+(pastes from threads the corpus never used, collected after that report and before any further tuning). No thread
+has pastes in both folders. Version 1 (a paste's half was the parity of the sha256 of its thread's URL) is kept in
+split.json as history; ``Fixture.v1_half`` recomputes it.
 """
 
 from __future__ import annotations
@@ -29,8 +33,14 @@ from fsdp_matrix.triage.parse import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "triage" / "corpus"
+FRESH = ROOT / "tests" / "fixtures" / "triage" / "fresh"
 SPLIT = ROOT / "tests" / "fixtures" / "triage" / "split.json"
 HALVES = ("dev", "test")
+# split version 2: the half is the folder (every version-1 paste is dev; the fresh pastes are the held-out test half)
+FOLDERS = {"dev": CORPUS, "test": FRESH}
+SPLIT_VERSION = 2
+SPLIT_RULE = "half = the folder: dev = tests/fixtures/triage/corpus/, test = tests/fixtures/triage/fresh/"
+V1_RULE = "half = ('dev', 'test')[int(sha256(thread_url.lower()).hexdigest()[:8], 16) % 2]"
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,8 @@ class Fixture:
     """What the user pasted (the file without its two header lines)."""
     sha256: str = ""
     """The sha256 of the whole file (header lines included), as the split records it."""
+    half: str = "dev"
+    """``dev`` or ``test``: the folder the paste is in (split version 2)."""
 
     @property
     def thread(self) -> str:
@@ -54,37 +66,40 @@ class Fixture:
         return self.url.split("#", 1)[0].rstrip("/").lower()
 
     @property
-    def half(self) -> str:
-        """``dev`` or ``test``, from the thread's URL alone."""
+    def v1_half(self) -> str:
+        """The half split version 1 gave the paste (history): the parity of its thread URL's sha256."""
         return HALVES[int(hashlib.sha256(self.thread.encode()).hexdigest()[:8], 16) % 2]
 
 
+def _read(path: Path, half: str) -> Fixture:
+    """One fixture file: the URL on its first line, the expected case on its second, the paste after them."""
+    raw = path.read_bytes()
+    lines = raw.decode("utf-8").splitlines()
+    url = lines[0].split("source:", 1)[1].split()[0]
+    expected = lines[1].split("expected:", 1)[1].strip()
+    text = "\n".join(lines[2:]) + "\n"
+    expected_case = None if expected == "none" else expected
+    return Fixture(path.name, url, expected_case, text, hashlib.sha256(raw).hexdigest(), half)
+
+
 def load() -> List[Fixture]:
-    """Every fixture of the corpus, by name."""
-    out = []
-    for path in sorted(CORPUS.glob("*.txt")):
-        raw = path.read_bytes()
-        lines = raw.decode("utf-8").splitlines()
-        url = lines[0].split("source:", 1)[1].split()[0]
-        expected = lines[1].split("expected:", 1)[1].strip()
-        text = "\n".join(lines[2:]) + "\n"
-        out.append(
-            Fixture(path.name, url, None if expected == "none" else expected, text, hashlib.sha256(raw).hexdigest())
-        )
-    return out
+    """Every fixture of both halves, dev first, each half by name."""
+    return [_read(path, half) for half, folder in FOLDERS.items() for path in sorted(folder.glob("*.txt"))]
 
 
 def split_record(fixtures: List[Fixture]) -> dict:
-    """The split as recorded in split.json: the rule, the dev pastes' names, the test pastes' names and hashes."""
+    """The split as split.json records it: the version, the rule, the dev pastes' names, the test pastes' names and
+    hashes (a test paste edited after the split was fixed shows as a changed hash)."""
     return {
-        "rule": "half = ('dev', 'test')[int(sha256(thread_url.lower()).hexdigest()[:8], 16) % 2]",
+        "version": SPLIT_VERSION,
+        "rule": SPLIT_RULE,
         "dev": sorted(f.name for f in fixtures if f.half == "dev"),
         "test": {f.name: f.sha256 for f in sorted(fixtures, key=lambda f: f.name) if f.half == "test"},
     }
 
 
 def recorded_split() -> dict:
-    """The split as recorded when it was fixed (before any tuning)."""
+    """The split as recorded when it was fixed (before any tuning on it), with the earlier versions as history."""
     return json.loads(SPLIT.read_text())
 
 

@@ -20,7 +20,9 @@ from tests.triage.corpus import CORPUS, load
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = load_matrix(ROOT / "matrix.yaml", check_repros=False)
 FIXTURES = load()
-TUNED = FIXTURES
+# the dev half (split version 2: every paste of version 1, both its halves); the held-out test half is never
+# asserted paste by paste here: it is measured once, by python -m tests.triage.corpus --half test
+TUNED = [fx for fx in FIXTURES if fx.half == "dev"]
 MISSES = {
     # pastes the matcher gets wrong, each a known gap (strict: a fix must remove it from here)
     "verlpr4275_prose.txt": "prose of FSDP2 dtype mismatch errors without the message: no case's words",
@@ -62,12 +64,12 @@ def test_the_corpus_meets_the_targets():
 
 def test_the_corpus_is_real_pastes_each_with_its_thread():
     cited = (ROOT / "matrix.yaml").read_text() + "".join(p.read_text() for p in CORPUS.parent.glob("*.txt"))
-    for fx in FIXTURES:
+    for fx in TUNED:  # the held-out half is checked by tests/triage/test_corpus.py (no thread cited anywhere)
         assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+", fx.url), fx.name
         assert fx.text.strip(), fx.name
         # a thread cited elsewhere may give another paste, never the same text
         assert not any(fx.text.strip() in p.read_text() for p in CORPUS.parent.glob("*.txt")), fx.name
-    assert sum(fx.url in cited for fx in FIXTURES) <= 13
+    assert sum(fx.url in cited for fx in TUNED) <= 13
 
 
 def test_deepspeed_zero3_is_not_claimed_and_says_why():
