@@ -35,8 +35,9 @@ from fsdp_matrix.workload.models import DTYPES, VOCAB
 from fsdp_matrix.workload.params import axis
 from fsdp_matrix.workload.training import SEQ
 
-TRAINERS = ("sft", "dpo")
-"""The TRL trainers this entry builds: ``sft`` (SFTTrainer), ``dpo`` (DPOTrainer)."""
+TRAINERS = ("sft", "dpo", "grpo")
+"""The TRL trainers this entry builds: ``sft`` (SFTTrainer), ``dpo`` (DPOTrainer), ``grpo`` (GRPOTrainer, TRL >= 0.14;
+it generates its completions with the model being trained, through the FSDP-wrapped model, no vLLM)."""
 SPECIALS = ("<pad>", "<s>", "</s>")
 """Token ids 0, 1, 2: pad, and the tiny Llama/Gemma configs' own bos (1) and eos (2)."""
 
@@ -68,6 +69,8 @@ def tiny_dataset(trainer: str, rows: int, seed: int) -> Any:
     gen = torch.Generator().manual_seed(seed)
     if trainer == "sft":
         return Dataset.from_dict({"text": [_vocab_words(gen, SEQ) for _ in range(rows)]})
+    if trainer == "grpo":
+        return Dataset.from_dict({"prompt": [_vocab_words(gen, SEQ // 2) for _ in range(rows)]})
     half = SEQ // 2
     columns: Dict[str, List[str]] = {"prompt": [], "chosen": [], "rejected": []}
     for _ in range(rows):
@@ -75,6 +78,17 @@ def tiny_dataset(trainer: str, rows: int, seed: int) -> Any:
         columns["chosen"].append(_vocab_words(gen, half))
         columns["rejected"].append(_vocab_words(gen, half))
     return Dataset.from_dict(columns)
+
+
+def token_sum_reward(completions: List[Any], **_: Any) -> List[float]:
+    """GRPO's reward: the sum of the completion's token numbers (``t17 t3`` gives 20), scaled. Sampled completions
+    differ, so the two of a prompt almost never tie and the advantages (and so the gradients) are not zero."""
+
+    def text(completion: Any) -> str:
+        # conversational datasets hand over a list of messages; this entry's prompts are plain text
+        return completion if isinstance(completion, str) else " ".join(m["content"] for m in completion)
+
+    return [sum(int(w[1:]) for w in text(c).split() if w[1:].isdigit()) / VOCAB for c in completions]
 
 
 def trl_version() -> str:
@@ -92,6 +106,8 @@ def _classes(trainer: str) -> tuple:
 
     if trainer == "sft":
         return trl.SFTTrainer, getattr(trl, "SFTConfig", None)
+    if trainer == "grpo":
+        return trl.GRPOTrainer, trl.GRPOConfig
     return trl.DPOTrainer, getattr(trl, "DPOConfig", None)
 
 
@@ -99,6 +115,9 @@ def _trl_options(trainer: str) -> Dict[str, Any]:
     """What the tiny data needs, by meaning; ``_place`` puts each under this release's name."""
     if trainer == "sft":
         return {"dataset_text_field": "text", "max_length": 4 * SEQ, "packing": False}
+    if trainer == "grpo":
+        # 2 completions per prompt: the global batch (2 ranks x 2) must be a multiple of it; 4 tokens each
+        return {"num_generations": 2, "max_completion_length": 4}
     return {"max_length": 4 * SEQ, "max_prompt_length": 2 * SEQ}
 
 
@@ -146,6 +165,8 @@ def trl_setup(
     config_cls = config_cls or TrainingArguments
     init = set(inspect.signature(trainer_cls.__init__).parameters)
     to_config, to_trainer = _place(_trl_options(trainer), _fields(config_cls), init)
+    if trainer == "grpo":
+        to_trainer["reward_funcs"] = token_sum_reward
     version = fsdp_version(params)
     with isolated_accelerate_state(), cpu_fsdp_shim(ctx.device, version, trainer=True) as shim:
         kwargs = training_arguments(

@@ -29,6 +29,15 @@ def test_datasets_are_the_same_for_a_seed_and_shaped_per_trainer():
     assert all(len(t.split()) == SEQ for t in sft["text"])
     dpo = trl_trainer.tiny_dataset("dpo", 3, seed=7)
     assert sorted(dpo.column_names) == ["chosen", "prompt", "rejected"] and len(dpo) == 3
+    grpo = trl_trainer.tiny_dataset("grpo", 5, seed=7)
+    assert grpo.column_names == ["prompt"] and len(grpo) == 5
+    assert all(len(p.split()) == SEQ // 2 for p in grpo["prompt"])
+
+
+def test_grpo_reward_tells_completions_apart():
+    # GRPO's advantages are the rewards less their group's mean: equal rewards would give zero gradients
+    assert trl_trainer.token_sum_reward(["t3 t4", "t100"]) == [7 / VOCAB, 100 / VOCAB]
+    assert trl_trainer.token_sum_reward([[{"role": "assistant", "content": "t5 x"}]]) == [5 / VOCAB]
 
 
 def test_options_go_under_the_name_each_release_has():
