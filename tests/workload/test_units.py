@@ -84,6 +84,22 @@ def test_tied_parameters_split_over_two_groups_fail(ctx, monkeypatch):
         _train(model, ctx, names, reference)
 
 
+def test_tied_parameters_in_one_group_of_two_modules_pass(ctx):
+    """``fully_shard([embed_tokens, lm_head])``: one group over two modules, the tie kept in it (what torch 2.13's
+    error prescribes, and accelerate 1.15.0's tail group does, PR #4171). Every module of the group reaches the same
+    FSDP state: it is one unit, not two units each managing the tied weight."""
+    model, names, reference = _lora(ctx, "gemma")
+    mesh = _fsdp2_layers(model, ctx)
+    inner = model.base_model.model
+    fully_shard([inner.model.embed_tokens, inner.lm_head], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    summary = _train(model, ctx, names, reference)["structure"]
+    assert summary["failed"] == 0 and summary["units"] == 4, summary
+    # Gemma's embedding class is nn.Embedding or, in newer transformers, GemmaTextScaledWordEmbedding
+    classes = {("Embedding" if c.endswith("Embedding") else c): n for c, n in summary["unit_classes"].items()}
+    assert classes == {"Embedding": 1, "GemmaDecoderLayer": 2, "PeftModelForCausalLM": 1}, summary
+
+
 def test_an_adapter_outside_its_layers_unit_is_reported(ctx):
     """A module added to layer 0 after its fully_shard, before the root's: no unit manages it (the root's
     fully_shard skips modules inside another unit). Reported, not failed: fix-holds cells have such tensors by
