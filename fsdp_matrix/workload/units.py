@@ -4,7 +4,8 @@ A model can be sharded "as promised" by unit count and collective counts and sti
 silently. Right after wrapping, this check reads:
 
 - **units**: the module each FSDP unit owns (FSDP1: each ``FullyShardedDataParallel`` and its
-  ``_fsdp_wrapped_module``; FSDP2: each module with a ``fully_shard`` state and a parameter group);
+  ``_fsdp_wrapped_module``; FSDP2: each ``fully_shard`` state with a parameter group, named after its first module:
+  ``fully_shard([a, b])`` is one unit over both);
 - **ownership**: which unit manages each parameter. A parameter managed by two units fails, and so do tied
   parameters (one ``Parameter`` under several names before wrapping) that end up managed by two units: FSDP2
   ``fully_shard`` on the embedding and on the head of a tied model gives each its own DTensor, the tie silently
@@ -71,11 +72,17 @@ def _fsdp1_owned(name: str, module: Any) -> Optional[List[str]]:
     return owned
 
 
-def _fsdp2_owned(module: nn.Module, names: Dict[int, str]) -> Optional[List[str]]:
+def _fsdp2_owned(module: nn.Module, names: Dict[int, str], seen: set) -> Optional[List[str]]:
     state = getattr(module, "_get_fsdp_state", None)
     if state is None or not callable(state):
         return None
-    group = getattr(state(), "_fsdp_param_group", None)
+    state = state()
+    # fully_shard([a, b]) gives every module of the list the same state and one parameter group: one unit, named
+    # after the first of them met (accelerate 1.15.0 groups a tied embedding and head so, PR #4171)
+    if id(state) in seen:
+        return None
+    seen.add(id(state))
+    group = getattr(state, "_fsdp_param_group", None)
     owned: List[str] = []
     for fsdp_param in [] if group is None else group.fsdp_params:
         info = fsdp_param._module_info
@@ -101,12 +108,13 @@ def unit_ownership(model: nn.Module) -> Tuple[Dict[str, str], Dict[str, List[str
     names = {id(m): module_name(n) for n, m in model.named_modules()}
     units: Dict[str, str] = {}
     owners: Dict[str, List[str]] = {}
+    states: set = set()
     for name, module in model.named_modules():
         if isinstance(module, FullyShardedDataParallel):
             owned = _fsdp1_owned(name, module)
             inner = module._fsdp_wrapped_module
         else:
-            owned, inner = _fsdp2_owned(module, names), module
+            owned, inner = _fsdp2_owned(module, names, states), module
         if owned is None:
             continue
         unit = module_name(name)

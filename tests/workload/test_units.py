@@ -66,10 +66,13 @@ def test_a_healthy_model_passes_with_its_summary(ctx, how, orig):
         assert summary["tied"] == [["base_model.model.lm_head.weight", "base_model.model.model.embed_tokens.weight"]]
 
 
-def test_tied_parameters_split_over_two_groups_fail(ctx, monkeypatch):
+@pytest.mark.parametrize("head", ["own_group", "root"])
+def test_tied_parameters_split_over_two_groups_fail(ctx, monkeypatch, head):
     """fully_shard on Gemma's embedding and on its head gives each its own DTensor: the tie is broken, each copy
-    trains alone. torch 2.13 refuses it at lazy init (``_validate_no_duplicate_params``); older torch stays silent,
-    so that refusal is lifted here, as older torch runs (every other check passes the model then)."""
+    trains alone. ``head="root"`` is accelerate 1.14.0's tail group: ``fully_shard([embed_tokens])``, the head left
+    to the root's group (accelerate PR #4171; case accelerate-fsdp2-tied-split). torch >= 2.12 refuses it at lazy
+    init (``_validate_no_duplicate_params``); older torch stays silent, so that refusal is lifted here, as older
+    torch runs. Every other check passes the model then: the structural line is the only failure."""
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
     if hasattr(FSDPState, "_validate_no_duplicate_params"):
@@ -77,11 +80,30 @@ def test_tied_parameters_split_over_two_groups_fail(ctx, monkeypatch):
     model, names, reference = _lora(ctx, "gemma")
     mesh = _fsdp2_layers(model, ctx)
     inner = model.base_model.model
-    fully_shard(inner.model.embed_tokens, mesh=mesh)
-    fully_shard(inner.lm_head, mesh=mesh)
+    fully_shard([inner.model.embed_tokens], mesh=mesh)
+    if head == "own_group":
+        fully_shard(inner.lm_head, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    with pytest.raises(CheckFailed, match=r"structure: tied parameters .* are managed by 2 FSDP units"):
+    owners = r"\(base_model\.model\.lm_head, " if head == "own_group" else r"\(<root>, "
+    with pytest.raises(CheckFailed, match=r"^structure: tied parameters .* are managed by 2 FSDP units " + owners) as e:
         _train(model, ctx, names, reference)
+    assert "; " not in str(e.value), str(e.value)
+
+
+def test_tied_parameters_in_one_group_of_two_modules_pass(ctx):
+    """``fully_shard([embed_tokens, lm_head])``: one group over two modules, the tie kept in it (what torch 2.13's
+    error prescribes, and accelerate 1.15.0's tail group does, PR #4171). Every module of the group reaches the same
+    FSDP state: it is one unit, not two units each managing the tied weight."""
+    model, names, reference = _lora(ctx, "gemma")
+    mesh = _fsdp2_layers(model, ctx)
+    inner = model.base_model.model
+    fully_shard([inner.model.embed_tokens, inner.lm_head], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    summary = _train(model, ctx, names, reference)["structure"]
+    assert summary["failed"] == 0 and summary["units"] == 4, summary
+    # Gemma's embedding class is nn.Embedding or, in newer transformers, GemmaTextScaledWordEmbedding
+    classes = {("Embedding" if c.endswith("Embedding") else c): n for c, n in summary["unit_classes"].items()}
+    assert classes == {"Embedding": 1, "GemmaDecoderLayer": 2, "PeftModelForCausalLM": 1}, summary
 
 
 def test_an_adapter_outside_its_layers_unit_is_reported(ctx):
