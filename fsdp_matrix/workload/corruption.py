@@ -27,6 +27,7 @@ try:
 except ImportError:  # torch < 2.6
     from torch.distributed._composable.fsdp import FSDPModule
 
+from fsdp_matrix.workload.activation import ac_kind
 from fsdp_matrix.workload.checks import DTensor, clean_name, trainable_names, wrapper_kind
 from fsdp_matrix.workload.dtypes import (
     DtypePromise,
@@ -257,6 +258,8 @@ class CorruptionChecks:
         self.checkpointing = checkpointing_asked(params, entry.get("checkpointing"))
         """Whether the cell asks for activation checkpointing: its ``ac``/``gc`` axes (``params``) or its entry's
         setting (``entry["checkpointing"]``); None: not known (units.checkpointing_asked)."""
+        self.checkpoint_kind = ac_kind(params)
+        """The ``ac`` axis's promise (``fsdp``, ``hf``, ``none``); None for a cell without it (ac_kind)."""
         self.accelerate_mp = entry.get("mixed_precision")
         """``Accelerator.mixed_precision`` of an accelerate/Trainer entry (None for the torch entry): dtypes.py."""
         self.dtypes: Optional[DtypePromise] = None
@@ -292,7 +295,8 @@ class CorruptionChecks:
         """The structural check (units.py) and the stored-dtype promise (dtypes.py), right after wrapping."""
         device = None if self.batch is None else self.batch.device
         tied = self.reference.tied if self.reference is not None else []
-        checks, failures = check_structure(model, StructurePromise(self.checkpointing, tied, device))
+        promise = StructurePromise(self.checkpointing, tied, device, self.checkpoint_kind)
+        checks, failures = check_structure(model, promise)
         self.checks.update(checks)
         self.failures += failures
         load = self.reference.params if self.reference is not None else None

@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from fsdp_matrix.errors import CheckFailed
+from fsdp_matrix.workload.activation import ac_plugin_kwargs, enable_hf_ac
 from fsdp_matrix.workload.checks import wrapper_kind
 from fsdp_matrix.workload.context import RankContext
 from fsdp_matrix.workload.corruption import Reference
@@ -146,6 +147,7 @@ def make_plugin(
         os.environ["FSDP_SYNC_MODULE_STATES"] = str(low_mem).lower()
     if state_dict_type is not None:
         kwargs["state_dict_type"] = state_dict_type
+    kwargs.update(ac_plugin_kwargs(params, fields))
     if accelerate_wrap(params) == "peft_policy":
         kwargs["auto_wrap_policy"] = fsdp_auto_wrap_policy(model)
     elif axis(params, "layer_cls", LAYER_CLS, default="name") == "partial":
@@ -161,6 +163,8 @@ def make_plugin(
     plugin = FullyShardedDataParallelPlugin(**kwargs)
     if version == 1 and plugin.use_orig_params != flag(params, "orig"):
         raise RuntimeError(f"accelerate's plugin has use_orig_params={plugin.use_orig_params}, not {params['orig']}")
+    if "activation_checkpointing" in kwargs and plugin.activation_checkpointing is not True:
+        raise RuntimeError(f"accelerate's plugin has activation_checkpointing={plugin.activation_checkpointing}")
     return plugin
 
 
@@ -175,6 +179,7 @@ def plugin_summary(plugin: Optional[FullyShardedDataParallelPlugin]) -> Dict[str
         "use_orig_params": getattr(plugin, "use_orig_params", None),
         "auto_wrap_policy": name,
         "state_dict_type": str(getattr(plugin, "state_dict_type", None)),
+        "activation_checkpointing": getattr(plugin, "activation_checkpointing", None),
     }
 
 
@@ -247,6 +252,7 @@ def accelerate_setup(
             accelerator = Accelerator(fsdp_plugin=plugin, cpu=cpu, mixed_precision=mixed_precision, **knobbed)
             chosen = str(accelerator.state.distributed_type)
             force_fsdp(accelerator, plugin)
+        enable_hf_ac(model, params)  # ac hf_*: on the PEFT model before prepare, as its user calls it
         trainable = [p for p in model.parameters() if p.requires_grad]
         if version == 2:
             prepared, optimizer = accelerator.prepare(model, torch.optim.AdamW(trainable, lr=lr))

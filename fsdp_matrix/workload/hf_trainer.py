@@ -15,6 +15,7 @@ import torch
 from torch import distributed as dist
 from torch import nn
 
+from fsdp_matrix.workload.activation import ac_fsdp_config
 from fsdp_matrix.workload.checks import TrainingChecks, trainable_names
 from fsdp_matrix.workload.collectives import CollectiveSpy, fsdp_unit_modules
 from fsdp_matrix.workload.context import RankContext
@@ -75,6 +76,7 @@ def trainer_fsdp_config(model: nn.Module, params: Mapping[str, Any]) -> Dict[str
         config["use_orig_params"] = str(flag(params, "orig")).lower()
     if any(type(m).__name__.endswith("DecoderLayer") for m in model.modules()):
         config["transformer_layer_cls_to_wrap"] = [decoder_layer_class(model).__name__]
+    config.update(ac_fsdp_config(params))  # ac fsdp: accelerate's checkpointing, through the Trainer
     return config
 
 

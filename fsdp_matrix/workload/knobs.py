@@ -29,6 +29,7 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping,
 import torch
 from torch import nn
 
+from fsdp_matrix.workload.activation import ac_of, ac_trainer_kwargs
 from fsdp_matrix.workload.models import decoder_layers
 from fsdp_matrix.workload.params import axis
 
@@ -38,7 +39,7 @@ CLIPS = ("none", 1.0)
 """The ``clip`` axis values: no clipping, or ``max_norm=1.0``."""
 COMPILES = ("none", "regional", "whole")
 """The ``compile`` axis values: no compile, each decoder layer compiled, the whole model compiled."""
-KNOB_AXES = ("accum", "clip", "compile")
+KNOB_AXES = ("accum", "clip", "compile", "ac")
 """The axes this module reads."""
 
 
@@ -52,6 +53,8 @@ class Knobs:
     """``max_norm`` of the entry's ``clip_grad_norm_``; None: no clipping."""
     compile: str = "none"
     """``none``, ``regional`` or ``whole``."""
+    ac: str = "none"
+    """Activation checkpointing (activation.py): ``none``, ``fsdp``, ``hf_reentrant``, ``hf_nonreentrant``."""
     given: Tuple[str, ...] = ()
     """The knob axes the cell has (an entry changes its defaults only for those, e.g. the Trainer's max_grad_norm)."""
 
@@ -63,6 +66,7 @@ def knobs_of(params: Mapping[str, Any]) -> Knobs:
         accum=axis(params, "accum", ACCUMS, default=1),
         clip=None if clip == "none" else float(clip),
         compile=axis(params, "compile", COMPILES, default="none"),
+        ac=ac_of(params),
         given=tuple(n for n in KNOB_AXES if n in params),
     )
 
@@ -142,7 +146,9 @@ def accelerate_kwargs(knobs: Knobs, device: torch.device) -> Dict[str, Any]:
 
 def trainer_kwargs(knobs: Knobs, device: torch.device) -> Dict[str, Any]:
     """``TrainingArguments`` keyword arguments for the knobs the cell has. ``clip`` ``none`` is ``max_grad_norm=0``
-    (the Trainer clips at 1.0 by default); ``regional`` also exports accelerate's env switch (see the module doc)."""
+    (the Trainer clips at 1.0 by default); ``regional`` also exports accelerate's env switch (see the module doc);
+    ``ac`` ``hf_*`` is ``gradient_checkpointing=True`` with its ``use_reentrant``, any other ``ac`` value
+    ``gradient_checkpointing=False`` (``fsdp`` goes in ``fsdp_config``: hf_trainer.trainer_fsdp_config)."""
     kwargs: Dict[str, Any] = {}
     if "accum" in knobs.given:
         kwargs["gradient_accumulation_steps"] = knobs.accum
@@ -152,6 +158,9 @@ def trainer_kwargs(knobs: Knobs, device: torch.device) -> Dict[str, Any]:
         kwargs.update(torch_compile=True, torch_compile_backend=backend_for(device))
     if knobs.compile == "regional":
         os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "true"
+    if "ac" in knobs.given:
+        # explicit for every value: TRL's configs turn gradient_checkpointing on by default in some releases
+        kwargs.update(ac_trainer_kwargs({"ac": knobs.ac}) or {"gradient_checkpointing": False})
     return kwargs
 
 

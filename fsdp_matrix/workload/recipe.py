@@ -6,6 +6,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 
 from torch import nn
 
+from fsdp_matrix.workload.activation import ac_of, enable_hf_ac, torch_fsdp_ac
 from fsdp_matrix.workload.adapters import adapter_dtypes, add_adapter
 from fsdp_matrix.workload.checks import trainable_names
 from fsdp_matrix.workload.context import RankContext
@@ -121,15 +122,22 @@ def wrap_and_train(model: nn.Module, params: Mapping[str, Any], ctx: RankContext
         return {**built, **accelerate_train_and_check(model, params, ctx, trainable, reference)}
     if entry == "trainer":
         return {**built, **trainer_entry(model, params, ctx, trainable, reference)}
+    kind = axis(params, "wrap", WRAPS)
+    # ac: transformers' checkpointing before wrapping; torch's wrapper as accelerate places it (activation.py)
+    enable_hf_ac(model, params)
+    if ac_of(params) == "fsdp" and kind == "fsdp2":
+        torch_fsdp_ac(model)
     wrapped = wrap(
         model,
-        axis(params, "wrap", WRAPS),
+        kind,
         flag(params, "orig", default=None),
         ctx,
         shard=axis(params, "shard", tuple(SHARDING), default="full"),
         mp=axis(params, "mp", tuple(MIXED_PRECISION), default=None),
         init=init,
     )
+    if ac_of(params) == "fsdp" and kind != "fsdp2":
+        torch_fsdp_ac(wrapped)
     # params: the collectives check judges what the cell's wrap and shard axes promise (collectives.Promise)
     checks = train_and_check(wrapped, ctx, trainable=trainable, reference=reference, params=params)
     if init in FROM_RANK0 and ctx.device.type == "cpu" and checks.get("wrapper") == "fsdp1":

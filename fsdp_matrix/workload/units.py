@@ -151,6 +151,11 @@ class StructurePromise:
     """Cleaned names sharing one parameter before wrapping (``tied_groups``); empty where not known."""
     device: Optional[torch.device] = None
     """The cell's device, where every buffer must be; None: only meta is refused."""
+    checkpoint_kind: Optional[str] = None
+    """How the cell asks for checkpointing, from its ``ac`` axis (activation.ac_kind): ``fsdp`` (every decoder layer
+    inside a ``CheckpointWrapper``, nothing else wrapped, no transformers flag), ``hf`` (no wrapper, every decoder
+    layer under a module whose ``gradient_checkpointing`` flag is on), ``none`` (nothing wrapped or flagged). None:
+    judged by ``checkpointing`` alone."""
 
 
 def _owner_failures(owners: Dict[str, List[str]], tied: List[List[str]]) -> List[str]:
@@ -177,8 +182,45 @@ def _inside_a_unit(params: List[str], units: Dict[str, str]) -> List[str]:
     return [p for p in params if any(u != ROOT and p.startswith(u + ".") for u in units)]
 
 
+def _covered(layer: str, flagged: List[str]) -> bool:
+    """Is ``layer`` flagged itself, or inside a flagged module (transformers 4.x flags the decoder stack)?"""
+    return any(f in (layer, ROOT) or layer.startswith(f + ".") for f in flagged)
+
+
+def _kind_failures(wrapped: List[str], flagged: List[str], layers: List[str], kind: str) -> List[str]:
+    """What the cell's ``ac`` value promises (StructurePromise.checkpoint_kind), against what was found."""
+    failures = []
+    if kind == "none" and (wrapped or flagged):
+        failures.append(
+            f"structure: ac none, yet {len(wrapped)} checkpoint-wrapped and {len(flagged)} gradient_checkpointing-"
+            f"flagged modules, e.g. {(wrapped or flagged)[0]}"
+        )
+    if kind == "fsdp":
+        missing = sorted(set(layers) - set(wrapped))
+        extra = sorted(set(wrapped) - set(layers))
+        if missing:
+            failures.append(f"structure: ac fsdp, {len(missing)}/{len(layers)} decoder layers not checkpoint-wrapped")
+        if extra:
+            failures.append(
+                f"structure: ac fsdp, {len(extra)} checkpoint wrappers around modules not decoder layers: {extra[:3]}"
+            )
+        if flagged:
+            failures.append(f"structure: ac fsdp, transformers' gradient_checkpointing flag on too: {flagged[:3]}")
+    if kind == "hf":
+        bare = [layer for layer in layers if not _covered(layer, flagged)]
+        if wrapped:
+            failures.append(f"structure: ac hf, yet {len(wrapped)} modules in a CheckpointWrapper: {wrapped[:3]}")
+        if bare:
+            failures.append(
+                f"structure: ac hf, {len(bare)}/{len(layers)} decoder layers under no gradient_checkpointing flag"
+            )
+    return failures
+
+
 def _checkpoint_failures(model: nn.Module, promise: StructurePromise) -> Tuple[List[str], List[str], List[str]]:
     wrapped, flagged = checkpointed_modules(model)
+    if promise.checkpoint_kind is not None:
+        return wrapped, flagged, _kind_failures(wrapped, flagged, _decoder_layers(model), promise.checkpoint_kind)
     layers = set(_decoder_layers(model))
     failures = []
     if promise.checkpointing is False and (wrapped or flagged):

@@ -1,0 +1,55 @@
+"""Activation checkpointing as users turn it on, through every entry (the ``ac`` axis):
+https://github.com/huggingface/transformers/issues/42489, https://github.com/huggingface/peft/issues/1577
+
+The cell's LoRA model is built and trained by the harness's recipe (``wrap_and_train``); the ``ac`` axis turns
+checkpointing on the way the cell's entry lets its users do it (fsdp_matrix/workload/activation.py), and the
+structural check judges which modules are checkpoint-wrapped or flagged (units.py). On top of every check of a cell,
+this repro counts the attention forwards run inside a backward pass: a cell that asks checkpointing must recompute
+each decoder layer once per step (0 for ``none``), else checkpointing was never on, whatever the flags say.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fsdp_matrix.case import CheckFailed, RankContext, axis, decoder_layers, main, peft_model, wrap_and_train
+
+CASE = "ac-entries"
+ACS = ("none", "fsdp", "hf_reentrant", "hf_nonreentrant")
+STEPS = 3
+
+
+def _count_attention(model: nn.Module) -> list:
+    # [forwards, forwards inside a backward pass]: a pre-hook on each attention module (transformers 5 checkpoints
+    # the layer's forward, not its __call__, so a hook on the layer misses the recompute; a CheckpointWrapper around
+    # the layer is outside the attention); only the latter count, whatever other forwards the harness runs
+    calls = [0, 0]
+
+    def hook(*_):
+        calls[1 if torch._C._current_graph_task_id() != -1 else 0] += 1
+
+    for layer in decoder_layers(model):
+        layer.self_attn.register_forward_pre_hook(hook)
+    return calls
+
+
+def run(params: dict, ctx: RankContext) -> dict:
+    """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
+    ac = axis(params, "ac", ACS)
+    model = peft_model(params, ctx)
+    layers = len(decoder_layers(model))
+    calls = _count_attention(model)
+    checks = wrap_and_train(model, params, ctx)
+    recomputed = calls[1] / (STEPS * layers)
+    checks["attention_recomputed_per_layer_step"] = recomputed
+    want = 0 if ac == "none" else 1
+    if recomputed != want:
+        raise CheckFailed(
+            f"attention was recomputed in backward {recomputed} times per layer and step, expected {want} (ac {ac})"
+        )
+    return checks
+
+
+if __name__ == "__main__":
+    main(run, CASE)
