@@ -14,7 +14,7 @@ from fsdp_matrix.check.read import Reading
 
 DEFAULTS: Dict[str, Any] = {
     "shard": "full", "init": "full", "accum": 1, "clip": "none", "compile": "none", "gc": "none", "mts": "none",
-    "mp": "none", "entry": "own", "layer_cls": "name",
+    "mp": "none", "entry": "own", "layer_cls": "name", "ac": "none",
 }  # fmt: skip
 """The value a cell has on an axis it does not name, where the axis's meaning says (matrix.yaml ``axes:``): no
 ``shard`` is FULL_SHARD, no ``entry`` is the repro wrapping the model itself, no ``init`` is every rank building the
@@ -162,6 +162,7 @@ def map_fsdp(setup: Setup, env: Dict[str, str]) -> None:
         setup.put("sdt", [sdt[kind]] if kind in sdt else [], f"state_dict_type {kind}")
     if _truthy(env.get("FSDP_ACTIVATION_CHECKPOINTING")):
         setup.put("gc", ["torch_ac"], "fsdp activation_checkpointing true (torch's checkpoint_wrapper)")
+        setup.put("ac", ["fsdp"], "fsdp activation_checkpointing true (accelerate's checkpoint_wrapper)")
     mixed = env.get("ACCELERATE_MIXED_PRECISION", "no")
     # the mp axis is bf16 mixed precision as the entry sets it (FSDP1 and FSDP2): fp16 or fp8 is a value no case covers
     mp = {"bf16": ["bf16"], "no": ["none"]}.get(mixed, [])
@@ -180,7 +181,7 @@ def map_fsdp(setup: Setup, env: Dict[str, str]) -> None:
 
 
 def map_training(setup: Setup, ta: Reading) -> None:
-    """accum, clip, compile, gc: the Trainer's resolved fields."""
+    """accum, clip, compile, gc, ac: the Trainer's resolved fields."""
     eff = ta.effective
     steps = int(eff.get("gradient_accumulation_steps") or 1)
     setup.put("accum", [2 if steps > 1 else 1], f"gradient_accumulation_steps {steps}")
@@ -204,8 +205,12 @@ def map_training(setup: Setup, ta: Reading) -> None:
         if "use_reentrant" not in kwargs:
             how += " (transformers' default when gradient_checkpointing_kwargs names none)"
         setup.put("gc", sorted(set(setup.values.get("gc", [])) | {gc}), how)
+        # the ac axis spells transformers' checkpointing the same way (and accelerate's as fsdp)
+        setup.put("ac", sorted(set(setup.values.get("ac", [])) | {gc}), how)
     elif "gc" not in setup.values:
         setup.put("gc", ["none"], "gradient_checkpointing false")
+    if "ac" not in setup.values:
+        setup.put("ac", ["none"], "gradient_checkpointing false, no fsdp activation_checkpointing")
 
 
 def map_adapter(setup: Setup, peft: Optional[Reading], bnb: Optional[Reading]) -> None:

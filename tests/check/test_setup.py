@@ -72,6 +72,25 @@ def test_training_arguments_fields():
     s = build([accelerate({"FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"}), ta])
     assert s.values["accum"] == [2] and s.values["clip"] == ["none"] and s.values["compile"] == ["whole"]
     assert s.values["gc"] == ["hf_reentrant"] and s.entry == "trl" and s.values["trainer"] == ["dpo"]
+    assert s.values["ac"] == ["hf_reentrant"]
+
+
+def test_activation_checkpointing_maps_to_the_ac_axis():
+    fsdp_ac = build(
+        [accelerate({"FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP", "FSDP_ACTIVATION_CHECKPOINTING": "true"})]
+    )
+    assert fsdp_ac.values["ac"] == ["fsdp"] and fsdp_ac.values["gc"] == ["torch_ac"]
+    fields = {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    ta = Reading("training_args", "t.yaml", "", {}, fields, cls="TrainingArguments")
+    assert build([accelerate({}), ta]).values["ac"] == ["hf_nonreentrant"]
+    off = Reading("training_args", "t.yaml", "", {}, {"gradient_checkpointing": False}, cls="TrainingArguments")
+    assert build([accelerate({}), off]).values["ac"] == ["none"]
+    on = Cell("ac-entries", (("ac", "fsdp"), ("adapter", "lora"), ("orig", 0), ("wrap", "decoder_layer")))
+    assert cell_matches(on, fsdp_ac, {"ac"}, "accelerate")
+    assert not cell_matches(on, build([accelerate({}), off]), {"ac"}, "accelerate")
+    # a cell of a case that varies ac and names none is ac none: not the setup of a user who checkpoints
+    bare = Cell("x", (("adapter", "lora"), ("orig", 0), ("wrap", "decoder_layer")))
+    assert not cell_matches(bare, fsdp_ac, {"ac"}, "accelerate") and cell_matches(bare, fsdp_ac, set(), "accelerate")
 
 
 def test_a_cell_takes_its_default_on_an_axis_its_case_varies():
