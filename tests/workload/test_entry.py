@@ -121,7 +121,7 @@ def test_prepare_and_train_inspects_the_prepared_model_before_training(monkeypat
             return {"entry": "accelerate"}
 
     @contextlib.contextmanager
-    def fake_setup(model, params, ctx):
+    def fake_setup(model, params, ctx, **_):  # e.g. mixed_precision, which prepare_and_train passes since e628b60
         calls.append(("prepare", model))
         yield Setup()
         calls.append("leave")
