@@ -16,7 +16,7 @@ from torch import nn
 from fsdp_matrix.case import CheckFailed, RankContext, axis, decoder_layers, main, peft_model, wrap_and_train
 
 CASE = "ac-entries"
-ACS = ("none", "fsdp", "hf_reentrant", "hf_nonreentrant")
+AC_VALUES = ("none", "fsdp", "hf_reentrant", "hf_nonreentrant")
 STEPS = 3
 
 
@@ -36,7 +36,7 @@ def _count_attention(model: nn.Module) -> list:
 
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
-    ac = axis(params, "ac", ACS)
+    ac = axis(params, "ac", AC_VALUES)
     model = peft_model(params, ctx)
     layers = len(decoder_layers(model))
     calls = _count_attention(model)
