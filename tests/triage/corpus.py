@@ -7,12 +7,13 @@ median time per paste.
 
 The corpus is split by thread into ``dev`` (the half triage is tuned on) and ``test`` (held out, measured once at the
 end), recorded in ``tests/fixtures/triage/split.json`` with the sha256 of each test paste
-(tests/triage/test_corpus.py checks it). Split version 2 (2026-11-28): ``dev`` is every paste of
-``tests/fixtures/triage/corpus/`` (the 105 pastes of version 1, both of its halves: version 1's test half was
-measured and reported once, so it is no longer held out), ``test`` is every paste of ``tests/fixtures/triage/fresh/``
-(pastes from threads the corpus never used, collected after that report and before any further tuning). No thread
-has pastes in both folders. Version 1 (a paste's half was the parity of the sha256 of its thread's URL) is kept in
-split.json as history; ``Fixture.v1_half`` recomputes it.
+(tests/triage/test_corpus.py checks it). Split version 3 (2026-11-28): ``dev`` is every paste of
+``tests/fixtures/triage/corpus/`` and ``tests/fixtures/triage/fresh/`` (version 2's two halves: version 2's test half,
+``fresh/``, was measured and reported once, so it is no longer held out), ``test`` is every paste of
+``tests/fixtures/triage/heldout3/`` (pastes from threads nothing else in the repository cites, collected after that
+report and fixed before any tuning on ``fresh/``). No thread has pastes in both halves. Versions 2 (the half was the
+folder: ``corpus/`` dev, ``fresh/`` test) and 1 (the parity of the sha256 of the thread's URL) are kept in split.json
+as history; ``Fixture.v1_half`` recomputes version 1.
 """
 
 from __future__ import annotations
@@ -34,12 +35,18 @@ from fsdp_matrix.triage.parse import parse
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "triage" / "corpus"
 FRESH = ROOT / "tests" / "fixtures" / "triage" / "fresh"
+HELDOUT3 = ROOT / "tests" / "fixtures" / "triage" / "heldout3"
 SPLIT = ROOT / "tests" / "fixtures" / "triage" / "split.json"
 HALVES = ("dev", "test")
-# split version 2: the half is the folder (every version-1 paste is dev; the fresh pastes are the held-out test half)
-FOLDERS = {"dev": CORPUS, "test": FRESH}
-SPLIT_VERSION = 2
-SPLIT_RULE = "half = the folder: dev = tests/fixtures/triage/corpus/, test = tests/fixtures/triage/fresh/"
+# split version 3: the half is the folder. corpus/ (version 1, both halves) and fresh/ (version 2's test half, measured
+# and reported once) are dev; heldout3/ is the held-out test half, fixed before any tuning on fresh/
+FOLDERS = {"dev": (CORPUS, FRESH), "test": (HELDOUT3,)}
+SPLIT_VERSION = 3
+SPLIT_RULE = (
+    "half = the folder: dev = tests/fixtures/triage/corpus/ and tests/fixtures/triage/fresh/, "
+    "test = tests/fixtures/triage/heldout3/"
+)
+V2_RULE = "half = the folder: dev = tests/fixtures/triage/corpus/, test = tests/fixtures/triage/fresh/"
 V1_RULE = "half = ('dev', 'test')[int(sha256(thread_url.lower()).hexdigest()[:8], 16) % 2]"
 
 
@@ -58,7 +65,9 @@ class Fixture:
     sha256: str = ""
     """The sha256 of the whole file (header lines included), as the split records it."""
     half: str = "dev"
-    """``dev`` or ``test``: the folder the paste is in (split version 2)."""
+    """``dev`` or ``test``: the half its folder is in (split version 3)."""
+    folder: str = "corpus"
+    """The folder the paste is in: ``corpus``, ``fresh`` or ``heldout3``."""
 
     @property
     def thread(self) -> str:
@@ -79,12 +88,17 @@ def _read(path: Path, half: str) -> Fixture:
     expected = lines[1].split("expected:", 1)[1].strip()
     text = "\n".join(lines[2:]) + "\n"
     expected_case = None if expected == "none" else expected
-    return Fixture(path.name, url, expected_case, text, hashlib.sha256(raw).hexdigest(), half)
+    return Fixture(path.name, url, expected_case, text, hashlib.sha256(raw).hexdigest(), half, path.parent.name)
 
 
 def load() -> List[Fixture]:
-    """Every fixture of both halves, dev first, each half by name."""
-    return [_read(path, half) for half, folder in FOLDERS.items() for path in sorted(folder.glob("*.txt"))]
+    """Every fixture of both halves, dev first, each folder by name."""
+    return [
+        _read(path, half)
+        for half, folders in FOLDERS.items()
+        for folder in folders
+        for path in sorted(folder.glob("*.txt"))
+    ]
 
 
 def split_record(fixtures: List[Fixture]) -> dict:

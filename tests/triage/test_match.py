@@ -20,9 +20,12 @@ from tests.triage.corpus import CORPUS, load
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = load_matrix(ROOT / "matrix.yaml", check_repros=False)
 FIXTURES = load()
-# the dev half (split version 2: every paste of version 1, both its halves); the held-out test half is never
-# asserted paste by paste here: it is measured once, by python -m tests.triage.corpus --half test
-TUNED = [fx for fx in FIXTURES if fx.half == "dev"]
+# the pastes of corpus/ (split version 1, both its halves), asserted paste by paste. Split version 3 also puts fresh/
+# (version 2's test half) in dev, but its pastes were measured once and reported, not yet tuned on: they are left out
+# of the per-paste assertions and the targets until a session tunes on them (then they join TUNED, each miss listed
+# in MISSES). The held-out test half (heldout3/) is never asserted here: it is measured once, by
+# python -m tests.triage.corpus --half test
+TUNED = [fx for fx in FIXTURES if fx.half == "dev" and fx.folder == "corpus"]
 MISSES = {
     # pastes the matcher gets wrong, each a known gap (strict: a fix must remove it from here)
     "verlpr4275_prose.txt": "prose of FSDP2 dtype mismatch errors without the message: no case's words",
