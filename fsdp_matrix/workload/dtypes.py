@@ -24,11 +24,13 @@ The promises, judged where the dtype before wrapping is known (a reference was t
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.torch_version import TorchVersion
 
 from fsdp_matrix.workload.checks import clean_name
 from fsdp_matrix.workload.shards import Holding, dtype_name
@@ -55,20 +57,35 @@ class DtypePromise:
     """Broken promises found so far (``check_stored``, ``check_compute``), raised with the cell's other checks."""
 
 
+def accelerate_upcasts() -> bool:
+    """The installed accelerate upcasts low-precision trainable parameters under mixed precision: PR #2674, first in
+    0.30.0 (https://github.com/huggingface/accelerate/pull/2674). 0.29.3 trains them in their load dtype (observed
+    2026-11-28 on peft0.10-tf4.40, TRL's SFT with bf16: the LoRA tensors stay bf16)."""
+    try:
+        # torch's vendored version comparison: an exported repro installs torch, not packaging
+        return TorchVersion(importlib.metadata.version("accelerate")) >= "0.30.0"
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
 def dtype_promise_of(
     load: Optional[Mapping[str, Tuple[Any, torch.dtype]]],
     accelerate_mp: Optional[str],
     fsdp_dtype: Optional[torch.dtype],
     fsdp2_4bit: bool = False,
+    upcasts: Optional[bool] = None,
 ) -> DtypePromise:
     """The promise of an entry: ``accelerate_mp`` is ``Accelerator.mixed_precision`` (None: not an accelerate entry),
     ``fsdp_dtype`` the FSDP mixed precision's ``param_dtype`` on the wrapped model (corruption.mixed_param_dtype).
     ``fsdp2_4bit``: an FSDP2 model with bitsandbytes 4-bit layers, which accelerate does not upcast (1.15.0's
-    ``fsdp2_prepare_model`` skips the upcast where the model has ``Params4bit``, and says nothing)."""
+    ``fsdp2_prepare_model`` skips the upcast where the model has ``Params4bit``, and says nothing). ``upcasts``:
+    this accelerate has the upcast at all (None: read from the installed release, ``accelerate_upcasts``)."""
     dtypes = None if load is None else {k: v[1] for k, v in load.items()}
     if accelerate_mp in ACCELERATE_DTYPES:
-        setting = f"accelerate:{accelerate_mp}" + (" (4-bit FSDP2: no upcast)" if fsdp2_4bit else "")
-        return DtypePromise(dtypes, not fsdp2_4bit, ACCELERATE_DTYPES[accelerate_mp], setting)
+        upcasts = accelerate_upcasts() if upcasts is None else upcasts
+        why = " (4-bit FSDP2: no upcast)" if fsdp2_4bit else "" if upcasts else " (accelerate < 0.30: no upcast)"
+        master = upcasts and not fsdp2_4bit
+        return DtypePromise(dtypes, master, ACCELERATE_DTYPES[accelerate_mp], f"accelerate:{accelerate_mp}{why}")
     if fsdp_dtype is not None:
         return DtypePromise(dtypes, False, fsdp_dtype, f"fsdp:{dtype_name(fsdp_dtype)}")
     return DtypePromise(dtypes)

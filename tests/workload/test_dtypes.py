@@ -163,7 +163,11 @@ def test_accelerate_promises_no_upcast_for_a_4bit_fsdp2_model():
 
     load = {"w": ((2,), torch.bfloat16)}
     assert expected(dtype_promise_of(load, "bf16", None, fsdp2_4bit=True), "w", True) == torch.bfloat16
-    assert expected(dtype_promise_of(load, "bf16", None), "w", True) == torch.float32
+    assert expected(dtype_promise_of(load, "bf16", None, upcasts=True), "w", True) == torch.float32
+    # accelerate < 0.30 (before PR #2674) has no upcast: bf16 stays bf16, as observed on peft0.10-tf4.40
+    assert expected(dtype_promise_of(load, "bf16", None, upcasts=False), "w", True) == torch.bfloat16
+    setting = dtype_promise_of(load, "bf16", None, upcasts=False).setting
+    assert setting == "accelerate:bf16 (accelerate < 0.30: no upcast)"
     assert expected(dtype_promise_of(load, "bf16", None), "w", False) == torch.bfloat16
     assert expected(dtype_promise_of(load, "no", torch.bfloat16), "w", True) == torch.bfloat16
 
