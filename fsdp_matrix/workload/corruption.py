@@ -229,7 +229,12 @@ def mixed_param_dtype(model: nn.Module) -> Optional[torch.dtype]:
             return getattr(getattr(module, "mixed_precision", None), "param_dtype", None)
         if isinstance(module, FSDPModule):
             group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
-            return getattr(getattr(group, "mp_policy", None), "param_dtype", None)
+            policy = getattr(group, "mp_policy", None)
+            if policy is None and getattr(group, "fsdp_params", None):
+                # torch 2.15 resolves the policy per parameter (FSDPParam.mp_policy) and the group keeps none: read
+                # as the group's, no fp32 master was promised on torch2.15 (observed 2026-11-28, mp-upcast cells)
+                policy = getattr(group.fsdp_params[0], "mp_policy", None)
+            return getattr(policy, "param_dtype", None)
     return None
 
 
