@@ -78,6 +78,10 @@ class LaunchOptions(BaseModel):
     shared_dir: Optional[Path] = None
     """A folder every node sees (shared storage), the same path on each, for what one rank writes and every rank
     reads (checkpoints) in a rendezvous of several machines (--torchrun-args --nnodes); not needed on one machine."""
+    share_gpu: bool = False
+    """On cuda, let ranks share the GPUs when there are fewer than ranks: rank i on cuda:(i mod GPUs), each with its own
+    NCCL_HOSTID, so NCCL's duplicate-GPU check passes and it talks over its network transport (one GPU can then run
+    the 2-rank cells; slower, not faster: docs/pages/gpu.md)."""
     torchrun_args: str = "--standalone"
     """Rendezvous options passed to torchrun, e.g. for multi-node: '--nnodes=2 --node-rank=N --rdzv-endpoint=HOST:PORT
     ...' (a fixed node count: each cell runs at the world size its id names)."""

@@ -90,8 +90,9 @@ def step_argv(plan: Plan, step: Step, args: argparse.Namespace, cells: Sequence[
         return [sys.executable, "-m", "fsdp_matrix.device.probe", "--device", args.device,
                 "--out", str(args.work / "platform-facts.json")]  # fmt: skip
     results = args.work / "results" / combo_for(plan, step, args.device)
-    return [sys.executable, "-m", "fsdp_matrix", "run", "--device", args.device, "--world-size", "1",
-            "--combo", combo_for(plan, step, args.device), "--results", str(results),
+    share = ["--share-gpu"] if step.share_gpu else []
+    return [sys.executable, "-m", "fsdp_matrix", "run", "--device", args.device, "--world-size", str(step.world_size),
+            *share, "--combo", combo_for(plan, step, args.device), "--results", str(results),
             "--cell-timeout", str(plan.cell_timeout_s), *cells]  # fmt: skip
 
 

@@ -47,9 +47,13 @@ class Step:
     why: str
     """What the step answers, in one line (printed as it starts)."""
     cells: Tuple[str, ...] = ()
-    """CASE/CELL ids at world size 1."""
+    """CASE/CELL ids, at ``world_size``."""
     est_s: int = 0
     """Estimated seconds (launch + cells), for packing calls."""
+    world_size: int = 1
+    """Ranks of the step's launch: 2 only with ``share_gpu`` (one GPU holds one NCCL rank otherwise)."""
+    share_gpu: bool = False
+    """``run --share-gpu``: two ranks on one GPU, each with its own NCCL host id (the probe's nccl-hostid part)."""
 
 
 @dataclass(frozen=True)
@@ -202,8 +206,40 @@ def build_steps(matrix: Matrix) -> Tuple[List[Step], List[str]]:
             sample_cells(matrix, base.versions, taken),
         ),
     ]
+    two = two_gpu_cells(matrix)
+    steps.append(shared_step(matrix, base.versions, two, steps[-1]))
     steps = [s for s in steps if s.kind == "probe" or s.cells]
-    return steps, [c.key for c in two_gpu_cells(matrix)]
+    return steps, [c.key for c in two]
+
+
+ACCELERATE_ENTRIES = ("accelerate", "trainer", "trl")
+"""Entries that reach accelerate's PartialState, which puts rank k on ``cuda:k`` (LOCAL_RANK) whatever the harness
+chose: rank 1 of two on one GPU would fail there with an invalid device ordinal, a fault of the layout."""
+
+
+def _through_accelerate(cell: Cell) -> bool:
+    return cell.params_dict.get("entry") in ACCELERATE_ENTRIES or cell.case.startswith(
+        ("accelerate-", "launcher-", "trainer-", "trl-")
+    )
+
+
+def shared_step(matrix: Matrix, versions: Mapping[str, Optional[str]], two: Sequence[Cell], sample: Step) -> Step:
+    """The 2-rank cells on one GPU (``run --share-gpu``): those no world-size-1 run reaches, whose skips under the
+    image's versions are left out, then the sample's cells at world size 2 (not those through accelerate:
+    ACCELERATE_ENTRIES), the layout of their CPU rules, so that
+    cuda and cpu are compared at one layout (FSDP1 at world size 1 falls back to NO_SHARD: a different program)."""
+    cases = {c.id: c for c in matrix.cases}
+    runnable = [c for c in two if expected_for(cases[c.case], c, versions).kind != "skip"]
+    taken = set(sample.cells)
+    at_two = [
+        cell
+        for case in matrix.cases
+        for cell in expand_case(case, "cuda", 2)
+        if cell.world_size == 2 and replace(cell, world_size=1).key in taken
+    ]
+    cells = [c for c in runnable + at_two if c.world_size == 2 and not _through_accelerate(c)]
+    why = "the 2-rank cells on one GPU (NCCL, a host id per rank), then the sample at world size 2"
+    return replace(_step("cuda-ws2-shared", image.BASE.name, why, cells), world_size=2, share_gpu=True)
 
 
 def pack(

@@ -11,6 +11,7 @@ from fsdp_matrix.errors import LaunchError
 from fsdp_matrix.matrix import DEFAULT_MATRIX, Matrix
 from fsdp_matrix.options import LaunchOptions, rendezvous_nodes
 from fsdp_matrix.runner.launcher import Launcher
+from fsdp_matrix.runner.protocol import ENV_SHARE_GPU
 from fsdp_matrix.runner.session import Session
 
 
@@ -57,7 +58,7 @@ def layout_refusal(opts: LaunchOptions, device: str, world_size: int, nodes: int
         import torch
 
         have = torch.cuda.device_count()
-        if world_size // nodes * nodes > have:
+        if world_size // nodes * nodes > have and not (opts.share_gpu and have > 0):
             return f"needs {world_size} GPUs on this machine (one per rank); it has {have}"
     return None
 
@@ -77,6 +78,8 @@ def open_session(
 
     device = resolve_device(opts.device)
     run_root = launches or opts.results / "launches"
+    if opts.share_gpu and device == "cuda":
+        launcher["env"] = {**launcher.get("env", {}), ENV_SHARE_GPU: "1"}
     common = dict(run_root=run_root, device=device, cell_timeout=opts.cell_timeout, python=python, **launcher)
     world_size, nodes = run_layout(opts, device)
     args = dict(torchrun_args=opts.torchrun_argv, shared_dir=opts.shared_dir)

@@ -44,6 +44,8 @@ ENV_LAUNCH = "FSDP_MATRIX_LAUNCH"
 """Set on every process of a launch (its launch id), so a sweep finds even children that escaped the tree."""
 ENV_DEVICE = "FSDP_MATRIX_DEVICE"
 """``cpu`` or ``cuda``: what the ranks run on."""
+ENV_SHARE_GPU = "FSDP_MATRIX_SHARE_GPU"
+"""``1``: ranks share the GPUs when there are fewer than ranks (``run --share-gpu``; worker.make_context)."""
 
 
 STRIPPED_ENV_PREFIXES = (
@@ -87,7 +89,7 @@ device-side assertions change the error text the rules match; the ``NCCL_*`` thr
 ``TORCH_NCCL_*``. The rest of ``NCCL_*`` and ``GLOO_*`` passes: socket interfaces, InfiniBand and P2P transports are
 the machine's, a run may need them to start at all, and they change how bytes move, not which collectives FSDP calls
 or what a cell computes."""
-KEPT_ENV = (ENV_LAUNCH, ENV_DEVICE)
+KEPT_ENV = (ENV_LAUNCH, ENV_DEVICE, ENV_SHARE_GPU)
 """Ours, though they match no prefix above; everything else (RANK, WORLD_SIZE, MASTER_*, the socket-interface
 variables GLOO_/NCCL_/TP_SOCKET_IFNAME, the HF_* offline settings, OMP_NUM_THREADS, ...) passes through."""
 

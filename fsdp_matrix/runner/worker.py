@@ -32,6 +32,7 @@ from fsdp_matrix.runner import procs
 from fsdp_matrix.runner.hygiene import Hygiene
 from fsdp_matrix.runner.protocol import (
     ENV_DEVICE,
+    ENV_SHARE_GPU,
     LAUNCH_JSON,
     TASKS,
     Bye,
@@ -226,7 +227,7 @@ def make_context(scratch: Path, seed: int = 0, shared: Optional[Path] = None) ->
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     cuda = os.environ.get(ENV_DEVICE, "cpu") == "cuda"
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    device = torch.device("cuda", cuda_index(local_rank)) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     return RankContext(
@@ -240,6 +241,21 @@ def make_context(scratch: Path, seed: int = 0, shared: Optional[Path] = None) ->
         shared=shared,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None,
     )
+
+
+def cuda_index(local_rank: int) -> int:
+    """The GPU of this rank: its local rank, or under ``run --share-gpu`` with fewer GPUs than ranks, local rank mod
+    GPUs, with a host id of its own (``NCCL_HOSTID``). NCCL refuses two ranks of one communicator on one device
+    ("Duplicate GPU detected", init.cc, https://github.com/NVIDIA/nccl/issues/1241) only when they share a host hash;
+    with distinct ones it talks over its network transport (fsdp_matrix/device/probe.py saw both on an H200)."""
+    import torch
+
+    count = torch.cuda.device_count()
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if os.environ.get(ENV_SHARE_GPU) != "1" or count == 0 or ranks <= count:
+        return local_rank
+    os.environ["NCCL_HOSTID"] = f"fsdp-matrix-rank{local_rank}"
+    return local_rank % count
 
 
 def init_process_group(ctx: Any, timeout_s: float) -> None:

@@ -27,7 +27,7 @@ def test_seed_002_runs_first_on_peft_0_13_0_then_on_a_fixed_release(built):
 
 def test_every_cell_the_device_changes_is_planned_at_world_size_1(built):
     steps, _ = built
-    planned = {c for s in steps if s.name != "cpu-sample" for c in s.cells}
+    planned = {c for s in steps if s.name not in ("cpu-sample", "cuda-ws2-shared") for c in s.cells}
     # the cases whose rules name the device or that need cuda, under the image's versions
     for key in ("fsdp2-4bit-forward/qlora-bf16-fsdp2-llama-storage_bf16-ws1",
                 "trl-dpo-precompute-fsdp2/lora-fp32-fsdp2-llama-entry_trl-precompute1-ws1",
@@ -45,7 +45,7 @@ def test_the_sample_takes_one_cell_of_each_other_case(built):
     steps, _ = built
     sample = next(s for s in steps if s.name == "cpu-sample")
     cases = [c.split("/")[0] for c in sample.cells]
-    taken = {c.split("/")[0] for s in steps if s.name != "cpu-sample" for c in s.cells}
+    taken = {c.split("/")[0] for s in steps if s.name not in ("cpu-sample", "cuda-ws2-shared") for c in s.cells}
     assert len(cases) == len(set(cases)) and not set(cases) & taken
     for key in sample.cells:
         assert find_cell(MATRIX, key, "cuda").world_size == 1
@@ -92,3 +92,14 @@ def test_a_plan_reads_back_and_another_schema_is_refused(built):
         plan.load('{"schema": 0}')
     with pytest.raises(ValueError, match="does not parse"):
         plan.load("{")
+
+
+def test_the_shared_step_runs_two_ranks_on_one_gpu(built):
+    steps, two = built
+    shared = steps[-1]
+    assert (shared.name, shared.world_size, shared.share_gpu) == ("cuda-ws2-shared", 2, True)
+    assert shared.cells and all(c.endswith("-ws2") for c in shared.cells)
+    # the 2-rank cells first (those no world-size-1 run reaches), then the sample at world size 2
+    sample = next(s for s in steps if s.name == "cpu-sample")
+    assert shared.cells[0] in two
+    assert {c[: -len("-ws2")] + "-ws1" for c in shared.cells if c not in two} <= set(sample.cells)
