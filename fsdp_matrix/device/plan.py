@@ -212,20 +212,24 @@ def build_steps(matrix: Matrix) -> Tuple[List[Step], List[str]]:
     return steps, [c.key for c in two]
 
 
-ACCELERATE_ENTRIES = ("accelerate", "trainer", "trl")
-"""Entries that reach accelerate's PartialState, which puts rank k on ``cuda:k`` (LOCAL_RANK) whatever the harness
-chose: rank 1 of two on one GPU would fail there with an invalid device ordinal, a fault of the layout."""
+ACCELERATE_ENTRIES = ("trainer", "trl")
+"""Entries whose TrainingArguments put rank k on ``cuda:k`` (LOCAL_RANK) whatever the harness chose: rank 1 of two
+on one GPU fails there with "CUDA error: invalid device ordinal" (seen 2026-11-28, checkpoint-roundtrip's
+trainer_resume cells), a fault of the layout. Accelerate's own entry ran on the shared layout (acc_save_model)."""
 
 
 def _through_accelerate(cell: Cell) -> bool:
-    return cell.params_dict.get("entry") in ACCELERATE_ENTRIES or cell.case.startswith(
-        ("accelerate-", "launcher-", "trainer-", "trl-")
+    params = cell.params_dict
+    return (
+        params.get("entry") in ACCELERATE_ENTRIES
+        or any(str(v).startswith("trainer_") for v in params.values())
+        or cell.case.startswith(("trainer-", "trl-"))
     )
 
 
 def shared_step(matrix: Matrix, versions: Mapping[str, Optional[str]], two: Sequence[Cell], sample: Step) -> Step:
     """The 2-rank cells on one GPU (``run --share-gpu``): those no world-size-1 run reaches, whose skips under the
-    image's versions are left out, then the sample's cells at world size 2 (not those through accelerate:
+    image's versions are left out, then the sample's cells at world size 2 (not those through the Trainer:
     ACCELERATE_ENTRIES), the layout of their CPU rules, so that
     cuda and cpu are compared at one layout (FSDP1 at world size 1 falls back to NO_SHARD: a different program)."""
     cases = {c.id: c for c in matrix.cases}

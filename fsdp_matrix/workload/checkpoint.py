@@ -342,9 +342,13 @@ def optimizer_digest(optimizer: Any) -> List[float]:
                 continue
             value = value.to_local() if isinstance(value, DTensor) else value
             total[i] += float(value.detach().double().abs().sum()) if torch.is_tensor(value) else float(value)
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        # nccl reduces CUDA tensors only ("No backend type associated with device type cpu", seen on the GPU run of
+        # 2026-11-28); the optimizer state may sit on the CPU (offload) whatever the backend
+        total = total.to(torch.device("cuda", torch.cuda.current_device()))
     if dist.is_initialized():
         dist.all_reduce(total)
-    return [float(x) for x in total]
+    return [float(x) for x in total.tolist()]
 
 
 def check_restored(
