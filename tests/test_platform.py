@@ -17,6 +17,12 @@ computes the same with the current matrix.yaml and code and allows only these di
   Checked on the verdict: ``judge`` on the rule's own message gives reproduced with main's expectation and
   skipped with the new one.
 
+Updated on purpose since (each entry of the fixture set to the new expectation, nothing else regenerated):
+
+- 2026-11-28, the first GPU run (docs/pages/observed/gpu/2026-11-28): qdora-cpu-init's ``quantized_on: cuda``
+  cells (no rule before) and mixed-dtype's Trainer bf16 cell at world size 1 under transformers < 4.47 got rules
+  from what the device observed: 26 entries.
+
 When a later change of matrix.yaml changes an expectation on purpose, review the difference this test prints, then
 regenerate the fixture with ``PYTHONPATH=. python -m tests.outcomes > tests/fixtures/expectations_main.json``.
 """

@@ -215,14 +215,15 @@ def build_steps(matrix: Matrix) -> Tuple[List[Step], List[str]]:
 ACCELERATE_ENTRIES = ("trainer", "trl")
 """Entries whose TrainingArguments put rank k on ``cuda:k`` (LOCAL_RANK) whatever the harness chose: rank 1 of two
 on one GPU fails there with "CUDA error: invalid device ordinal" (seen 2026-11-28, checkpoint-roundtrip's
-trainer_resume cells), a fault of the layout. Accelerate's own entry ran on the shared layout (acc_save_model)."""
+trainer_resume cells), a fault of the layout; so does accelerate's save_state, whose barrier runs on its own
+``cuda:LOCAL_RANK`` (seen the same day). Accelerate's other paths ran on the shared layout (acc_save_model)."""
 
 
 def _through_accelerate(cell: Cell) -> bool:
     params = cell.params_dict
     return (
         params.get("entry") in ACCELERATE_ENTRIES
-        or any(str(v).startswith("trainer_") for v in params.values())
+        or any(str(v).startswith(("trainer_", "acc_save_state")) for v in params.values())
         or cell.case.startswith(("trainer-", "trl-"))
     )
 

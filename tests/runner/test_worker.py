@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -145,3 +146,21 @@ def test_a_cell_that_ends_in_another_world_than_its_id_names_fails_whatever_it_c
     assert f"world: the process group has {have} rank" in result.error_message
     assert f"the cell's id names {have + 1}" in result.error_message
     assert run_cell(lambda params, ctx: {}, {}, SimpleNamespace(seed=0, world_size=have), 0).status == "ok"
+
+
+def test_cuda_index_shares_the_gpus_only_when_asked_and_short(monkeypatch):
+    import torch
+
+    from fsdp_matrix.runner.protocol import ENV_SHARE_GPU
+    from fsdp_matrix.runner.worker import cuda_index
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("NCCL_HOSTID", raising=False)
+    monkeypatch.delenv(ENV_SHARE_GPU, raising=False)
+    assert cuda_index(1) == 1 and "NCCL_HOSTID" not in os.environ  # not asked: NCCL's own refusal stands
+    monkeypatch.setenv(ENV_SHARE_GPU, "1")
+    assert cuda_index(1) == 0 and os.environ["NCCL_HOSTID"] == "fsdp-matrix-rank1"
+    monkeypatch.delenv("NCCL_HOSTID")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert cuda_index(1) == 1 and "NCCL_HOSTID" not in os.environ  # a GPU per rank: nothing shared
