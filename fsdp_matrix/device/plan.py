@@ -207,7 +207,7 @@ def build_steps(matrix: Matrix) -> Tuple[List[Step], List[str]]:
         ),
     ]
     two = two_gpu_cells(matrix)
-    steps.append(shared_step(matrix, base.versions, two, steps[-1]))
+    steps.append(shared_step(matrix, base.versions, two, steps))
     steps = [s for s in steps if s.kind == "probe" or s.cells]
     return steps, [c.key for c in two]
 
@@ -228,22 +228,29 @@ def _through_accelerate(cell: Cell) -> bool:
     )
 
 
-def shared_step(matrix: Matrix, versions: Mapping[str, Optional[str]], two: Sequence[Cell], sample: Step) -> Step:
-    """The 2-rank cells on one GPU (``run --share-gpu``): those no world-size-1 run reaches, whose skips under the
-    image's versions are left out, then the sample's cells at world size 2 (not those through the Trainer:
-    ACCELERATE_ENTRIES), the layout of their CPU rules, so that
-    cuda and cpu are compared at one layout (FSDP1 at world size 1 falls back to NO_SHARD: a different program)."""
+def shared_step(
+    matrix: Matrix, versions: Mapping[str, Optional[str]], two: Sequence[Cell], steps: Sequence[Step]
+) -> Step:
+    """The 2-rank cells on one GPU (``run --share-gpu``): first the base site's device cells (``cuda-cells``) at world
+    size 2, the layout of the reports (fsdp2-4bit-forward's NCCL all-gather); then those no world-size-1 run reaches,
+    whose skips under the image's versions are left out; then the sample's cells at world size 2, the layout of their
+    CPU rules, so that cuda and cpu are compared at one layout (FSDP1 at world size 1 falls back to NO_SHARD: a
+    different program). Not those through the Trainer (ACCELERATE_ENTRIES)."""
     cases = {c.id: c for c in matrix.cases}
     runnable = [c for c in two if expected_for(cases[c.case], c, versions).kind != "skip"]
-    taken = set(sample.cells)
-    at_two = [
-        cell
-        for case in matrix.cases
-        for cell in expand_case(case, "cuda", 2)
-        if cell.world_size == 2 and replace(cell, world_size=1).key in taken
-    ]
-    cells = [c for c in runnable + at_two if c.world_size == 2 and not _through_accelerate(c)]
-    why = "the 2-rank cells on one GPU (NCCL, a host id per rank), then the sample at world size 2"
+    ones = {name: set(st.cells) for st in steps if (name := st.name) in ("cuda-cells", "cpu-sample")}
+
+    def at_two(taken: set) -> List[Cell]:
+        return [
+            cell
+            for case in matrix.cases
+            for cell in expand_case(case, "cuda", 2)
+            if cell.world_size == 2 and replace(cell, world_size=1).key in taken
+        ]
+
+    ordered = at_two(ones.get("cuda-cells", set())) + runnable + at_two(ones.get("cpu-sample", set()))
+    cells = [c for c in ordered if c.world_size == 2 and not _through_accelerate(c)]
+    why = "2 ranks on one GPU (NCCL, a host id per rank): the device cells, the 2-rank cells, the sample"
     return replace(_step("cuda-ws2-shared", image.BASE.name, why, cells), world_size=2, share_gpu=True)
 
 

@@ -99,7 +99,10 @@ def test_the_shared_step_runs_two_ranks_on_one_gpu(built):
     shared = steps[-1]
     assert (shared.name, shared.world_size, shared.share_gpu) == ("cuda-ws2-shared", 2, True)
     assert shared.cells and all(c.endswith("-ws2") for c in shared.cells)
-    # the 2-rank cells first (those no world-size-1 run reaches), then the sample at world size 2
-    sample = next(s for s in steps if s.name == "cpu-sample")
-    assert shared.cells[0] in two
-    assert {c[: -len("-ws2")] + "-ws1" for c in shared.cells if c not in two} <= set(sample.cells)
+    # the device cells at world size 2 first (the reports' layout), then the 2-rank cells, then the sample
+    ones = {c for s in steps if s.name in ("cuda-cells", "cpu-sample") for c in s.cells}
+    device = next(s for s in steps if s.name == "cuda-cells")
+    assert shared.cells[0][: -len("-ws2")] + "-ws1" in device.cells
+    assert "fsdp2-4bit-forward/qlora-bf16-fsdp2-llama-storage_bf16-ws2" in shared.cells
+    assert {c[: -len("-ws2")] + "-ws1" for c in shared.cells if c not in two} <= ones
+    assert not any("entry_trainer" in c or "save_trainer" in c for c in shared.cells)
