@@ -20,7 +20,7 @@ from fsdp_matrix.cells import Cell, expand_case
 from fsdp_matrix.expectations import expected_for, version_matches
 from fsdp_matrix.matrix import Case, Combo, Matrix
 from fsdp_matrix.records import Record
-from fsdp_matrix.triage import normalise, prose
+from fsdp_matrix.triage import aliases, normalise, prose
 from fsdp_matrix.triage.evidence import (
     Context,
     adapter_kinds,
@@ -100,7 +100,15 @@ HANG_SIGNS = re.compile(
 
 LEVELS = (("strong", 7.0), ("likely", 5.0), ("weak", 3.0))
 """Evidence points a fit needs for each level; below the last, nothing is claimed."""
-POINTS = {"exact": 3.0, "case-insensitive": 2.0, "in the text": 2.0, "values": 2.0, "part": 1.0, "loose": 1.0}
+POINTS = {
+    "exact": 3.0,
+    "case-insensitive": 2.0,
+    "in the text": 2.0,
+    "values": 2.0,
+    "alias": 2.0,
+    "part": 1.0,
+    "loose": 1.0,
+}
 """Points for how the rule's message was found in the paste."""
 GENERIC_WORDS = 4
 """A rule whose regex has this many words (besides "of", "to", "be"...) or fewer (``tuple index out of range``,
@@ -238,8 +246,9 @@ def _primary_report(case: Optional[Case]) -> Optional[str]:
     return found.group(1) if found else None
 
 
-PARTIAL = ("loose", "values", "part")
-"""Fits that are not the rule's own message (other words, other values, a part of it): never strong."""
+PARTIAL = ("loose", "values", "part", "alias")
+"""Fits that are not the rule's own message (other words, other values, a part of it, another release's wording):
+never strong."""
 GENERIC_AGAINST = "a message many libraries raise"
 """How a fit of a generic message without a frame is turned down: the one reason a report's words may still name
 its case (every other reason, frames elsewhere, another stack, is evidence against the words too)."""
@@ -327,6 +336,10 @@ def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optio
     found = [e for e in paste.errors if _loose(raw, e.message)]
     if found:
         return "loose", found
+    for alias in aliases.of(regex):
+        found = [e for e in paste.errors if alias.wording.search(_plain(e.message))]
+        if found or alias.wording.search(_plain(paste.text)):
+            return "alias", found
     # a line's words are the paste's words: when the whole paste lacks the rule's, no line has them
     if _loose(raw, _plain(paste.text)) and any(_loose(raw, line) for line in paste.lines if len(line) < 600):
         return "loose", []
@@ -499,6 +512,9 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
         notes.append("the rule's message with other values (numbers, shapes, names, paths) or broken across lines")
     elif kind == "part":
         notes.append("part of the rule's message: quoted without its first or last words, or cut where the paste ends")
+    elif kind == "alias":
+        said = [a for a in aliases.of(regex) if a.wording.search(_plain(paste.text))]
+        notes += [f"another release's wording: {a.why}" for a in said[:1]]
     against = _against(sig, case, paste, ctx, errors, kind)
     generic = _generic(err.match) or not getattr(err, "module", None)
     if not against and generic and not any(f.startswith("frame in") for f in found):

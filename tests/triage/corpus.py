@@ -91,11 +91,13 @@ def _read(path: Path, half: str) -> Fixture:
     return Fixture(path.name, url, expected_case, text, hashlib.sha256(raw).hexdigest(), half, path.parent.name)
 
 
-def load() -> List[Fixture]:
-    """Every fixture of both halves, dev first, each folder by name."""
+def load(halves: Tuple[str, ...] = HALVES) -> List[Fixture]:
+    """Every fixture of the given halves (both by default), dev first, each folder by name. A dev-only run reads no
+    file of the held-out half."""
     return [
         _read(path, half)
         for half, folders in FOLDERS.items()
+        if half in halves
         for folder in folders
         for path in sorted(folder.glob("*.txt"))
     ]
@@ -187,8 +189,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--half", choices=HALVES + ("all",), default="all", help="which half to measure (default: both)")
     args = p.parse_args(argv)
     matrix = load_matrix(args.matrix, check_repros=False)
-    fixtures = load()
-    for half in HALVES if args.half == "all" else (args.half,):
+    halves = HALVES if args.half == "all" else (args.half,)
+    fixtures = load(halves)
+    for half in halves:
         chosen = [f for f in fixtures if f.half == half]
         print(f"## {half} ({len(chosen)} pastes, {sum(bool(f.expected) for f in chosen)} covered)\n")
         print(table(measure(triage_answer(matrix), chosen), misses=half == "dev") + "\n")
