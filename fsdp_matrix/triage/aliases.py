@@ -18,7 +18,7 @@ from typing import Any, List, Tuple
 class Alias:
     """Another release's wording of a message that a rule of matrix.yaml matches."""
 
-    wording: "re.Pattern[str]"
+    wording: re.Pattern[str]
     """The other wording, searched in a pasted message (or the paste's text: a title that quotes it)."""
     stands_for: str
     """The message as the rule's releases raise it: a rule whose regex finds it is the rule this alias stands for."""
@@ -30,11 +30,11 @@ ALIASES: Tuple[Alias, ...] = (
     Alias(
         re.compile(r"Integer parameters are unsupported"),
         "Cannot flatten integer dtype tensors",
-        # torch 2.0's torch/distributed/fsdp/flat_param.py (pytorch/pytorch at 002159d15791e969ffa994863a7fda7ed8338937),
-        #   FlatParamHandle._init_flat_param: `if dtype is None and not param.is_floating_point(): raise
-        #   ValueError("Integer parameters are unsupported")`; from torch 2.1 FlatParamHandle._validate_tensors_to_flatten
-        #   runs the same test and raises ValueError("Cannot flatten integer dtype tensors"). Reported under FSDP with a quantized
-        #   (uint8 / int8) base: https://github.com/huggingface/accelerate/issues/1415,
+        # torch 2.0's torch/distributed/fsdp/flat_param.py (pytorch/pytorch at
+        #   002159d15791e969ffa994863a7fda7ed8338937), FlatParamHandle._init_flat_param: `if dtype is None and not
+        #   param.is_floating_point(): raise ValueError("Integer parameters are unsupported")`; from torch 2.1,
+        #   FlatParamHandle._validate_tensors_to_flatten runs the same test and raises ValueError("Cannot flatten
+        #   integer dtype tensors"). Reported under FSDP with a quantized (uint8 / int8) base: https://github.com/huggingface/accelerate/issues/1415,
         #   https://github.com/artidoro/qlora/issues/198, https://github.com/tatsu-lab/alpaca_farm/issues/63
         "torch <= 2.0's wording (flat_param.py, FlatParamHandle._init_flat_param) of the check torch >= 2.1 raises "
         "as 'Cannot flatten integer dtype tensors': the first parameter of an FSDP1 unit is not floating point",

@@ -86,7 +86,7 @@ _NEGATED = re.compile(
 DeepSpeed"): the report rules that stack out (axolotl#857's title: "... without deepspeed")."""
 
 
-def _affirmed(pattern: "re.Pattern[str]", text: str) -> bool:
+def _affirmed(pattern: re.Pattern[str], text: str) -> bool:
     """Whether the text names the pattern's stack once without a negation just before it."""
     return any(not _NEGATED.search(text[max(0, m.start() - 24) : m.start()]) for m in pattern.finditer(text))
 

@@ -78,6 +78,9 @@ class Signature:
         hang = getattr(self.rule, "hang", None)
         if hang is not None and hang.stack:
             return HangPattern(hang.stack)
+        warning = getattr(self.rule, "warning", None)
+        if warning is not None:
+            return WarningPattern(warning.match, str(warning.type))
         return getattr(self.rule, "error", None) or getattr(self.rule, "signature", None)
 
 
@@ -90,6 +93,22 @@ class HangPattern:
     """The rule's ``hang.stack`` regex, searched in the paste's text (its frames)."""
     type: str = "hang"
     module: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class WarningPattern:
+    """A ``warning`` rule's signature, in the shape of an error signature: the run trains, and a rank prints the
+    warning as Python does (``path.py:174: UserWarning: message``), a line the paste holds without an exception."""
+
+    match: str
+    """The rule's ``warning.match`` regex, searched in the paste's text."""
+    type: str
+    """The warning's class (``UserWarning``)."""
+    module: Optional[str] = None
+
+
+_WARNED_AT = r"([^\s:]+\.py):\d+:\s*(?:\w+\.)*{}:"
+"""Where Python's ``warnings`` prints a warning: ``path.py:LINE: Category: message``."""
 
 
 HANG_SIGNS = re.compile(
@@ -108,6 +127,7 @@ POINTS = {
     "alias": 2.0,
     "part": 1.0,
     "loose": 1.0,
+    "warning": 3.0,
 }
 """Points for how the rule's message was found in the paste."""
 GENERIC_WORDS = 4
@@ -225,7 +245,7 @@ def signatures(matrix: Matrix) -> List[Signature]:
         Signature(case.id, f"expect[{i}]", rule)
         for case in matrix.cases
         for i, rule in enumerate(case.expect)
-        if rule.error is not None or (rule.hang is not None and rule.hang.stack)
+        if rule.error is not None or (rule.hang is not None and rule.hang.stack) or rule.warning is not None
     ]
     return out + [Signature(None, f"platform[{i}]", rule) for i, rule in enumerate(_platform_rules(matrix))]
 
@@ -501,6 +521,8 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
         return None
     if isinstance(err, HangPattern):
         return _hang_fit(sig, regex, paste, ctx or read_context(paste))
+    if isinstance(err, WarningPattern):
+        return _warning_fit(sig, regex, paste, ctx or read_context(paste))
     kind, errors = _message_fit(regex, err.match, paste)
     if kind is None:
         return None
@@ -550,6 +572,32 @@ def _hang_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Contex
         points += 1
         found.append("PEFT: " + ctx.peft[0])
     return Hit(sig, points, notes, points, found, None, "stack")
+
+
+def _warning_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Context) -> Optional[Hit]:
+    """A warning rule fits a paste that prints its warning: the message, and the line Python's ``warnings`` writes
+    for it (its class and the file that raised it, which stands for a frame: a warning prints no traceback)."""
+    text = _plain(paste.text)
+    found = regex.search(text)
+    if not found:
+        return None
+    points, evidence, notes = POINTS["exact"], [f"warning: {sig.error.match}"], []
+    # the message may name the module first (``transformer.h.1 has both parameters ...``)
+    at = re.search(_WARNED_AT.format(re.escape(sig.error.type)) + r"[^:]{0,160}$", text[: found.start()])
+    if at:
+        points += 1
+        evidence.append(f"printed as a {sig.error.type} by {at.group(1)}")
+    if ctx.fsdp:
+        points += 1
+        evidence.append("FSDP: " + ctx.fsdp[0])
+    if ctx.peft:
+        points += 1
+        evidence.append("PEFT: " + ctx.peft[0])
+    elif ctx.has_context:
+        points -= 1
+        notes.append("nothing in the paste shows a PEFT adapter")
+    against = None if at else "the warning's words, but not the line Python prints for the warning"
+    return Hit(sig, points, notes, points, evidence, against, "warning")
 
 
 def _mask(text: str) -> str:
