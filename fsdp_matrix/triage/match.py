@@ -629,7 +629,8 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
     ctx = read_context(paste)
     stated = stated_versions(paste.text)
     kinds = adapter_kinds(paste.text)
-    titled = prose.held([(c.id, c.title) for c in matrix.cases], _report_words(paste), dtypes=False)
+    # code-like words only: a phrase of a title ranks no message's case (two cases' titles paraphrase one failure)
+    titled = prose.held([(c.id, c.title) for c in matrix.cases], _report_words(paste), dtypes=False, paired=False)
     for sig in signatures(matrix):
         case = cases.get(sig.case) if sig.case else None
         hit = fit(sig, paste, case, ctx)
@@ -678,7 +679,7 @@ def _ties(found: List[CaseMatch]) -> None:
 def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, CaseMatch]) -> None:
     """A weak claim from the report's words (``prose``) when nothing else is claimed: the paste shows FSDP and a
     PEFT adapter and no other stack, and an exception line it has fits one of the named case's rules."""
-    if any(m.level for m in by_case.values()) or not (ctx.fsdp and ctx.peft) or ctx.elsewhere or ctx.full_finetune:
+    if any(m.level for m in by_case.values()) or not ctx.peft or ctx.elsewhere or ctx.full_finetune:
         return
     messages = frozenset(case for case, m in by_case.items() if m.hits)
     words = _report_words(paste)
@@ -689,6 +690,8 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     if found is None or (paste.errors and not found.message):
         return  # an exception line that fits none of the case's rules is another error
     case = next(c for c in matrix.cases if c.id == found.case)
+    if not ctx.fsdp and FSDP_TITLE.search(case.title):
+        return  # the case's failure is FSDP's (its title says so), and nothing in the report shows FSDP
     seen = by_case.get(case.id)
     if seen and any(h.against and not h.against.startswith(GENERIC_AGAINST) for h in seen.hits):
         return  # the paste contradicts the case's message (frames elsewhere, loading): its words do not name it
@@ -697,12 +700,18 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
         return
     evidence = [f"words of the case's title: {', '.join(found.words)}"]
     evidence += ["its rule's message (not claimed on its own)"] if found.message else []
-    evidence += [f"FSDP: {ctx.fsdp[0]}", f"PEFT: {ctx.peft[0]}"]
+    evidence += [f"FSDP: {ctx.fsdp[0]}"] if ctx.fsdp else []
+    evidence += [f"PEFT: {ctx.peft[0]}"]
     notes = ["named from the report's words, not from a message that fits: weak evidence at most"]
     hit = Hit(rule_sig, LEVELS[2][1], notes, LEVELS[2][1], evidence, None, "words")
     by_case.setdefault(case.id, CaseMatch(case)).hits.insert(0, hit)
     by_case[case.id].against = None
 
+
+FSDP_TITLE = re.compile(r"fsdp|fully_?shard|shard", re.IGNORECASE)
+"""A case whose title names FSDP or sharding fails under FSDP only: a report's words name it only when the report
+shows FSDP. One whose title does not (gc-frozen-inputs: reentrant checkpointing after PEFT) fails without FSDP too,
+and users report it from runs without FSDP."""
 
 _ADAPTERS: Dict[int, Tuple[Case, FrozenSet[str]]] = {}
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.triage.match import claims, match
 from fsdp_matrix.triage.parse import parse
-from fsdp_matrix.triage.prose import named, terms
+from fsdp_matrix.triage.prose import named, phrases, terms
 
 MATRIX = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
 TITLES = [(c.id, c.title) for c in MATRIX.cases]
@@ -76,3 +76,24 @@ def test_words_never_name_a_case_whose_cells_never_run_the_adapter_the_report_na
     text = "FSDP with TRL's SFTTrainer and DoRA: training fails after the first steps\n"
     assert _first(text) == (None, None)  # SFTTrainer and TRL name fsdp1-mp-optimizer-dtype, which runs no DoRA
     assert _first(text.replace("DoRA", "LoRA")) == ("fsdp1-mp-optimizer-dtype", "weak")
+
+
+def test_a_title_s_plain_words_are_read_as_pairs_in_one_spelling():
+    title = "Reentrant gradient checkpointing turned on after PEFT, with frozen inputs: element 0 does not require grad"
+    report = "model.gradient_checkpointing_enable() called after the PeftModel is created: require_grads=True nowhere"
+    assert {"gradient checkpoint", "after peft", "require grad"} <= phrases(title) & phrases(report)
+    # never across a clause, nor a pair with the matrix's own subject, nor a code-like word split (LoRA, ValueError)
+    assert "fp32 trainable" not in phrases("frozen weights upcast to fp32 with the trainable ones")
+    assert not phrases("under FSDP2 with LoRA") and "lo ra" not in phrases("QLoRA and LoRA")
+
+
+def test_a_case_whose_title_names_no_fsdp_is_named_by_words_without_fsdp():
+    """gc-frozen-inputs fails without FSDP too (its title names none): reports of it named it only with FSDP shown."""
+    text = "gradient checkpointing enabled after the PEFT model is created leaves nothing with requires_grad\n"
+    assert _first(text) == ("gc-frozen-inputs", "weak")
+    # without an adapter it is another failure (a model frozen in part), and a case that is FSDP's still needs FSDP
+    assert _first(text.replace("the PEFT model", "freezing the encoder, the model")) == (None, None)
+    assert _first("get_peft_model on a model already sharded by fully_shard, LoRA\n".replace("fully_shard", "x")) == (
+        None,
+        None,
+    )
