@@ -11,7 +11,7 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -686,7 +686,7 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     # a case whose cells never run the adapter the report names (DoRA, prompt tuning) is not named by its words
     named_kinds = adapters_named(words)
     cases = [c for c in matrix.cases if not named_kinds or named_kinds & _adapters_of(c)]
-    found = prose.named([(c.id, _words_of(c)) for c in cases], words, messages)
+    found = prose.named([(c.id, _words_of(c)) for c in cases], words, messages, _one_failure(matrix))
     if found is None or (paste.errors and not found.message):
         return  # an exception line that fits none of the case's rules is another error
     case = next(c for c in matrix.cases if c.id == found.case)
@@ -703,9 +703,18 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     evidence += [f"FSDP: {ctx.fsdp[0]}"] if ctx.fsdp else []
     evidence += [f"PEFT: {ctx.peft[0]}"]
     notes = ["named from the report's words, not from a message that fits: weak evidence at most"]
+    notes += [f"{', '.join(found.tied)} named by as many words, with the same error: one failure"] if found.tied else []
     hit = Hit(rule_sig, LEVELS[2][1], notes, LEVELS[2][1], evidence, None, "words")
     by_case.setdefault(case.id, CaseMatch(case)).hits.insert(0, hit)
     by_case[case.id].against = None
+    by_case[case.id].tied = found.tied[0] if found.tied else None
+
+
+def _one_failure(matrix: Matrix) -> Callable[[str, str], bool]:
+    """Whether two cases expect one same error (its class and message): one failure that two cases meet two ways
+    (gc-frozen-inputs and ac-entries both expect ``no-grad-fn``)."""
+    errors = {c.id: {(str(r.error.type), r.error.match) for r in c.expect if r.error is not None} for c in matrix.cases}
+    return lambda a, b: bool(errors.get(a, set()) & errors.get(b, set()))
 
 
 FSDP_TITLE = re.compile(r"fsdp|fully_?shard|shard", re.IGNORECASE)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 
 from fsdp_matrix.triage import normalise
 
@@ -48,6 +48,8 @@ class Named:
     """The case's words the report holds, as the title spells them."""
     message: bool
     """Whether one of the case's rule messages is in the report too."""
+    tied: Tuple[str, ...] = ()
+    """Cases the words name as much, each the same failure (they expect the same error)."""
 
     @property
     def score(self) -> int:
@@ -156,11 +158,23 @@ def held(
     return out
 
 
-def named(titles: Sequence[Tuple[str, str]], text: str, messages: FrozenSet[str] = frozenset()) -> Optional[Named]:
+def named(
+    titles: Sequence[Tuple[str, str]],
+    text: str,
+    messages: FrozenSet[str] = frozenset(),
+    one_failure: Callable[[str, str], bool] = lambda a, b: False,
+) -> Optional[Named]:
     """The one case the report's words name best, with ``LEAST`` evidence and ahead of every other; None otherwise.
-    ``titles`` is (case id, title) for every case; ``messages`` the cases whose rule message is in the report."""
+    ``titles`` is (case id, title) for every case; ``messages`` the cases whose rule message is in the report.
+
+    Cases named as much are no answer, unless ``one_failure(first, other)`` says they are one failure met two ways
+    (they expect the same error): then the first of them in ``titles`` is named, the others in ``tied``, as a message
+    that two cases expect names both."""
     found = [Named(case, words, case in messages) for case, words in held(titles, text).items()]
     found.sort(key=lambda n: -n.score)
-    if not found or found[0].score < LEAST or (len(found) > 1 and found[1].score >= found[0].score):
+    if not found or found[0].score < LEAST:
         return None
-    return found[0]
+    tied = tuple(n.case for n in found[1:] if n.score >= found[0].score)
+    if not all(one_failure(found[0].case, other) for other in tied):
+        return None
+    return Named(found[0].case, found[0].words, found[0].message, tied)

@@ -38,8 +38,6 @@ MISSES = {
     "litgpt1417_lora_fsdp_memory_prose.txt": "prose quoting torch's FSDP docs on frozen parameters, not the warning"
     " fsdp1-frozen-mixed-unit expects: one word of its title (use_orig_params), as three other cases",
     "peftpr1056_dpo_checkpointing_backward.txt": "a DPO log cut before its exception line, no word of a PEFT adapter",
-    "peftpr2398_gc_after_get_peft_model.txt": "gc-frozen-inputs and ac-entries (one failure, two cases) are named by"
-    " two phrases each: a tie, so neither",
     "pytorch109440_fsdp_qlora_uint8_request.txt": "a feature request quoting FSDP1's is_floating_point() test, not a"
     " message: no case's words ahead (its dtypes name several)",
     "pytorch185239_fully_shard_uint8_prose.txt": "fully_shard on uint8 parameters quoting the rule's message, but no"
@@ -101,7 +99,7 @@ def test_the_dev_half_holds_its_figures():
     # in MISSES), held here at what it is so that a change that loses a paste shows
     named_first, covered, claimed, other, wrong = _figures(TUNED)
     assert (covered, other) == (65, 107)
-    assert named_first >= 53 and claimed * 15 <= other and not wrong
+    assert named_first >= 54 and claimed * 15 <= other and not wrong
 
 
 def test_the_corpus_is_real_pastes_each_with_its_thread():

@@ -97,3 +97,12 @@ def test_a_case_whose_title_names_no_fsdp_is_named_by_words_without_fsdp():
         None,
         None,
     )
+
+
+def test_two_cases_of_one_failure_named_alike_name_the_first_with_the_other_tied():
+    """gc-frozen-inputs and ac-entries expect one error (no-grad-fn): words naming both alike named neither."""
+    text = "Turned on grad checkpointing after get_peft_model: the LoRA model trains nothing\n"
+    [first] = claims(match(MATRIX, parse(text)))
+    assert (first.case.id, first.level, first.tied) == ("gc-frozen-inputs", "weak", "ac-entries")
+    # cases named alike that expect different errors are still no answer
+    assert named([("a", "x_setting y_setting"), ("b", "x_setting y_setting z")], "x_setting and y_setting") is None
