@@ -35,8 +35,6 @@ MISSES = {
     " one phrase of gc-frozen-inputs' title (require grad), no checkpointing word",
     "discusspytorch211002_merge_adapter_shards.txt": "merge_adapter (not merge_and_unload) under FSDP, cut before the"
     " exception line: merge-under-fsdp's rule is the matrix's own check, which no paste prints",
-    "litgpt1417_lora_fsdp_memory_prose.txt": "prose quoting torch's FSDP docs on frozen parameters, not the warning"
-    " fsdp1-frozen-mixed-unit expects: one word of its title (use_orig_params), as three other cases",
     "peftpr1056_dpo_checkpointing_backward.txt": "a DPO log cut before its exception line, no word of a PEFT adapter",
     "pytorch109440_fsdp_qlora_uint8_request.txt": "a feature request quoting FSDP1's is_floating_point() test, not a"
     " message: no case's words ahead (its dtypes name several)",
@@ -99,7 +97,7 @@ def test_the_dev_half_holds_its_figures():
     # in MISSES), held here at what it is so that a change that loses a paste shows
     named_first, covered, claimed, other, wrong = _figures(TUNED)
     assert (covered, other) == (65, 107)
-    assert named_first >= 54 and claimed * 15 <= other and not wrong
+    assert named_first >= 55 and claimed * 15 <= other and not wrong
 
 
 def test_the_corpus_is_real_pastes_each_with_its_thread():

@@ -106,3 +106,9 @@ def test_two_cases_of_one_failure_named_alike_name_the_first_with_the_other_tied
     assert (first.case.id, first.level, first.tied) == ("gc-frozen-inputs", "weak", "ac-entries")
     # cases named alike that expect different errors are still no answer
     assert named([("a", "x_setting y_setting"), ("b", "x_setting y_setting z")], "x_setting and y_setting") is None
+
+
+def test_words_name_a_case_that_expects_only_a_warning():
+    """fsdp1-frozen-mixed-unit expects a UserWarning, no error: its words named it with no rule to cite, so no claim."""
+    text = "LoRA under FSDP with use_orig_params=True: the gradient memory is that of an unfrozen model\n"
+    assert _first(text) == ("fsdp1-frozen-mixed-unit", "weak")
