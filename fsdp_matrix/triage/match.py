@@ -687,8 +687,8 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     named_kinds = adapters_named(words)
     cases = [c for c in matrix.cases if not named_kinds or named_kinds & _adapters_of(c)]
     found = prose.named([(c.id, _words_of(c)) for c in cases], words, messages, _one_failure(matrix))
-    if found is None or (paste.errors and not found.message):
-        return  # an exception line that fits none of the case's rules is another error
+    if found is None or ((paste.errors or _INLINE_ERROR.search(words)) and not found.message):
+        return  # an exception (a line, or named in a sentence) that fits none of the case's rules is another error
     case = next(c for c in matrix.cases if c.id == found.case)
     if not ctx.fsdp and FSDP_TITLE.search(case.title):
         return  # the case's failure is FSDP's (its title says so), and nothing in the report shows FSDP
@@ -725,10 +725,20 @@ and users report it from runs without FSDP."""
 _ADAPTERS: Dict[int, Tuple[Case, FrozenSet[str]]] = {}
 
 
+_LISTED = re.compile(r"\s*[-*]?\s*`?[\w .-]+?`?\s+version\s*:", re.IGNORECASE)
+"""A line of an environment listing (``- TRL version: 0.9.6``, transformers-cli env's and LLaMA-Factory's): a package
+installed, not a library the run used."""
+_INLINE_ERROR = re.compile(r"(?<![\w.])(?:[A-Z]\w*)(?:Error|Exception):\s+\S")
+"""An exception named in a sentence (``... got `RuntimeError: CUDA error: invalid argument` ...``), which the parser
+does not read as a traceback's exception line."""
+
+
 def _report_words(paste: Paste) -> str:
-    """The paste without its exception messages: the words are the report's, and a message's own words (its dtypes,
-    ``use_orig_params=False``) are counted once, as its fit."""
-    return functools.reduce(lambda text, e: text.replace(e.message, " "), paste.errors, paste.text)
+    """The paste without its exception messages and its environment listing: the words are the report's, and a
+    message's own words (its dtypes, ``use_orig_params=False``) are counted once, as its fit."""
+    text = functools.reduce(lambda text, e: text.replace(e.message, " "), paste.errors, paste.text)
+    listed = [" ".join(line.split()) for line in paste.lines if _LISTED.match(line)]
+    return functools.reduce(lambda text, line: text.replace(line, " "), listed, text)
 
 
 def _adapters_of(case: Case) -> FrozenSet[str]:

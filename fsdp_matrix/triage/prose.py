@@ -86,7 +86,7 @@ def _stem(word: str) -> str:
 
 def phrases(text: str) -> FrozenSet[str]:
     """The text's pairs of neighbouring words (filler left out, each word stemmed, snake_case and CamelCase split,
-    never across punctuation or a line): a title's "gradient checkpointing turned on after PEFT" and a report's
+    never across punctuation): a title's "gradient checkpointing turned on after PEFT" and a report's
     "gradient_checkpointing_enable() ... after get_peft_model" share ``gradient checkpoint`` and ``after peft``."""
     for pattern, spelling in _SYNONYMS:
         text = pattern.sub(spelling, text)

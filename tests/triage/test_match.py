@@ -48,8 +48,6 @@ MISSES = {
     " paste's entry is prepare_peft_model, which neither case names",
     "llamafactory3206_qlora_load_requires_grad_title.txt": "another failure: the rule's message in a QLoRA title,"
     " claimed weak for fsdp2-qlora-accelerate",
-    "llamafactory5617_qlora_cuda_invalid.txt": "another failure (CUDA invalid argument) in a QLoRA + FSDP run,"
-    " claimed weak for trl-qlora-upcast",
     "llava52_projector_requires_grad.txt": "another failure (a projector trained whole beside a frozen LLM) with"
     " FSDP1's requires_grad message: no adapter, claimed weak",
 }

@@ -112,3 +112,11 @@ def test_words_name_a_case_that_expects_only_a_warning():
     """fsdp1-frozen-mixed-unit expects a UserWarning, no error: its words named it with no rule to cite, so no claim."""
     text = "LoRA under FSDP with use_orig_params=True: the gradient memory is that of an unfrozen model\n"
     assert _first(text) == ("fsdp1-frozen-mixed-unit", "weak")
+
+
+def test_an_environment_listing_and_an_error_named_in_a_sentence_are_not_the_report_s_words():
+    """``- TRL version: 0.9.6`` named TRL as a word of the report; an exception named inline did not stop a claim."""
+    text = "fsdp+qlora training with TRL fails at step 0\n"
+    assert _first(text) == ("trl-qlora-upcast", "weak")
+    assert _first(text.replace(" with TRL", "") + "- TRL version: 0.9.6\n") == (None, None)
+    assert _first(text.replace("step 0", "step 0 with `RuntimeError: CUDA error: invalid argument`")) == (None, None)
