@@ -717,10 +717,10 @@ def _one_failure(matrix: Matrix) -> Callable[[str, str], bool]:
     return lambda a, b: bool(errors.get(a, set()) & errors.get(b, set()))
 
 
-FSDP_TITLE = re.compile(r"fsdp|fully_?shard|shard", re.IGNORECASE)
-"""A case whose title names FSDP or sharding fails under FSDP only: a report's words name it only when the report
-shows FSDP. One whose title does not (gc-frozen-inputs: reentrant checkpointing after PEFT) fails without FSDP too,
-and users report it from runs without FSDP."""
+FSDP_TITLE = re.compile(r"fsdp|fully_?shard|shard|ram-efficient|\branks?\b", re.IGNORECASE)
+"""A case whose title names FSDP, sharding, ranks or accelerate's ram-efficient loading fails in a sharded run only: a
+report's words name it only when the report shows FSDP. One whose title does not (gc-frozen-inputs: reentrant
+checkpointing after PEFT) fails without FSDP too, and users report it from runs without FSDP."""
 
 _ADAPTERS: Dict[int, Tuple[Case, FrozenSet[str]]] = {}
 
