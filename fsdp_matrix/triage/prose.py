@@ -71,10 +71,10 @@ _FILLER = frozenset(
     "a an the of to in on at by for from with and or as is are be been was were it its this that these those do does "
     "did not no get gets getting use used uses using when if then than so but model models has have having will can "
     "which who what all each every one two under over via through into onto while there their them they we i my our "
-    "you".split()
+    "you error errors raise raised raises fail fails failed failing issue bug problem work works working".split()
 )
 """Words a phrase is read across: "turned on after PEFT" and "enabled after PeftModel is created" both hold
-``after peft``."""
+``after peft``; and what every report says ("error raised", "training fails"), which names no case."""
 
 
 def _stem(word: str) -> str:
@@ -108,14 +108,18 @@ def phrases(text: str) -> FrozenSet[str]:
     return frozenset(out)
 
 
+def _plain_pairs(title: str) -> FrozenSet[str]:
+    """The title's phrases that are not its code-like terms again: a pair read inside one term (``fully_shard`` as
+    "fully shard") or made of two (``TRL SFTTrainer``) would count those terms twice."""
+    code = {w for t in _TERM.findall(title) for p in phrases(t) | {f"{t.lower()} {t.lower()}"} for w in p.split()}
+    code |= {_stem(t.strip(".").lower()) for t in _TERM.findall(title)}
+    return frozenset(p for p in phrases(title) if not set(p.split()) <= code)
+
+
 @functools.lru_cache(maxsize=8)
 def _distinct(titles: Tuple[Tuple[str, str], ...]) -> Dict[str, FrozenSet[str]]:
     """Each case's words (code-like terms and phrases) that few cases' titles share."""
-    # a phrase read inside one code-like term (``fully_shard`` as "fully shard") is that term, counted once
-    words = {
-        case: terms(title) | (phrases(title) - {p for t in _TERM.findall(title) for p in phrases(t)})
-        for case, title in titles
-    }
+    words = {case: terms(title) | _plain_pairs(title) for case, title in titles}
     counts: Dict[str, int] = {}
     for held_words in words.values():
         for word in held_words:

@@ -6,7 +6,7 @@ from pathlib import Path
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.triage.match import claims, match
 from fsdp_matrix.triage.parse import parse
-from fsdp_matrix.triage.prose import named, phrases, terms
+from fsdp_matrix.triage.prose import held, named, phrases, terms
 
 MATRIX = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
 TITLES = [(c.id, c.title) for c in MATRIX.cases]
@@ -85,6 +85,13 @@ def test_a_title_s_plain_words_are_read_as_pairs_in_one_spelling():
     # never across a clause, nor a pair with the matrix's own subject, nor a code-like word split (LoRA, ValueError)
     assert "fp32 trainable" not in phrases("frozen weights upcast to fp32 with the trainable ones")
     assert not phrases("under FSDP2 with LoRA") and "lo ra" not in phrases("QLoRA and LoRA")
+    # a title's code-like words are counted once, not again as a pair; what every report says is no pair
+    titles = [("a", "TRL SFTTrainer with fully_shard: ValueError raised"), ("b", "a DPOTrainer run")]
+    assert held(titles, "TRL SFTTrainer under fully_shard: the error raised")["a"] == (
+        "fully_shard",
+        "sfttrainer",
+        "trl",
+    )
 
 
 def test_a_case_whose_title_names_no_fsdp_is_named_by_words_without_fsdp():
