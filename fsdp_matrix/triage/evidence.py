@@ -80,7 +80,7 @@ CONTEXT_WORDS = (
 
 
 _NEGATED = re.compile(
-    r"(?:\bwithout|\bw/o|\bnot\s+(?:using|use|with|on)|\bno|\binstead\s+of|\brather\s+than)\W{0,3}$", re.IGNORECASE
+    r"(?:\bwithout|\bw/o|\bnot(?:\s+(?:using|use|with|on))?|\bno|\binstead\s+of|\brather\s+than)\W{0,3}$", re.IGNORECASE
 )
 """Words before another stack's name that say the run did not use it ("when not using deepspeed", "without
 DeepSpeed"): the report rules that stack out (axolotl#857's title: "... without deepspeed")."""

@@ -107,7 +107,7 @@ class WarningPattern:
     module: Optional[str] = None
 
 
-_WARNED_AT = r"([^\s:]+\.py):\d+:\s*(?:\w+\.)*{}:"
+_WARNED_AT = r"((?:[A-Za-z]:)?[^\s:]+\.py):\d+:\s*(?:\w+\.)*{}:"
 """Where Python's ``warnings`` prints a warning: ``path.py:LINE: Category: message``."""
 
 

@@ -31,6 +31,7 @@ def test_peft_evidence_is_an_adapter_not_an_installed_package(text, peft):
         ("LoRA training without deepspeed under FSDP fails\n", []),
         ("When not using DeepSpeed, I get the following error\n", []),
         ("FSDP instead of DeepSpeed, and then\n", []),
+        ("it is not DeepSpeed, it is FSDP\n", []),
         ("no deepspeed here, but later we ran deepspeed zero3\n", ["deepspeed"]),
     ],
 )

@@ -241,6 +241,8 @@ def test_a_warning_a_case_expects_is_read_from_the_line_python_prints():
     """fsdp1-frozen-mixed-unit expects a UserWarning, which triage never read: a paste of it was not claimed."""
     [first, *_] = claims(match(MATRIX, parse(WARNED)))
     assert (first.case.id, first.level, first.hits[0].fit) == ("fsdp1-frozen-mixed-unit", "likely", "warning")
+    windows = WARNED.replace("/env/lib/python3.11/site-packages/", "C:\\env\\Lib\\site-packages\\")
+    assert claims(match(MATRIX, parse(windows)))[0].hits[0].level == "likely"
     # the warning's words in a sentence, without the line Python prints, are not the warning
     sentence = "LoRA under FSDP1: it says a layer has both parameters with requires_grad=True and False, I think\n"
     assert "fsdp1-frozen-mixed-unit" not in {m.case.id for m in claims(match(MATRIX, parse(sentence)))}
