@@ -79,6 +79,18 @@ CONTEXT_WORDS = (
 """Words that name an entry or a library path; a case whose title, report or rule source names one gets the tie."""
 
 
+_NEGATED = re.compile(
+    r"(?:\bwithout|\bw/o|\bnot(?:\s+(?:using|use|with|on))?|\bno|\binstead\s+of|\brather\s+than)\W{0,3}$", re.IGNORECASE
+)
+"""Words before another stack's name that say the run did not use it ("when not using deepspeed", "without
+DeepSpeed"): the report rules that stack out (axolotl#857's title: "... without deepspeed")."""
+
+
+def _affirmed(pattern: re.Pattern[str], text: str) -> bool:
+    """Whether the text names the pattern's stack once without a negation just before it."""
+    return any(not _NEGATED.search(text[max(0, m.start() - 24) : m.start()]) for m in pattern.finditer(text))
+
+
 @dataclass
 class Context:
     """What the paste shows, read once and shared by every rule tried on it."""
@@ -124,7 +136,7 @@ def _read_context(text: str, frames: Tuple[Frame, ...], errors: Tuple[PastedErro
         ctx.peft.append(f"a 4-bit base ({_FOUR_BIT.search(paste.text).group(0)!r}) trains only through adapters")
     paths = " ".join(f.path for f in paste.frames)
     for name, pattern, reason in ELSEWHERE:
-        if pattern.search(paste.text) or pattern.search(paths):
+        if _affirmed(pattern, paste.text) or pattern.search(paths):
             ctx.elsewhere.append((name, reason))
     ctx.full_finetune = bool(_FULL_FINETUNE.search(paste.text))
     ctx.layer_cls_config = bool(_LAYER_CLS_CONFIG.search(paste.text))

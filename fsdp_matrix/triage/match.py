@@ -11,7 +11,7 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -20,7 +20,7 @@ from fsdp_matrix.cells import Cell, expand_case
 from fsdp_matrix.expectations import expected_for, version_matches
 from fsdp_matrix.matrix import Case, Combo, Matrix
 from fsdp_matrix.records import Record
-from fsdp_matrix.triage import normalise, prose
+from fsdp_matrix.triage import aliases, normalise, prose
 from fsdp_matrix.triage.evidence import (
     Context,
     adapter_kinds,
@@ -78,6 +78,9 @@ class Signature:
         hang = getattr(self.rule, "hang", None)
         if hang is not None and hang.stack:
             return HangPattern(hang.stack)
+        warning = getattr(self.rule, "warning", None)
+        if warning is not None:
+            return WarningPattern(warning.match, str(warning.type))
         return getattr(self.rule, "error", None) or getattr(self.rule, "signature", None)
 
 
@@ -92,6 +95,22 @@ class HangPattern:
     module: Optional[str] = None
 
 
+@dataclass(frozen=True)
+class WarningPattern:
+    """A ``warning`` rule's signature, in the shape of an error signature: the run trains, and a rank prints the
+    warning as Python does (``path.py:174: UserWarning: message``), a line the paste holds without an exception."""
+
+    match: str
+    """The rule's ``warning.match`` regex, searched in the paste's text."""
+    type: str
+    """The warning's class (``UserWarning``)."""
+    module: Optional[str] = None
+
+
+_WARNED_AT = r"((?:[A-Za-z]:)?[^\s:]+\.py):\d+:\s*(?:\w+\.)*{}:"
+"""Where Python's ``warnings`` prints a warning: ``path.py:LINE: Category: message``."""
+
+
 HANG_SIGNS = re.compile(
     r"most recent call first|Timeout \(\d|timed? ?out|deadlock|\bhang|\bhung\b|\bstuck\b|watchdog", re.IGNORECASE
 )
@@ -100,7 +119,16 @@ HANG_SIGNS = re.compile(
 
 LEVELS = (("strong", 7.0), ("likely", 5.0), ("weak", 3.0))
 """Evidence points a fit needs for each level; below the last, nothing is claimed."""
-POINTS = {"exact": 3.0, "case-insensitive": 2.0, "in the text": 2.0, "values": 2.0, "part": 1.0, "loose": 1.0}
+POINTS = {
+    "exact": 3.0,
+    "case-insensitive": 2.0,
+    "in the text": 2.0,
+    "values": 2.0,
+    "alias": 2.0,
+    "part": 1.0,
+    "loose": 1.0,
+    "warning": 3.0,
+}
 """Points for how the rule's message was found in the paste."""
 GENERIC_WORDS = 4
 """A rule whose regex has this many words (besides "of", "to", "be"...) or fewer (``tuple index out of range``,
@@ -217,7 +245,7 @@ def signatures(matrix: Matrix) -> List[Signature]:
         Signature(case.id, f"expect[{i}]", rule)
         for case in matrix.cases
         for i, rule in enumerate(case.expect)
-        if rule.error is not None or (rule.hang is not None and rule.hang.stack)
+        if rule.error is not None or (rule.hang is not None and rule.hang.stack) or rule.warning is not None
     ]
     return out + [Signature(None, f"platform[{i}]", rule) for i, rule in enumerate(_platform_rules(matrix))]
 
@@ -238,8 +266,9 @@ def _primary_report(case: Optional[Case]) -> Optional[str]:
     return found.group(1) if found else None
 
 
-PARTIAL = ("loose", "values", "part")
-"""Fits that are not the rule's own message (other words, other values, a part of it): never strong."""
+PARTIAL = ("loose", "values", "part", "alias")
+"""Fits that are not the rule's own message (other words, other values, a part of it, another release's wording):
+never strong."""
 GENERIC_AGAINST = "a message many libraries raise"
 """How a fit of a generic message without a frame is turned down: the one reason a report's words may still name
 its case (every other reason, frames elsewhere, another stack, is evidence against the words too)."""
@@ -327,6 +356,10 @@ def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optio
     found = [e for e in paste.errors if _loose(raw, e.message)]
     if found:
         return "loose", found
+    for alias in aliases.of(regex):
+        found = [e for e in paste.errors if alias.wording.search(_plain(e.message))]
+        if found or alias.wording.search(_plain(paste.text)):
+            return "alias", found
     # a line's words are the paste's words: when the whole paste lacks the rule's, no line has them
     if _loose(raw, _plain(paste.text)) and any(_loose(raw, line) for line in paste.lines if len(line) < 600):
         return "loose", []
@@ -488,6 +521,8 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
         return None
     if isinstance(err, HangPattern):
         return _hang_fit(sig, regex, paste, ctx or read_context(paste))
+    if isinstance(err, WarningPattern):
+        return _warning_fit(sig, regex, paste, ctx or read_context(paste))
     kind, errors = _message_fit(regex, err.match, paste)
     if kind is None:
         return None
@@ -499,6 +534,9 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
         notes.append("the rule's message with other values (numbers, shapes, names, paths) or broken across lines")
     elif kind == "part":
         notes.append("part of the rule's message: quoted without its first or last words, or cut where the paste ends")
+    elif kind == "alias":
+        said = [a for a in aliases.of(regex) if a.wording.search(_plain(paste.text))]
+        notes += [f"another release's wording: {a.why}" for a in said[:1]]
     against = _against(sig, case, paste, ctx, errors, kind)
     generic = _generic(err.match) or not getattr(err, "module", None)
     if not against and generic and not any(f.startswith("frame in") for f in found):
@@ -536,6 +574,32 @@ def _hang_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Contex
     return Hit(sig, points, notes, points, found, None, "stack")
 
 
+def _warning_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Context) -> Optional[Hit]:
+    """A warning rule fits a paste that prints its warning: the message, and the line Python's ``warnings`` writes
+    for it (its class and the file that raised it, which stands for a frame: a warning prints no traceback)."""
+    text = _plain(paste.text)
+    found = regex.search(text)
+    if not found:
+        return None
+    points, evidence, notes = POINTS["exact"], [f"warning: {sig.error.match}"], []
+    # the message may name the module first (``transformer.h.1 has both parameters ...``)
+    at = re.search(_WARNED_AT.format(re.escape(sig.error.type)) + r"[^:]{0,160}$", text[: found.start()])
+    if at:
+        points += 1
+        evidence.append(f"printed as a {sig.error.type} by {at.group(1)}")
+    if ctx.fsdp:
+        points += 1
+        evidence.append("FSDP: " + ctx.fsdp[0])
+    if ctx.peft:
+        points += 1
+        evidence.append("PEFT: " + ctx.peft[0])
+    elif ctx.has_context:
+        points -= 1
+        notes.append("nothing in the paste shows a PEFT adapter")
+    against = None if at else "the warning's words, but not the line Python prints for the warning"
+    return Hit(sig, points, notes, points, evidence, against, "warning")
+
+
 def _mask(text: str) -> str:
     return re.sub(r"\d+", "#", _plain(text).lower())
 
@@ -565,7 +629,8 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
     ctx = read_context(paste)
     stated = stated_versions(paste.text)
     kinds = adapter_kinds(paste.text)
-    titled = prose.held([(c.id, c.title) for c in matrix.cases], _report_words(paste), dtypes=False)
+    # code-like words only: a phrase of a title ranks no message's case (two cases' titles paraphrase one failure)
+    titled = prose.held([(c.id, c.title) for c in matrix.cases], _report_words(paste), dtypes=False, paired=False)
     for sig in signatures(matrix):
         case = cases.get(sig.case) if sig.case else None
         hit = fit(sig, paste, case, ctx)
@@ -614,17 +679,19 @@ def _ties(found: List[CaseMatch]) -> None:
 def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, CaseMatch]) -> None:
     """A weak claim from the report's words (``prose``) when nothing else is claimed: the paste shows FSDP and a
     PEFT adapter and no other stack, and an exception line it has fits one of the named case's rules."""
-    if any(m.level for m in by_case.values()) or not (ctx.fsdp and ctx.peft) or ctx.elsewhere or ctx.full_finetune:
+    if any(m.level for m in by_case.values()) or not ctx.peft or ctx.elsewhere or ctx.full_finetune:
         return
     messages = frozenset(case for case, m in by_case.items() if m.hits)
     words = _report_words(paste)
     # a case whose cells never run the adapter the report names (DoRA, prompt tuning) is not named by its words
     named_kinds = adapters_named(words)
     cases = [c for c in matrix.cases if not named_kinds or named_kinds & _adapters_of(c)]
-    found = prose.named([(c.id, _words_of(c)) for c in cases], words, messages)
-    if found is None or (paste.errors and not found.message):
-        return  # an exception line that fits none of the case's rules is another error
+    found = prose.named([(c.id, _words_of(c)) for c in cases], words, messages, _one_failure(matrix))
+    if found is None or ((paste.errors or _INLINE_ERROR.search(words)) and not found.message):
+        return  # an exception (a line, or named in a sentence) that fits none of the case's rules is another error
     case = next(c for c in matrix.cases if c.id == found.case)
+    if not ctx.fsdp and FSDP_TITLE.search(case.title):
+        return  # the case's failure is FSDP's (its title says so), and nothing in the report shows FSDP
     seen = by_case.get(case.id)
     if seen and any(h.against and not h.against.startswith(GENERIC_AGAINST) for h in seen.hits):
         return  # the paste contradicts the case's message (frames elsewhere, loading): its words do not name it
@@ -633,20 +700,45 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
         return
     evidence = [f"words of the case's title: {', '.join(found.words)}"]
     evidence += ["its rule's message (not claimed on its own)"] if found.message else []
-    evidence += [f"FSDP: {ctx.fsdp[0]}", f"PEFT: {ctx.peft[0]}"]
+    evidence += [f"FSDP: {ctx.fsdp[0]}"] if ctx.fsdp else []
+    evidence += [f"PEFT: {ctx.peft[0]}"]
     notes = ["named from the report's words, not from a message that fits: weak evidence at most"]
+    notes += [f"{', '.join(found.tied)} named by as many words, with the same error: one failure"] if found.tied else []
     hit = Hit(rule_sig, LEVELS[2][1], notes, LEVELS[2][1], evidence, None, "words")
     by_case.setdefault(case.id, CaseMatch(case)).hits.insert(0, hit)
     by_case[case.id].against = None
+    by_case[case.id].tied = found.tied[0] if found.tied else None
 
+
+def _one_failure(matrix: Matrix) -> Callable[[str, str], bool]:
+    """Whether two cases expect one same error (its class and message): one failure that two cases meet two ways
+    (gc-frozen-inputs and ac-entries both expect ``no-grad-fn``)."""
+    errors = {c.id: {(str(r.error.type), r.error.match) for r in c.expect if r.error is not None} for c in matrix.cases}
+    return lambda a, b: bool(errors.get(a, set()) & errors.get(b, set()))
+
+
+FSDP_TITLE = re.compile(r"fsdp|fully_?shard|shard|ram-efficient|\branks?\b", re.IGNORECASE)
+"""A case whose title names FSDP, sharding, ranks or accelerate's ram-efficient loading fails in a sharded run only: a
+report's words name it only when the report shows FSDP. One whose title does not (gc-frozen-inputs: reentrant
+checkpointing after PEFT) fails without FSDP too, and users report it from runs without FSDP."""
 
 _ADAPTERS: Dict[int, Tuple[Case, FrozenSet[str]]] = {}
 
 
+_LISTED = re.compile(r"\s*[-*]?\s*`?[\w .-]+?`?\s+version\s*:", re.IGNORECASE)
+"""A line of an environment listing (``- TRL version: 0.9.6``, transformers-cli env's and LLaMA-Factory's): a package
+installed, not a library the run used."""
+_INLINE_ERROR = re.compile(r"(?<![\w.])(?:[A-Z]\w*)(?:Error|Exception):\s+\S")
+"""An exception named in a sentence (``... got `RuntimeError: CUDA error: invalid argument` ...``), which the parser
+does not read as a traceback's exception line."""
+
+
 def _report_words(paste: Paste) -> str:
-    """The paste without its exception messages: the words are the report's, and a message's own words (its dtypes,
-    ``use_orig_params=False``) are counted once, as its fit."""
-    return functools.reduce(lambda text, e: text.replace(e.message, " "), paste.errors, paste.text)
+    """The paste without its exception messages and its environment listing: the words are the report's, and a
+    message's own words (its dtypes, ``use_orig_params=False``) are counted once, as its fit."""
+    text = functools.reduce(lambda text, e: text.replace(e.message, " "), paste.errors, paste.text)
+    listed = [" ".join(line.split()) for line in paste.lines if _LISTED.match(line)]
+    return functools.reduce(lambda text, line: text.replace(line, " "), listed, text)
 
 
 def _adapters_of(case: Case) -> FrozenSet[str]:
@@ -668,7 +760,10 @@ def _words_of(case: Case) -> str:
 
 
 def _first_error(case: Case) -> Optional[Signature]:
-    return next((Signature(case.id, f"expect[{i}]", r) for i, r in enumerate(case.expect) if r.error), None)
+    """The case's first rule with an error, or a warning (fsdp1-frozen-mixed-unit expects only a warning)."""
+    return next(
+        (Signature(case.id, f"expect[{i}]", r) for i, r in enumerate(case.expect) if r.error or r.warning), None
+    )
 
 
 def claims(found: List[CaseMatch]) -> List[CaseMatch]:

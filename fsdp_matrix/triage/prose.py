@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 
 from fsdp_matrix.triage import normalise
 
@@ -30,6 +30,9 @@ STOP = frozenset(
 """Words every PEFT x FSDP report says (the matrix's own subject) or that name no setting."""
 COMMON = 0.25
 """A word in more than this share of the cases' titles tells no case apart."""
+PAIR_COMMON = 0.1
+"""A phrase (``phrases``) in more than this share of the cases' titles tells no case apart: plain words recur more
+than code-like ones ("mixed precision" is in six titles)."""
 LEAST = 2
 """Evidence a case needs from a report's words: two of its words, or one and its message (a rule that fit but was not
 claimed alone, e.g. a message any library raises)."""
@@ -45,6 +48,8 @@ class Named:
     """The case's words the report holds, as the title spells them."""
     message: bool
     """Whether one of the case's rule messages is in the report too."""
+    tied: Tuple[str, ...] = ()
+    """Cases the words name as much, each the same failure (they expect the same error)."""
 
     @property
     def score(self) -> int:
@@ -56,14 +61,75 @@ def terms(title: str) -> FrozenSet[str]:
     return frozenset(t.strip(".").lower() for t in _TERM.findall(normalise.dtypes(title))) - STOP
 
 
+_SYNONYMS = (
+    (re.compile(r"\bgrad(?:ient)?[\s_-]*checkpoint", re.IGNORECASE), "gradient checkpoint"),
+    (re.compile(r"\brequires?[\s_-]*grads?\b", re.IGNORECASE), "require grad"),
+)
+"""One spelling for what reports write many ways: ``gradient_checkpointing_enable()``, "grad checkpointing";
+``requires_grad``, ``require_grads``, "does not require grad"."""
+_FILLER = frozenset(
+    "a an the of to in on at by for from with and or as is are be been was were it its this that these those do does "
+    "did not no get gets getting use used uses using when if then than so but model models has have having will can "
+    "which who what all each every one two under over via through into onto while there their them they we i my our "
+    "you error errors raise raised raises fail fails failed failing issue bug problem work works working".split()
+)
+"""Words a phrase is read across: "turned on after PEFT" and "enabled after PeftModel is created" both hold
+``after peft``; and what every report says ("error raised", "training fails"), which names no case."""
+
+
+def _stem(word: str) -> str:
+    for suffix, least in (("ing", 6), ("ed", 5), ("s", 4)):
+        if len(word) >= least and word.endswith(suffix) and not word.endswith("ss"):
+            return word[: -len(suffix)]
+    return word
+
+
+def phrases(text: str) -> FrozenSet[str]:
+    """The text's pairs of neighbouring words (filler left out, each word stemmed, snake_case and CamelCase split,
+    never across punctuation): a title's "gradient checkpointing turned on after PEFT" and a report's
+    "gradient_checkpointing_enable() ... after get_peft_model" share ``gradient checkpoint`` and ``after peft``."""
+    for pattern, spelling in _SYNONYMS:
+        text = pattern.sub(spelling, text)
+    # PeftModel is "peft model"; LoRA, QLoRA, DTensor stay whole
+    text = re.sub(r"([a-z])([A-Z][a-z])", r"\1 \2", text).replace("_", " ")
+    out = set()
+    for piece in re.split(r"[^A-Za-z0-9 \t'/-]+|\s[/-]\s", text):
+        # a pair reads across one filler word ("turned on after"), not a clause ("fp32 with the trainable ones")
+        words, gap = [], 0
+        for word in re.findall(r"[a-z][a-z0-9]+", piece.lower()):
+            if word in _FILLER:
+                gap += 1
+                continue
+            words += [None, _stem(word)] if gap > 1 else [_stem(word)]
+            gap = 0
+        pairs = [(a, b) for a, b in zip(words, words[1:]) if a and b]
+        # a pair with the matrix's own subject says nothing of a case ("under FSDP2"), but "after PEFT" is an order
+        out.update(f"{a} {b}" for a, b in pairs if a != b and not ({a, b} & (STOP - {"peft"})))
+    return frozenset(out)
+
+
+def _plain_pairs(title: str) -> FrozenSet[str]:
+    """The title's phrases that are not its code-like terms again: a pair read inside one term (``fully_shard`` as
+    "fully shard") or made of two (``TRL SFTTrainer``) would count those terms twice."""
+    code = {w for t in _TERM.findall(title) for p in phrases(t) | {f"{t.lower()} {t.lower()}"} for w in p.split()}
+    code |= {_stem(t.strip(".").lower()) for t in _TERM.findall(title)}
+    return frozenset(p for p in phrases(title) if not set(p.split()) <= code)
+
+
 @functools.lru_cache(maxsize=8)
 def _distinct(titles: Tuple[Tuple[str, str], ...]) -> Dict[str, FrozenSet[str]]:
+    """Each case's words (code-like terms and phrases) that few cases' titles share."""
+    words = {case: terms(title) | _plain_pairs(title) for case, title in titles}
     counts: Dict[str, int] = {}
-    for _, title in titles:
-        for term in terms(title):
-            counts[term] = counts.get(term, 0) + 1
+    for held_words in words.values():
+        for word in held_words:
+            counts[word] = counts.get(word, 0) + 1
     most = max(1, int(COMMON * len(titles)))
-    return {case: frozenset(t for t in terms(title) if counts[t] <= most) for case, title in titles}
+    fewest = max(1, int(PAIR_COMMON * len(titles)))
+    return {
+        case: frozenset(w for w in held_words if counts[w] <= (fewest if " " in w else most))
+        for case, held_words in words.items()
+    }
 
 
 _PATH = re.compile(r"[^\s\"'`\[(]*[/\\][^\s\"'`]*?\.py\b\S*")
@@ -76,24 +142,43 @@ def _holds(text: str, term: str) -> bool:
     return bool(re.search(rf"(?<![A-Za-z0-9_]){word}(?![A-Za-z0-9_])", text, re.IGNORECASE))
 
 
-def held(titles: Sequence[Tuple[str, str]], text: str, dtypes: bool = True) -> Dict[str, Tuple[str, ...]]:
+def held(
+    titles: Sequence[Tuple[str, str]], text: str, dtypes: bool = True, paired: bool = True
+) -> Dict[str, Tuple[str, ...]]:
     """Case id -> the words of its title (those that tell cases apart) the report holds; cases it holds none of are
     left out. ``titles`` is (case id, title) for every case; without ``dtypes``, a dtype is no word (a title that
-    quotes a message holds the message's dtypes)."""
+    quotes a message holds the message's dtypes); without ``paired``, only code-like terms are (no ``phrases``)."""
     text = normalise.dtypes(_PATH.sub(" ", text))
+    pairs = phrases(text) if paired else frozenset()
     out = {}
     for case, words in _distinct(tuple(titles)).items():
-        found = tuple(sorted(t for t in words if (dtypes or t not in _DTYPE_WORDS) and _holds(text, t)))
+        found = tuple(
+            sorted(
+                t for t in words if (dtypes or t not in _DTYPE_WORDS) and (t in pairs if " " in t else _holds(text, t))
+            )
+        )
         if found:
             out[case] = found
     return out
 
 
-def named(titles: Sequence[Tuple[str, str]], text: str, messages: FrozenSet[str] = frozenset()) -> Optional[Named]:
+def named(
+    titles: Sequence[Tuple[str, str]],
+    text: str,
+    messages: FrozenSet[str] = frozenset(),
+    one_failure: Callable[[str, str], bool] = lambda a, b: False,
+) -> Optional[Named]:
     """The one case the report's words name best, with ``LEAST`` evidence and ahead of every other; None otherwise.
-    ``titles`` is (case id, title) for every case; ``messages`` the cases whose rule message is in the report."""
+    ``titles`` is (case id, title) for every case; ``messages`` the cases whose rule message is in the report.
+
+    Cases named as much are no answer, unless ``one_failure(first, other)`` says they are one failure met two ways
+    (they expect the same error): then the first of them in ``titles`` is named, the others in ``tied``, as a message
+    that two cases expect names both."""
     found = [Named(case, words, case in messages) for case, words in held(titles, text).items()]
     found.sort(key=lambda n: -n.score)
-    if not found or found[0].score < LEAST or (len(found) > 1 and found[1].score >= found[0].score):
+    if not found or found[0].score < LEAST:
         return None
-    return found[0]
+    tied = tuple(n.case for n in found[1:] if n.score >= found[0].score)
+    if not all(one_failure(found[0].case, other) for other in tied):
+        return None
+    return Named(found[0].case, found[0].words, found[0].message, tied)

@@ -2,8 +2,8 @@
 or ``none`` for another failure; and the measure of triage on it.
 
 ``python -m tests.triage.corpus [--matrix FILE] [--half dev|test|all]`` prints the table for each half: precision
-(claims that were right), recall (covered pastes named first), claims on other pastes, strong claims that were wrong,
-median time per paste.
+(claims that were right), recall (covered pastes named first), covered pastes named at all (among the claims), claims
+on other pastes, strong claims that were wrong, median time per paste. ``--half dev`` reads no file of the test half.
 
 The corpus is split by thread into ``dev`` (the half triage is tuned on) and ``test`` (held out, measured once at the
 end), recorded in ``tests/fixtures/triage/split.json`` with the sha256 of each test paste
@@ -91,11 +91,13 @@ def _read(path: Path, half: str) -> Fixture:
     return Fixture(path.name, url, expected_case, text, hashlib.sha256(raw).hexdigest(), half, path.parent.name)
 
 
-def load() -> List[Fixture]:
-    """Every fixture of both halves, dev first, each folder by name."""
+def load(halves: Tuple[str, ...] = HALVES) -> List[Fixture]:
+    """Every fixture of the given halves (both by default), dev first, each folder by name. A dev-only run reads no
+    file of the held-out half."""
     return [
         _read(path, half)
         for half, folders in FOLDERS.items()
+        if half in halves
         for folder in folders
         for path in sorted(folder.glob("*.txt"))
     ]
@@ -129,15 +131,20 @@ class Row:
     """The evidence level of that claim."""
     seconds: float
     """Time to triage it (parse and match)."""
+    named: Tuple[str, ...] = ()
+    """Every case claimed, best first (the first alone when the answer gives no more)."""
 
 
-def measure(answer: Callable[[str], Tuple[Optional[str], Optional[str]]], fixtures: List[Fixture]) -> List[Row]:
-    """Run ``answer(text) -> (first case claimed, level)`` on every fixture, with progress on stderr."""
+def measure(answer: Callable[[str], tuple], fixtures: List[Fixture]) -> List[Row]:
+    """Run ``answer(text) -> (first case claimed, level[, every case claimed])`` on every fixture, with progress on
+    stderr."""
     rows, start = [], time.perf_counter()
     for n, fx in enumerate(fixtures, 1):
         t = time.perf_counter()
-        first, level = answer(fx.text)
-        rows.append(Row(fx, first, level, time.perf_counter() - t))
+        got = answer(fx.text)
+        first, level = got[:2]
+        named = tuple(got[2]) if len(got) > 2 else ((first,) if first else ())
+        rows.append(Row(fx, first, level, time.perf_counter() - t, named))
         print(f"[{n}/{len(fixtures)}] {time.perf_counter() - start:.1f}s {fx.name}: {first}", file=sys.stderr)
     return rows
 
@@ -152,11 +159,13 @@ def table(rows: List[Row], misses: bool = True) -> str:
     levels = sorted({r.level or "none" for r in claimed})
     median_ms = 1000 * statistics.median(r.seconds for r in rows)
     named = sum(r.first == r.fixture.expected for r in covered)
+    anywhere = sum(r.fixture.expected in r.named for r in covered)
     strong_wrong = sum(r.level == "strong" and r.first != r.fixture.expected for r in rows)
     lines = [
         "| measure | result |",
         "| --- | --- |",
         f"| covered pastes named first (recall) | {named}/{len(covered)} |",
+        f"| covered pastes named at all (any claim of theirs) | {anywhere}/{len(covered)} |",
         f"| claims that were right (precision) | {len(right)}/{len(claimed)} |",
         f"| other pastes with any claim | {sum(bool(r.first) for r in other)}/{len(other)} |",
         f"| strong claims that were wrong | {strong_wrong} |",
@@ -171,12 +180,13 @@ def table(rows: List[Row], misses: bool = True) -> str:
     return "\n".join(lines + ([""] + wrong if wrong else []))
 
 
-def triage_answer(matrix) -> Callable[[str], Tuple[Optional[str], Optional[str]]]:
-    """This branch's triage: the first claimed case and its level."""
+def triage_answer(matrix) -> Callable[[str], tuple]:
+    """This branch's triage: the first claimed case, its level, and every case claimed."""
 
-    def answer(text: str) -> Tuple[Optional[str], Optional[str]]:
+    def answer(text: str) -> tuple:
         found = claims(match(matrix, parse(text)))
-        return (found[0].case.id, found[0].level) if found else (None, None)
+        every = tuple(m.case.id for m in found)
+        return (found[0].case.id, found[0].level, every) if found else (None, None, ())
 
     return answer
 
@@ -187,8 +197,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--half", choices=HALVES + ("all",), default="all", help="which half to measure (default: both)")
     args = p.parse_args(argv)
     matrix = load_matrix(args.matrix, check_repros=False)
-    fixtures = load()
-    for half in HALVES if args.half == "all" else (args.half,):
+    halves = HALVES if args.half == "all" else (args.half,)
+    fixtures = load(halves)
+    for half in halves:
         chosen = [f for f in fixtures if f.half == half]
         print(f"## {half} ({len(chosen)} pastes, {sum(bool(f.expected) for f in chosen)} covered)\n")
         print(table(measure(triage_answer(matrix), chosen), misses=half == "dev") + "\n")

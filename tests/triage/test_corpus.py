@@ -124,3 +124,28 @@ def test_the_corpus_has_the_size_the_issue_asks():
     test_covered = [fx for fx in TEST if fx.expected]
     assert (len(test_covered), len(TEST) - len(test_covered)) == TEST_COUNTS
     assert len({fx.expected for fx in test_covered}) >= 5
+
+
+def test_a_dev_only_load_reads_no_file_of_the_held_out_half(monkeypatch):
+    import tests.triage.corpus as corpus
+
+    read = []
+    monkeypatch.setattr(
+        corpus, "_read", lambda path, half: read.append(path) or corpus.Fixture(path.name, "", None, "")
+    )
+    corpus.load(("dev",))
+    assert read and not [p for p in read if HELDOUT3 in p.parents]
+
+
+def test_the_table_counts_covered_pastes_named_at_all():
+    from tests.triage.corpus import Fixture, Row, table
+
+    rows = [
+        Row(Fixture("a.txt", "u", "x", "t"), "y", "weak", 0.001, ("y", "x")),
+        Row(Fixture("b.txt", "u", "x", "t"), None, None, 0.001, ()),
+        Row(Fixture("c.txt", "u", None, "t"), None, None, 0.001, ()),
+    ]
+    text = table(rows)
+    assert "| covered pastes named first (recall) | 0/2 |" in text
+    assert "| covered pastes named at all (any claim of theirs) | 1/2 |" in text
+    assert "| other pastes with any claim | 0/1 |" in text

@@ -27,6 +27,12 @@ def test_peft_evidence_is_an_adapter_not_an_installed_package(text, peft):
         ("- DeepSpeed version: 0.15.4\n- Accelerate version: 1.5.2\n", []),
         ("when using LoRA + fsdp2 Context Parallel\n", ["context-parallel"]),
         ('  File "/x/site-packages/megatron/core/optimizer.py", line 3, in step\n', ["megatron"]),
+        # a stack the report says it did not use is not that stack
+        ("LoRA training without deepspeed under FSDP fails\n", []),
+        ("When not using DeepSpeed, I get the following error\n", []),
+        ("FSDP instead of DeepSpeed, and then\n", []),
+        ("it is not DeepSpeed, it is FSDP\n", []),
+        ("no deepspeed here, but later we ran deepspeed zero3\n", ["deepspeed"]),
     ],
 )
 def test_other_stacks_are_read_from_words_and_frames(text, elsewhere):

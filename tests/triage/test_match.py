@@ -1,9 +1,10 @@
-"""``triage.match`` on the corpus: real pastes from upstream threads (tests/fixtures/triage/corpus/, each with its
-URL on its first line and the case it should be named as first, or ``none``).
+"""``triage.match`` on the dev half of the corpus: real pastes from upstream threads (tests/fixtures/triage/corpus/ and
+fresh/, each with its URL on its first line and the case it should be named as first, or ``none``).
 
-Every paste of this corpus is asserted paste by paste and against the targets: its ``test`` half was measured once
-(17/25 covered named first, 2/34 others claimed) and has been tuned on since, so the whole corpus is now material
-triage is tuned on. A held-out half is built from fresh threads elsewhere and is never asserted here. Pastes of 13
+Every dev paste is asserted paste by paste: corpus/ (split version 1; its ``test`` half was measured once, 17/25
+covered named first, 2/34 others claimed) against issue 36's targets, and fresh/ (split version 2's test half,
+measured once at 3/22) with it at the figures it holds; both have been tuned on since. The held-out half of split
+version 3 (heldout3/) is never read here. Pastes of 13
 threads that matrix.yaml or the older fixtures also cite are in the corpus (other comments or other parts of those
 threads, not the text a rule was written from); the rest are from threads nothing else cites."""
 
@@ -13,26 +14,43 @@ from pathlib import Path
 import pytest
 
 from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.triage.aliases import ALIASES
 from fsdp_matrix.triage.match import claims, match
 from fsdp_matrix.triage.parse import parse
 from tests.triage.corpus import CORPUS, load
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = load_matrix(ROOT / "matrix.yaml", check_repros=False)
-FIXTURES = load()
-# the pastes of corpus/ (split version 1, both its halves), asserted paste by paste. Split version 3 also puts fresh/
-# (version 2's test half) in dev, but its pastes were measured once and reported, not yet tuned on: they are left out
-# of the per-paste assertions and the targets until a session tunes on them (then they join TUNED, each miss listed
-# in MISSES). The held-out test half (heldout3/) is never asserted here: it is measured once, by
+FIXTURES = load(("dev",))  # no file of the held-out half is read here
+# the pastes of the dev half, asserted paste by paste: corpus/ (split version 1, both its halves) and fresh/ (version
+# 2's test half, measured once at 3/22 covered named first and reported, then tuned on: issue 36). Each miss is listed
+# in MISSES. The held-out test half (heldout3/) is never asserted here: it is measured once, by
 # python -m tests.triage.corpus --half test
-TUNED = [fx for fx in FIXTURES if fx.half == "dev" and fx.folder == "corpus"]
+TUNED = [fx for fx in FIXTURES if fx.half == "dev"]
 MISSES = {
     # pastes the matcher gets wrong, each a known gap (strict: a fix must remove it from here)
-    "verlpr4275_prose.txt": "prose of FSDP2 dtype mismatch errors without the message: no case's words",
     "peft1910_dora_sft_head.txt": "DoRA names two cases alike, cut before its exception line: no claim",
     "trl1723_title_prepare.txt": "one message, two cases, nothing in the paste tells them apart: both weak",
-    "trl4550_grpo_title.txt": "a GRPO + FSDP2 + DTensor title: since case trl-grpo-lm-head-fp32 (GRPO, FSDP2 in its"
-    " title) the words name two cases alike, so neither (generate-fsdp2 without that case, or with a trl version)",
+    # fresh/ (tuned on since issue 36)
+    "axolotlpr345_input_require_grads_prose.txt": "a fix's title: enable_input_require_grads before get_peft_model,"
+    " one phrase of gc-frozen-inputs' title (require grad), no checkpointing word",
+    "discusspytorch211002_merge_adapter_shards.txt": "merge_adapter (not merge_and_unload) under FSDP, cut before the"
+    " exception line: merge-under-fsdp's rule is the matrix's own check, which no paste prints",
+    "peftpr1056_dpo_checkpointing_backward.txt": "a DPO log cut before its exception line, no word of a PEFT adapter",
+    "pytorch109440_fsdp_qlora_uint8_request.txt": "a feature request quoting FSDP1's is_floating_point() test, not a"
+    " message: no case's words ahead (its dtypes name several)",
+    "pytorch185239_fully_shard_uint8_prose.txt": "fully_shard on uint8 parameters quoting the rule's message, but no"
+    " word of a PEFT adapter (a torch report)",
+    "transformers25841_peft_trainer_gc_title.txt": "a title: PEFT + Trainer + gradient checkpointing, one phrase of"
+    " gc-frozen-inputs' title",
+    "trlpr1654_no_upcast_fsdp_qlora_prose.txt": "'do not upcast adapters under FSDP + QLoRA': mixed-dtype's title says"
+    " fp32-upcast adapters too, and its message ranks first",
+    "trlpr6343_qlora_fsdp1_prepare_peft_prose.txt": "one message, two cases (mixed-dtype, trl-qlora-upcast); the"
+    " paste's entry is prepare_peft_model, which neither case names",
+    "llamafactory3206_qlora_load_requires_grad_title.txt": "another failure: the rule's message in a QLoRA title,"
+    " claimed weak for fsdp2-qlora-accelerate",
+    "llava52_projector_requires_grad.txt": "another failure (a projector trained whole beside a frozen LLM) with"
+    " FSDP1's requires_grad message: no adapter, claimed weak",
 }
 
 
@@ -56,21 +74,37 @@ def test_the_corpus_paste_names_its_case_first_or_nothing(fx):
     assert (level in ("strong", "likely", "weak")) is (first is not None)
 
 
-def test_the_corpus_meets_the_targets():
-    answers = [(fx, _first(MATRIX, fx.text)) for fx in TUNED]
+def _figures(fixtures):
+    """(covered named first, covered, others claimed, others, names of the strong claims that were wrong)."""
+    answers = [(fx, _first(MATRIX, fx.text)) for fx in fixtures]
     covered = [(fx, first) for fx, (first, _) in answers if fx.expected]
     other = [(fx, first) for fx, (first, _) in answers if not fx.expected]
-    assert len(covered) >= 40 and len(other) >= 50
-    # issue 36's targets
-    assert sum(a == fx.expected for fx, a in covered) >= 0.9 * len(covered)
-    assert sum(a is not None for _, a in other) * 15 <= len(other)
-    assert not [fx.name for fx, (first, level) in answers if level == "strong" and first != fx.expected]
+    named_first = sum(a == fx.expected for fx, a in covered)
+    wrong = [fx.name for fx, (first, level) in answers if level == "strong" and first != fx.expected]
+    return named_first, len(covered), sum(a is not None for _, a in other), len(other), wrong
+
+
+def test_the_corpus_meets_the_targets():
+    # issue 36's targets, met on corpus/ (split version 1, tuned on longest)
+    named_first, covered, claimed, other, wrong = _figures([fx for fx in TUNED if fx.folder == "corpus"])
+    assert covered >= 40 and other >= 50
+    assert named_first >= 0.9 * covered and claimed * 15 <= other and not wrong
+
+
+def test_the_dev_half_holds_its_figures():
+    # the whole dev half (fresh/ too): precision as the targets ask; recall below the 90% target (fresh/'s misses are
+    # in MISSES), held here at what it is so that a change that loses a paste shows
+    named_first, covered, claimed, other, wrong = _figures(TUNED)
+    assert (covered, other) == (65, 107)
+    assert named_first >= 55 and claimed * 15 <= other and not wrong
 
 
 def test_the_corpus_is_real_pastes_each_with_its_thread():
     cited = (ROOT / "matrix.yaml").read_text() + "".join(p.read_text() for p in CORPUS.parent.glob("*.txt"))
     for fx in TUNED:  # the held-out half is checked by tests/triage/test_corpus.py (no thread cited anywhere)
-        assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+", fx.url), fx.name
+        assert re.fullmatch(
+            r"https://(github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+|discuss\.pytorch\.org/t/[\w-]+/\d+)", fx.url
+        ), fx.name
         assert fx.text.strip(), fx.name
         # a thread cited elsewhere may give another paste, never the same text
         assert not any(fx.text.strip() in p.read_text() for p in CORPUS.parent.glob("*.txt")), fx.name
@@ -173,3 +207,43 @@ def test_a_setting_of_a_case_s_title_the_paste_names_ranks_that_case():
     assert any("modules_to_save" in e for e in found[0].hits[0].evidence)
     # the message's own words are not the report's: use_orig_params=False in the message ranks no case
     assert claims(match(MATRIX, parse(FLATTEN)))[0].tied
+
+
+INTEGER = (
+    "QLoRA under FSDP with accelerate launch, torch 2.0.1:\n"
+    '  File "/env/lib/python3.10/site-packages/torch/distributed/fsdp/flat_param.py", line 435, in _init_flat_param\n'
+    '    raise ValueError("Integer parameters are unsupported")\n'
+    "ValueError: Integer parameters are unsupported\n"
+)
+
+
+def test_torch_2_0_s_wording_of_the_integer_check_is_mixed_dtype_s_rule_never_strong():
+    """torch <= 2.0 raised FSDP1's integer-parameter check as 'Integer parameters are unsupported': no rule held it."""
+    [first, *_] = claims(match(MATRIX, parse(INTEGER)))
+    assert (first.case.id, first.level, first.hits[0].fit) == ("mixed-dtype", "likely", "alias")
+    assert any("torch <= 2.0" in note for note in first.hits[0].notes)
+    # an integer dtype named second in the uniform-dtype message is the same check (a float parameter came first)
+    title = (
+        "LoRA on an 8-bit base under FSDP: `FlatParameter` requires uniform dtype but got torch.float32 and torch.int8"
+    )
+    assert _first(MATRIX, title)[0] == "mixed-dtype"
+    # two floating dtypes are the uniform-dtype rules' own failure, not the integer check
+    assert not [a for a in ALIASES if a.wording.search(title.replace("torch.int8", "torch.float16"))]
+
+
+WARNED = (
+    "LoRA under FSDP1 with use_orig_params=True prints, for each decoder layer:\n"
+    "/env/lib/python3.11/site-packages/torch/distributed/fsdp/_wrap_utils.py:174: UserWarning: model.layers.0 has both "
+    "parameters with requires_grad=True and False. We do not recommend wrapping such modules\n"
+)
+
+
+def test_a_warning_a_case_expects_is_read_from_the_line_python_prints():
+    """fsdp1-frozen-mixed-unit expects a UserWarning, which triage never read: a paste of it was not claimed."""
+    [first, *_] = claims(match(MATRIX, parse(WARNED)))
+    assert (first.case.id, first.level, first.hits[0].fit) == ("fsdp1-frozen-mixed-unit", "likely", "warning")
+    windows = WARNED.replace("/env/lib/python3.11/site-packages/", "C:\\env\\Lib\\site-packages\\")
+    assert claims(match(MATRIX, parse(windows)))[0].hits[0].level == "likely"
+    # the warning's words in a sentence, without the line Python prints, are not the warning
+    sentence = "LoRA under FSDP1: it says a layer has both parameters with requires_grad=True and False, I think\n"
+    assert "fsdp1-frozen-mixed-unit" not in {m.case.id for m in claims(match(MATRIX, parse(sentence)))}

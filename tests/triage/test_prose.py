@@ -6,7 +6,7 @@ from pathlib import Path
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.triage.match import claims, match
 from fsdp_matrix.triage.parse import parse
-from fsdp_matrix.triage.prose import named, terms
+from fsdp_matrix.triage.prose import held, named, phrases, terms
 
 MATRIX = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
 TITLES = [(c.id, c.title) for c in MATRIX.cases]
@@ -76,3 +76,54 @@ def test_words_never_name_a_case_whose_cells_never_run_the_adapter_the_report_na
     text = "FSDP with TRL's SFTTrainer and DoRA: training fails after the first steps\n"
     assert _first(text) == (None, None)  # SFTTrainer and TRL name fsdp1-mp-optimizer-dtype, which runs no DoRA
     assert _first(text.replace("DoRA", "LoRA")) == ("fsdp1-mp-optimizer-dtype", "weak")
+
+
+def test_a_title_s_plain_words_are_read_as_pairs_in_one_spelling():
+    title = "Reentrant gradient checkpointing turned on after PEFT, with frozen inputs: element 0 does not require grad"
+    report = "model.gradient_checkpointing_enable() called after the PeftModel is created: require_grads=True nowhere"
+    assert {"gradient checkpoint", "after peft", "require grad"} <= phrases(title) & phrases(report)
+    # never across a clause, nor a pair with the matrix's own subject, nor a code-like word split (LoRA, ValueError)
+    assert "fp32 trainable" not in phrases("frozen weights upcast to fp32 with the trainable ones")
+    assert not phrases("under FSDP2 with LoRA") and "lo ra" not in phrases("QLoRA and LoRA")
+    # a title's code-like words are counted once, not again as a pair; what every report says is no pair
+    titles = [("a", "TRL SFTTrainer with fully_shard: ValueError raised"), ("b", "a DPOTrainer run")]
+    assert held(titles, "TRL SFTTrainer under fully_shard: the error raised")["a"] == (
+        "fully_shard",
+        "sfttrainer",
+        "trl",
+    )
+
+
+def test_a_case_whose_title_names_no_fsdp_is_named_by_words_without_fsdp():
+    """gc-frozen-inputs fails without FSDP too (its title names none): reports of it named it only with FSDP shown."""
+    text = "gradient checkpointing enabled after the PEFT model is created leaves nothing with requires_grad\n"
+    assert _first(text) == ("gc-frozen-inputs", "weak")
+    # without an adapter it is another failure (a model frozen in part), and a case that is FSDP's still needs FSDP
+    assert _first(text.replace("the PEFT model", "freezing the encoder, the model")) == (None, None)
+    assert _first("get_peft_model on a model already sharded by fully_shard, LoRA\n".replace("fully_shard", "x")) == (
+        None,
+        None,
+    )
+
+
+def test_two_cases_of_one_failure_named_alike_name_the_first_with_the_other_tied():
+    """gc-frozen-inputs and ac-entries expect one error (no-grad-fn): words naming both alike named neither."""
+    text = "Turned on grad checkpointing after get_peft_model: the LoRA model trains nothing\n"
+    [first] = claims(match(MATRIX, parse(text)))
+    assert (first.case.id, first.level, first.tied) == ("gc-frozen-inputs", "weak", "ac-entries")
+    # cases named alike that expect different errors are still no answer
+    assert named([("a", "x_setting y_setting"), ("b", "x_setting y_setting z")], "x_setting and y_setting") is None
+
+
+def test_words_name_a_case_that_expects_only_a_warning():
+    """fsdp1-frozen-mixed-unit expects a UserWarning, no error: its words named it with no rule to cite, so no claim."""
+    text = "LoRA under FSDP with use_orig_params=True: the gradient memory is that of an unfrozen model\n"
+    assert _first(text) == ("fsdp1-frozen-mixed-unit", "weak")
+
+
+def test_an_environment_listing_and_an_error_named_in_a_sentence_are_not_the_report_s_words():
+    """``- TRL version: 0.9.6`` named TRL as a word of the report; an exception named inline did not stop a claim."""
+    text = "fsdp+qlora training with TRL fails at step 0\n"
+    assert _first(text) == ("trl-qlora-upcast", "weak")
+    assert _first(text.replace(" with TRL", "") + "- TRL version: 0.9.6\n") == (None, None)
+    assert _first(text.replace("step 0", "step 0 with `RuntimeError: CUDA error: invalid argument`")) == (None, None)
