@@ -53,7 +53,7 @@ from fsdp_matrix.workload.entry import accelerate_setup, prepare_and_train
 from fsdp_matrix.workload.generation import check_same_tokens, greedy_generate, train_unsharded
 from fsdp_matrix.workload.hf_trainer import trainer_entry, trainer_setup, trainer_train_and_check
 from fsdp_matrix.workload.launcher import accelerate_launch_env, fsdp_launch_config
-from fsdp_matrix.workload.meta_init import build_rank0_model, has_meta, init_of
+from fsdp_matrix.workload.meta_init import build_rank0_model, has_meta, init_of, materialize_trainable
 from fsdp_matrix.workload.models import (
     DTYPES,
     TINY_SHAPE,
@@ -115,6 +115,7 @@ __all__ = [
     "init_of",
     "build_rank0_model",
     "has_meta",
+    "materialize_trainable",
     # init: launcher: a block under the variables `accelerate launch --config_file <fsdp yaml>` exports (launcher.py)
     "accelerate_launch_env",
     "fsdp_launch_config",

@@ -4,21 +4,9 @@ from __future__ import annotations
 
 from unittest import mock
 
-from fsdp_matrix.case import RankContext, axis, flag, has_meta, main, peft_model, wrap_and_train
+from fsdp_matrix.case import RankContext, axis, flag, main, materialize_trainable, peft_model, wrap_and_train
 
 CASE = "accelerate-fsdp2-ram-efficient-offload"
-
-
-def materialize_trainable(model, ctx: RankContext) -> int:
-    """axolotl PR #3977's fix of ram-efficient-untrained: real storage for the trainable meta parameters on every
-    rank, so that the LoRA shards of ranks > 0 train and that case's failure cannot hide this one's."""
-    count = 0
-    for module in model.modules():
-        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
-        if own and has_meta(module, recurse=False):
-            module.to_empty(device=ctx.device, recurse=False)
-            count += 1
-    return count
 
 
 def run(params: dict, ctx: RankContext) -> dict:
@@ -26,7 +14,8 @@ def run(params: dict, ctx: RankContext) -> dict:
     axis(params, "entry", ("accelerate",)), axis(params, "wrap", ("fsdp2",))
     offload = flag(params, "offload")
     model = peft_model(params, ctx, autocast=False)
-    materialized = materialize_trainable(model, ctx)
+    # ram-efficient-untrained's fix (axolotl PR #3977), so that that case's failure cannot hide this one's
+    materialized = materialize_trainable(model, ctx.device)
     # as an accelerate config sets it (fsdp_offload_params): the plugin reads it in __post_init__ and turns it into
     # FSDP2's CPUOffloadPolicy
     with mock.patch.dict("os.environ", {"FSDP_OFFLOAD_PARAMS": "true" if offload else "false"}):

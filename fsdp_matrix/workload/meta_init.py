@@ -63,6 +63,19 @@ def has_meta(module: nn.Module, recurse: bool = True) -> bool:
     return any(t.device == META for t in tensors)
 
 
+def materialize_trainable(model: nn.Module, device: torch.device) -> int:
+    """``to_empty`` on ``device`` for every module whose own trainable parameters are on meta (axolotl PR #3977's fix
+    of ram-efficient loading, https://github.com/axolotl-ai-cloud/axolotl/pull/3977: the LoRA weights of ranks > 0
+    get real storage, which FSDP's broadcast from rank 0 then fills); returns how many modules."""
+    count = 0
+    for module in model.modules():
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if own and has_meta(module, recurse=False):
+            module.to_empty(device=device, recurse=False)
+            count += 1
+    return count
+
+
 def meta_names(module: nn.Module) -> list:
     """Names of the parameters on the meta device."""
     return [n for n, p in module.named_parameters() if p.device == META]
