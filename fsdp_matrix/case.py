@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from fsdp_matrix.errors import CheckFailed
 from fsdp_matrix.standalone import main
+from fsdp_matrix.workload.activation import count_attention_calls
 from fsdp_matrix.workload.adapters import (
     TARGET_MODULES,
     adapter_dtypes,
@@ -107,6 +108,7 @@ __all__ = [
     "build_tinynet",
     "torch_dtype",
     "decoder_layers",
+    "count_attention_calls",
     "decoder_layer_class",
     "linear4bit_layers",
     "TINY_SHAPE",

@@ -10,28 +10,20 @@ each decoder layer once per step (0 for ``none``), else checkpointing was never 
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from fsdp_matrix.case import CheckFailed, RankContext, axis, decoder_layers, main, peft_model, wrap_and_train
+from fsdp_matrix.case import (
+    CheckFailed,
+    RankContext,
+    axis,
+    count_attention_calls,
+    decoder_layers,
+    main,
+    peft_model,
+    wrap_and_train,
+)
 
 CASE = "ac-entries"
 AC_VALUES = ("none", "fsdp", "hf_reentrant", "hf_nonreentrant")
 STEPS = 3
-
-
-def _count_attention(model: nn.Module) -> list:
-    # [forwards, forwards inside a backward pass]: a pre-hook on each attention module (transformers 5 checkpoints
-    # the layer's forward, not its __call__, so a hook on the layer misses the recompute; a CheckpointWrapper around
-    # the layer is outside the attention); only the latter count, whatever other forwards the harness runs
-    calls = [0, 0]
-
-    def hook(*_):
-        calls[1 if torch._C._current_graph_task_id() != -1 else 0] += 1
-
-    for layer in decoder_layers(model):
-        layer.self_attn.register_forward_pre_hook(hook)
-    return calls
 
 
 def run(params: dict, ctx: RankContext) -> dict:
@@ -39,9 +31,9 @@ def run(params: dict, ctx: RankContext) -> dict:
     ac = axis(params, "ac", AC_VALUES)
     model = peft_model(params, ctx)
     layers = len(decoder_layers(model))
-    calls = _count_attention(model)
+    calls = count_attention_calls(model)
     checks = wrap_and_train(model, params, ctx)
-    recomputed = calls[1] / (STEPS * layers)
+    recomputed = calls.in_backward / (STEPS * layers)
     checks["attention_recomputed_per_layer_step"] = recomputed
     want = 0 if ac == "none" else 1
     if recomputed != want:

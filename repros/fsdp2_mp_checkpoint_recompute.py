@@ -10,6 +10,7 @@ from fsdp_matrix.case import (
     add_adapter,
     axis,
     base_model,
+    count_attention_calls,
     decoder_layers,
     device_mesh,
     fully_shard,
@@ -33,19 +34,6 @@ def _policy(mpp: str):
     return {"mp_policy": policy}
 
 
-def _count_recompute(model) -> list:
-    # forward calls of each decoder layer's attention inside a backward pass: checkpointing's recompute
-    calls = [0]
-
-    def hook(*_):
-        if torch._C._current_graph_task_id() != -1:
-            calls[0] += 1
-
-    for layer in decoder_layers(model):
-        layer.self_attn.register_forward_pre_hook(hook)
-    return calls
-
-
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     gc, mpp = axis(params, "gc", GC), axis(params, "mpp", MPP)
@@ -55,7 +43,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = add_adapter(base, axis(params, "adapter", ("lora",)), ctx.seed)
     trainable = trainable_names(model)
-    calls = _count_recompute(model)
+    calls = count_attention_calls(model)
     mesh, kwargs = device_mesh(ctx), _policy(mpp)
     # each decoder layer, the head and the root, as Automodel's FSDP2 strategy shards them: with output_dtype fp32
     # the last layer hands fp32 to the final norm, and the head needs its own unit to cast that back to bf16
@@ -63,9 +51,9 @@ def run(params: dict, ctx: RankContext) -> dict:
         fully_shard(module, mesh=mesh, **kwargs)
     fully_shard(model, mesh=mesh, **kwargs)
     checks = train_and_check(model, ctx, trainable=trainable)
-    if gc != "none" and calls[0] == 0:
+    if gc != "none" and calls.in_backward == 0:
         raise CheckFailed("checkpointing was asked for, but no decoder layer was recomputed in backward")
-    return {"recomputed_attention_calls": calls[0], **checks}
+    return {"recomputed_attention_calls": calls.in_backward, **checks}
 
 
 if __name__ == "__main__":

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from fsdp_matrix.case import (
     CheckFailed,
     RankContext,
     add_adapter,
     axis,
     base_model,
+    count_attention_calls,
     decoder_layers,
     main,
     train_and_check,
@@ -24,23 +22,6 @@ CASE = "gc-frozen-inputs"
 GC = {"hf_reentrant": True, "hf_nonreentrant": False}
 INPUTS = ("peft", "manual", "none")
 STEPS = 3
-
-
-def _count_attention(model: nn.Module) -> list:
-    # a hook on the attention module: transformers 5 checkpoints the layer's forward, not its __call__, so hooks on
-    # the layer itself do not see the recompute
-    # [forward calls, calls inside a backward pass]: only the latter are checkpointing's recompute, whatever other
-    # forwards (the harness's forward check, say) the model runs
-    calls = [0, 0]
-
-    def hook(*_):
-        calls[1 if torch._C._current_graph_task_id() != -1 else 0] += 1
-
-    for layer in decoder_layers(model):
-        for name, module in layer.named_children():
-            if name == "self_attn":
-                module.register_forward_pre_hook(hook)
-    return calls
 
 
 def _kwargs(gc: str) -> dict:
@@ -64,7 +45,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     if inputs == "manual":
         model.enable_input_require_grads()
     layers = len(decoder_layers(model))
-    calls = _count_attention(model)
+    calls = count_attention_calls(model)
     trainable = trainable_names(model)
     if entry == "trainer":
         with trainer_setup(model, params, ctx, gradient_checkpointing=True, **_kwargs(gc)) as trainer:
@@ -72,7 +53,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     else:
         wrapped = wrap_cell(model, params, ctx)
         checks = train_and_check(wrapped, ctx, steps=STEPS, trainable=trainable)
-    recomputed = calls[1] / (STEPS * layers)
+    recomputed = calls.in_backward / (STEPS * layers)
     checks["attention_recomputed_per_layer_step"] = recomputed
     if recomputed != 1:
         raise CheckFailed(

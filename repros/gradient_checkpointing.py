@@ -19,6 +19,7 @@ from fsdp_matrix.case import (
     add_adapter,
     axis,
     base_model,
+    count_attention_calls,
     decoder_layer_class,
     decoder_layers,
     flag,
@@ -44,21 +45,6 @@ def _torch_ac(model: nn.Module) -> None:
     )
 
 
-def _count_attention(model: nn.Module) -> list:
-    # a hook on the attention module, not the decoder layer: transformers 5 checkpoints the layer's forward, not its
-    # __call__, so the layer's own hooks do not see the recompute
-    calls = [0]
-
-    def hook(*_):
-        calls[0] += 1
-
-    for layer in decoder_layers(model):
-        for name, module in layer.named_children():
-            if name == "self_attn":
-                module.register_forward_pre_hook(hook)
-    return calls
-
-
 def run(params: dict, ctx: RankContext) -> dict:
     """Run one cell on this rank. Let the observed error propagate; return the checks dict on success."""
     gc, kind = axis(params, "gc", GC), axis(params, "wrap", WRAPS)
@@ -73,7 +59,7 @@ def run(params: dict, ctx: RankContext) -> dict:
         base.enable_input_require_grads()
     model = add_adapter(base, axis(params, "adapter", ("lora", "dora")), ctx.seed)
     layers = len(decoder_layers(model))
-    calls = _count_attention(model)
+    calls = count_attention_calls(model)
     trainable = trainable_names(model)
     if gc == "torch_ac" and kind == "fsdp2":
         _torch_ac(model)
@@ -81,7 +67,7 @@ def run(params: dict, ctx: RankContext) -> dict:
     if gc == "torch_ac" and kind != "fsdp2":
         _torch_ac(wrapped)
     checks = train_and_check(wrapped, ctx, steps=STEPS, trainable=trainable)
-    runs = calls[0] / (STEPS * layers)
+    runs = calls.total / (STEPS * layers)
     checks.update({"attention_runs_per_layer_step": runs, "reference_loss": reference_loss})
     failed = Failures()
     want = 1 if gc == "none" else 2

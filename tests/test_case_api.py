@@ -52,6 +52,7 @@ HOME = {
     "build_rank0_model": "fsdp_matrix.workload.meta_init",
     "has_meta": "fsdp_matrix.workload.meta_init",
     "materialize_trainable": "fsdp_matrix.workload.meta_init",
+    "count_attention_calls": "fsdp_matrix.workload.activation",
     "accelerate_launch_env": "fsdp_matrix.workload.launcher",
     "fsdp_launch_config": "fsdp_matrix.workload.launcher",
     "lora_config": "fsdp_matrix.workload.adapters",

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
+import torch
 from torch import nn
 
-from fsdp_matrix.workload.models import decoder_layer_class
+from fsdp_matrix.workload.models import decoder_layer_class, decoder_layers
 from fsdp_matrix.workload.params import axis
 
 ACS = ("none", "fsdp", "hf_reentrant", "hf_nonreentrant")
@@ -104,3 +106,36 @@ def torch_fsdp_ac(model: nn.Module) -> None:
         checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
         check_fn=lambda m: isinstance(m, layer),
     )
+
+
+@dataclass
+class AttentionCalls:
+    """How often the decoder layers' attention ran, counted by ``count_attention_calls``'s hooks."""
+
+    forward: int = 0
+    """Calls outside a backward pass (the forwards, the harness's checks' included)."""
+    in_backward: int = 0
+    """Calls inside a backward pass: activation checkpointing's recompute, and nothing else."""
+
+    @property
+    def total(self) -> int:
+        return self.forward + self.in_backward
+
+
+def count_attention_calls(model: nn.Module) -> AttentionCalls:
+    """Counts, from now on, every call of each decoder layer's ``self_attn``, inside a backward pass or not: whether
+    checkpointing is really on, whatever the flags say. The hook sits on the attention module, not the layer:
+    transformers 5 checkpoints the layer's ``forward``, not its ``__call__``, so the layer's own hooks miss the
+    recompute (and a CheckpointWrapper around the layer is outside the attention)."""
+    calls = AttentionCalls()
+
+    def hook(*_: Any) -> None:
+        # -1 outside autograd's engine; a graph task id inside a backward pass
+        if torch._C._current_graph_task_id() != -1:
+            calls.in_backward += 1
+        else:
+            calls.forward += 1
+
+    for layer in decoder_layers(model):
+        layer.self_attn.register_forward_pre_hook(hook)
+    return calls

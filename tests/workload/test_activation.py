@@ -18,6 +18,7 @@ from fsdp_matrix.workload.activation import (
     ac_kind,
     ac_of,
     ac_trainer_kwargs,
+    count_attention_calls,
     enable_hf_ac,
     torch_fsdp_ac,
 )
@@ -153,3 +154,20 @@ def test_an_hf_flag_on_a_module_above_the_layers_covers_them(ctx):
         "structure: ac hf, 1/2 decoder layers under no gradient_checkpointing flag"
     ]
     assert "transformers' gradient_checkpointing flag on too" in _kind_failures(LAYERS, LAYERS, layers, "fsdp")[0]
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_attention_calls_tell_the_recompute_from_the_forward(ctx, reentrant):
+    import torch
+
+    model = _lora(ctx)
+    calls = count_attention_calls(model)
+    batch = torch.randint(0, 64, (2, 8))
+    model(input_ids=batch).logits.sum().backward()
+    layers = len(_decoder_layers(model))
+    assert (calls.forward, calls.in_backward) == (layers, 0)  # no checkpointing: nothing recomputed
+    model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.enable_input_require_grads()
+    model.train()
+    model(input_ids=batch).logits.sum().backward()
+    assert (calls.forward, calls.in_backward) == (2 * layers, layers) and calls.total == 3 * layers
