@@ -235,13 +235,48 @@ def _exception_at(
 
 _RAISE_GAP = 3
 """Lines (source, carets, ``raise ValueError(``) that may stand between a raise site's frame and the exception."""
+# a frame line as Python prints it, whole: what a wrapped one is joined back into
+_WHOLE_FRAME = re.compile(r'^File\s+"[^"]+\.py",\s*line\s+\d+,\s*in\s+[\w.<>]+$')
+_FRAME_HEAD = re.compile(r'^File\s+"')
+_FRAME_JOIN = 3
+"""How many lines one ``File "..."`` line may be wrapped over (a long site-packages path at 80 columns)."""
+
+
+def unwrap_frames(lines: List[str]) -> List[str]:
+    """``lines`` with each ``File "..."`` line that a terminal or an issue's width wrapped (inside its path, its line
+    number or its function's name, or at a space) joined back, when joining makes a whole frame line; the lines it was
+    wrapped over go, so that a raise site's distance to its exception line is as printed."""
+    out: List[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        joined = None
+        if _FRAME_HEAD.match(line) and not _WHOLE_FRAME.match(line):
+            # a break inside a word leaves no space at the wrap point; a break at a space lost it to the strip
+            joined = next(
+                (
+                    (line + sep.join([""] + lines[i + 1 : i + 1 + n]), n)
+                    for n in range(1, _FRAME_JOIN + 1)
+                    if i + n < len(lines)
+                    for sep in ("", " ")
+                    if _WHOLE_FRAME.match(line + sep + sep.join(lines[i + 1 : i + 1 + n]))
+                ),
+                None,
+            )
+        if joined:
+            out.append(joined[0])
+            i += joined[1] + 1
+            continue
+        out.append(line)
+        i += 1
+    return out
 
 
 def parse(text: str) -> Paste:
     """Read the exception lines and frames of a paste (at most ``MAX_BYTES`` of it); either may be empty. A line
     seen before (every rank prints the same traceback) is read once, in one pass: a repeated frame still counts as
     the frame above the exception line that follows it."""
-    lines = rich_frames(clean_lines(bounded(text)))
+    lines = unwrap_frames(rich_frames(clean_lines(bounded(text))))
     errors: List[PastedError] = []
     later: Deque[PastedError] = deque(maxlen=MAX_ERRORS - MAX_ERRORS // 2)
     said = set()

@@ -100,3 +100,25 @@ def test_a_rich_traceback_s_frames_are_read_through_its_box_and_its_wraps():
     ]
     assert [(e.short_type, e.message) for e in paste.errors] == [("IndexError", "tuple index out of range")]
     assert paste.errors[0].frames == tuple(paste.frames)
+
+
+def test_a_frame_line_wrapped_by_the_terminal_is_read_whole():
+    """A terminal or an issue's width wraps a long ``File "..."`` line inside its path or before its function, and a
+    raise statement's source line too: the frame is still read with its module and function, and it is still the raise
+    site (its module is what tells a verl or accelerate raise apart from the rule's)."""
+    wrapped = (
+        '  File "/home/u/miniconda3/envs/t/lib/python3.10/site-pack\n'
+        'ages/accelerate/utils/dataclasses.py", line 1818, in\n'
+        "set_auto_wrap_policy\n"
+        '    raise Exception("Could not find the transformer layer class to wrap in the\n'
+        'model.")\n'
+        "Exception: Could not find the transformer layer class to wrap in the model.\n"
+    )
+    paste = parse(wrapped)
+    assert [(f.module, f.function) for f in paste.frames] == [("accelerate.utils.dataclasses", "set_auto_wrap_policy")]
+    assert paste.errors[0].raised_in == paste.frames[0]
+
+
+def test_a_frame_line_is_not_joined_to_the_source_line_below_it():
+    paste = parse('  File "/x/site-packages/peft/peft_model.py", line 3\n    model.generate()\nValueError: boom\n')
+    assert [f.path for f in paste.frames] == ["/x/site-packages/peft/peft_model.py"]
