@@ -11,7 +11,7 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -337,7 +337,7 @@ def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optio
     exception lines it was found on."""
     folded = patterns.Bounded(regex.pattern, re.IGNORECASE)
     for kind, pattern in (("exact", regex), ("case-insensitive", folded)):
-        found = [e for e in paste.errors if pattern.search(_plain(e.message))]
+        found = [e for e in paste.errors if any(pattern.search(_plain(m)) for m in e.spellings)]
         if found:
             return kind, found
     if folded.search(_plain(paste.text)):
@@ -360,10 +360,18 @@ def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optio
         found = [e for e in paste.errors if alias.wording.search(_plain(e.message))]
         if found or alias.wording.search(_plain(paste.text)):
             return "alias", found
-    # a line's words are the paste's words: when the whole paste lacks the rule's, no line has them
-    if _loose(raw, _plain(paste.text)) and any(_loose(raw, line) for line in paste.lines if len(line) < 600):
+    # a line's words are the paste's words: when the whole paste lacks the rule's, no line has them. A line and the
+    # next are read as one, for a title or a sentence wrapped at the issue's width
+    if _loose(raw, _plain(paste.text)) and any(_loose(raw, line) for line in _line_pairs(paste.lines)):
         return "loose", []
     return None, []
+
+
+def _line_pairs(lines: List[str], longest: int = 600) -> Iterator[str]:
+    """Each line shorter than ``longest``, and each with the next one joined to it (a wrapped title or sentence)."""
+    short = [line if len(line) < longest else "" for line in lines]
+    yield from (line for line in short if line)
+    yield from (f"{a} {b}" for a, b in zip(short, short[1:]) if a and b)
 
 
 def _cut(error: PastedError, paste: Paste) -> bool:

@@ -100,6 +100,23 @@ class PastedError:
     """The frame printed right above the exception line (the raise site of a whole traceback), if any."""
     frames: Tuple[Frame, ...] = ()
     """The frames printed between the previous exception line and this one: its own traceback's."""
+    wrapped: Tuple[str, ...] = ()
+    """The message's lines as pasted, when it was wrapped over several (a terminal wraps inside a word as often as
+    at a space); empty when it is one line."""
+
+    @property
+    def spellings(self) -> List[str]:
+        """The message, and each reading of its wrap points as a space or as nothing (at most the first three
+        points read both ways; beyond them, a space)."""
+        if len(self.wrapped) < 2:
+            return [self.message]
+        out = []
+        for mask in range(2 ** min(len(self.wrapped) - 1, 3)):
+            text = self.wrapped[0]
+            for k, part in enumerate(self.wrapped[1:]):
+                text += ("" if mask >> k & 1 else " ") + part
+            out.append(" ".join(text.split()))
+        return out
 
     @property
     def short_type(self) -> str:
@@ -230,7 +247,8 @@ def _exception_at(
         if not nxt or _TRACE_LINE.match(nxt) or _EXC.search(nxt) or nxt.startswith("["):
             break
         parts.append(nxt)
-    return PastedError(found.group("type"), " ".join(" ".join(parts).split()), above, frames)
+    wrapped = tuple(parts) if len(parts) > 1 else ()
+    return PastedError(found.group("type"), " ".join(" ".join(parts).split()), above, frames, wrapped)
 
 
 _RAISE_GAP = 3
