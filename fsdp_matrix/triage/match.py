@@ -746,7 +746,22 @@ def _report_words(paste: Paste) -> str:
     message's own words (its dtypes, ``use_orig_params=False``) are counted once, as its fit."""
     text = functools.reduce(lambda text, e: text.replace(e.message, " "), paste.errors, paste.text)
     listed = [" ".join(line.split()) for line in paste.lines if _LISTED.match(line)]
-    return functools.reduce(lambda text, line: text.replace(line, " "), listed, text)
+    return functools.reduce(lambda text, line: text.replace(line, " "), listed, text) + _bridges(paste)
+
+
+def _bridges(paste: Paste) -> str:
+    """The words on either side of each line break, read with the break closed (``... an a`` / ``ssertion error``
+    -> ``an assertion error``): a report cut at a terminal's or an e-mail's width, inside a word as often as between
+    two. Each is its own sentence (a pair of words is never read across two of them). An exception's lines and an
+    environment listing's are not the report's words."""
+    messages = {" ".join(part.split()) for e in paste.errors for part in e.wrapped or [e.message]}
+    lines = ["" if _LISTED.match(line) or any(m and m in line for m in messages) else line for line in paste.lines]
+    out = []
+    for above, below in zip(lines, lines[1:]):
+        tail, head = above.split()[-2:], below.split()[:2]
+        if tail and head:
+            out.append(" ".join(tail[:-1] + [tail[-1] + head[0]] + head[1:]))
+    return "".join(f" ; {bridge}" for bridge in out)
 
 
 def _adapters_of(case: Case) -> FrozenSet[str]:
