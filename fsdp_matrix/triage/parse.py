@@ -8,6 +8,7 @@ checkout, with the exception class qualified by its module or not. Nothing here 
 
 from __future__ import annotations
 
+import html
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -44,6 +45,21 @@ _BOMS = (
 )
 # per-rank prefixes of torchrun/accelerate output, also with the opening bracket cut off by a trimmed paste
 _RANK_PREFIX = re.compile(r"^\s*\[?(?:rank|default)\d+\]?:\s?")
+_LEVEL = r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)"
+# what a log writes before each line: Ray's actor ("(WorkerDict pid=1234, ip=10.0.0.7) ": verl, OpenRLHF), a timestamp
+# with a level and a logger or a file:line:function (logging, DeepSpeed's, CI's), logging's "WARNING:root:", srun -l's
+# task and pdsh's host ("0: ", "worker-1: "); a rank prefix may follow any of them
+_LOG_PREFIX = re.compile(
+    r"^\s*(?:\((?:[A-Za-z_][\w.-]*\s+)?pid=\d+(?:,\s*ip=[\d.:a-fA-F]+)?\)"
+    r"|\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?"
+    rf"(?:\s*(?:-\s*[\w.]+\s*)?-\s*{_LEVEL}\s*-|\s*\[{_LEVEL}\]|\s+{_LEVEL}\b:?)?(?:\s*\[[\w.]+:\d+(?::[\w<>]+)?\])?"
+    rf"|{_LEVEL}:[\w.]+:|\d{{1,4}}:(?=\s)|(?:worker-\d+|localhost|\d{{1,3}}(?:\.\d{{1,3}}){{3}}):(?=\s))\s?"
+)
+_LOG_PREFIXES = 3
+"""How many log prefixes one line may carry (a timestamp, then Ray's actor, then a rank)."""
+# what a web page or a chat leaves in copied text: zero-width characters and soft hyphens inside words
+_INVISIBLE = re.compile("[\u00ad\u200b-\u200d\u2060]")
+_ENTITY = re.compile(r"&(?:#\d{1,7}|#x[0-9a-fA-F]{1,6}|lt|gt|amp|quot|apos|nbsp);")
 # Markdown quotes ("> "), Python prompts (">>> "), and pytest's failure lines ("E   ")
 _QUOTE_PREFIX = re.compile(r"^\s*(?:(?:>\s?)+|E {2,})")
 _FENCE = re.compile(r"^\s*(```|~~~)\w*\s*$")
@@ -186,6 +202,8 @@ def plain(text: str) -> str:
     """``text`` without escape sequences and control characters but tab and newline (a NUL or a stray CR is a
     space, a backspace nothing)."""
     text = _ANSI.sub("", text.replace("\r\n", "\n").replace("\r", "\n").replace("\ufeff", ""))
+    # a paste from a page's HTML keeps its entities (&#39;, &gt;); one from a chat, invisible characters in words
+    text = _INVISIBLE.sub("", html.unescape(text) if _ENTITY.search(text) else text)
     return _CONTROL.sub(lambda m: " " if m.group() in "\x00\t\x0b\x0c" else "", text)
 
 
@@ -195,7 +213,8 @@ def clean_lines(text: str) -> List[str]:
     out = []
     for raw in plain(text).split("\n"):
         line = _QUOTE_PREFIX.sub("", raw)
-        line = _RANK_PREFIX.sub("", line)
+        for _ in range(_LOG_PREFIXES):
+            line = _LOG_PREFIX.sub("", _RANK_PREFIX.sub("", line))
         if _FENCE.match(line):
             continue
         # a traceback quoted inline in Markdown: `[rank0]: ... ValueError: ...` with the backticks kept

@@ -122,3 +122,31 @@ def test_a_frame_line_wrapped_by_the_terminal_is_read_whole():
 def test_a_frame_line_is_not_joined_to_the_source_line_below_it():
     paste = parse('  File "/x/site-packages/peft/peft_model.py", line 3\n    model.generate()\nValueError: boom\n')
     assert [f.path for f in paste.frames] == ["/x/site-packages/peft/peft_model.py"]
+
+
+def test_a_log_s_line_prefixes_are_not_part_of_a_wrapped_message():
+    """Ray's actors (verl, OpenRLHF) prefix each line with ``(WorkerDict pid=N, ip=...)``, loggers and CI with a
+    timestamp and a level, srun -l and pdsh with a task or host: a message wrapped over two lines reads as one
+    message, without the second line's prefix."""
+    message = "Must flatten tensors with uniform dtype but got torch.float32 and torch.bfloat16"
+    head, tail = message[:40], message[40:]
+    for prefix in (
+        "(WorkerDict pid=1234, ip=10.0.0.7) ",
+        "(RayTrainWorker pid=88) ",
+        "2024-05-01 12:00:00,123 - root - ERROR - ",
+        "[2024-05-01 12:00:00,123] [ERROR] [engine.py:12:train] ",
+        "2024-05-01T12:00:00.1234567Z ",
+        "0: ",
+        "worker-1: ",
+    ):
+        paste = parse(f"{prefix}ValueError: {head}\n{prefix}{tail}\n")
+        assert [e.message for e in paste.errors] == [message], prefix
+        framed = parse(f'{prefix}  File "/x/site-packages/torch/distributed/fsdp/_flat_param.py", line 7, in f\n')
+        assert framed.lines == ['File "/x/site-packages/torch/distributed/fsdp/_flat_param.py", line 7, in f']
+
+
+def test_a_paste_copied_from_a_web_page_is_read_as_text():
+    """A paste from a page's HTML or a chat keeps its entities (``&#39;``, ``&gt;``) and zero-width or soft-hyphen
+    characters inside words: they are read as the characters they stand for, or as nothing."""
+    paste = parse("AttributeError: &#39;Params4bit&#39; object has no\u200b attri\u00adbute &#x27;absmax&#x27;\n")
+    assert [e.message for e in paste.errors] == ["'Params4bit' object has no attribute 'absmax'"]
