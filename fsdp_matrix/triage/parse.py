@@ -59,6 +59,8 @@ _LOG_PREFIXES = 3
 """How many log prefixes one line may carry (a timestamp, then Ray's actor, then a rank)."""
 # what a web page or a chat leaves in copied text: zero-width characters and soft hyphens inside words
 _INVISIBLE = re.compile("[\u00ad\u200b-\u200d\u2060]")
+_QUOTES = str.maketrans("\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f", "''''\"\"\"\"")
+"""Typographic quotes (a forum's, a chat's, a word processor's) as the ASCII quotes Python prints."""
 _ENTITY = re.compile(r"&(?:#\d{1,7}|#x[0-9a-fA-F]{1,6}|lt|gt|amp|quot|apos|nbsp);")
 # Markdown quotes ("> "), Python prompts (">>> "), and pytest's failure lines ("E   ")
 _QUOTE_PREFIX = re.compile(r"^\s*(?:(?:>\s?)+|E {2,})")
@@ -203,7 +205,7 @@ def plain(text: str) -> str:
     space, a backspace nothing)."""
     text = _ANSI.sub("", text.replace("\r\n", "\n").replace("\r", "\n").replace("\ufeff", ""))
     # a paste from a page's HTML keeps its entities (&#39;, &gt;); one from a chat, invisible characters in words
-    text = _INVISIBLE.sub("", html.unescape(text) if _ENTITY.search(text) else text)
+    text = _INVISIBLE.sub("", html.unescape(text) if _ENTITY.search(text) else text).translate(_QUOTES)
     return _CONTROL.sub(lambda m: " " if m.group() in "\x00\t\x0b\x0c" else "", text)
 
 

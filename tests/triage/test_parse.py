@@ -150,3 +150,10 @@ def test_a_paste_copied_from_a_web_page_is_read_as_text():
     characters inside words: they are read as the characters they stand for, or as nothing."""
     paste = parse("AttributeError: &#39;Params4bit&#39; object has no\u200b attri\u00adbute &#x27;absmax&#x27;\n")
     assert [e.message for e in paste.errors] == ["'Params4bit' object has no attribute 'absmax'"]
+
+
+def test_typographic_quotes_read_as_the_quotes_python_prints():
+    """A forum, a chat or a word processor turns ``'absmax'`` into ``‘absmax’``: a message's quotes are read as
+    Python printed them."""
+    paste = parse("AttributeError: \u2018Params4bit\u2019 object has no attribute \u201cabsmax\u201d\n")
+    assert [e.message for e in paste.errors] == ["'Params4bit' object has no attribute \"absmax\""]
