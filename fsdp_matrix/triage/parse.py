@@ -59,6 +59,21 @@ _LOG_PREFIXES = 3
 """How many log prefixes one line may carry (a timestamp, then Ray's actor, then a rank)."""
 # what a web page or a chat leaves in copied text: zero-width characters and soft hyphens inside words
 _INVISIBLE = re.compile("[\u00ad\u200b-\u200d\u2060]")
+# UTF-8's three-byte characters read as Windows-1252 (a log saved or pasted in the wrong encoding): rich's boxes
+# (│ as â”‚), arrows, typographic quotes
+_MOJIBAKE = re.compile(
+    "\u00e2[\u0080-\u00bf\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u02c6\u02dc"
+    "\u2013\u2014\u2018-\u201e\u2020-\u2022\u2026\u2030\u2039\u203a\u20ac\u2122\ufffd]{2}"
+)
+
+
+def _unmojibake(found: re.Match[str]) -> str:
+    try:
+        return found.group().encode("cp1252").decode("utf-8")
+    except UnicodeError:
+        return found.group()
+
+
 _QUOTES = str.maketrans("\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f", "''''\"\"\"\"")
 """Typographic quotes (a forum's, a chat's, a word processor's) as the ASCII quotes Python prints."""
 _ENTITY = re.compile(r"&(?:#\d{1,7}|#x[0-9a-fA-F]{1,6}|lt|gt|amp|quot|apos|nbsp);")
@@ -85,10 +100,14 @@ _WRAPPED_LINES = 5
 # rich's traceback (transformers' and accelerate's CLIs, typer, Lightning): frames in a box, ``│ /x/y.py:12 in f │``,
 # a long path wrapped across box lines ("...modules/m │" then "│ odule.py:1818 in state_dict"), even inside its line
 # number ("modeling_llama.py:5 │" then "31 in forward"); see https://rich.readthedocs.io/en/stable/traceback.html
-_BOX_SIDES = re.compile(r"^[│┃║]\s?|\s?[│┃║]$")
-_BOX_RULE = re.compile(r"^[╭╰┏┗─━\s]*[─━]{3}")
+# rich draws its boxes in ASCII on a console that cannot print box characters ("+----+", "| ... |")
+_BOX_SIDES = re.compile(r"^[│┃║|]\s?|\s?[│┃║|]$")
+_BOX_RULE = re.compile(r"^[╭╰┏┗─━+\s]*(?:[─━]{3}|-{3})")
+# a line of the source rich shows around a frame: "  498 │   │   code" or, for the frame's own line, "❱ 499 │ code"
+_RICH_SOURCE = re.compile(r"^(?P<mark>[❱>])?\s*\d+\s*[│|](?P<code>.*)$")
 _RICH_FRAME = re.compile(r"^(?P<path>(?:[A-Za-z]:)?[\\/~.][^\s│]*?\.py):(?P<line>\d+) in (?P<fn>[\w.<>]+)")
-_RICH_START = re.compile(r"^(?:[A-Za-z]:)?[\\/~.][^\s│]*$")
+_RICH_REST = re.compile(r"^[\w.<>]+$")
+_RICH_START = re.compile(r"^(?:[A-Za-z]:)?[\\/~.][^\s│]*(?:\.py:\d+ i|\.py:\d+ in)?$")
 _RICH_JOIN = 3
 """How many box lines one rich frame header may be wrapped over."""
 _TRACE_LINE = re.compile(r"^\s*(Traceback \(most recent call last\)|File\s|During handling|The above exception|\^+|~+)")
@@ -204,6 +223,7 @@ def plain(text: str) -> str:
     """``text`` without escape sequences and control characters but tab and newline (a NUL or a stray CR is a
     space, a backspace nothing)."""
     text = _ANSI.sub("", text.replace("\r\n", "\n").replace("\r", "\n").replace("\ufeff", ""))
+    text = _MOJIBAKE.sub(_unmojibake, text) if "\u00e2" in text else text
     # a paste from a page's HTML keeps its entities (&#39;, &gt;); one from a chat, invisible characters in words
     text = _INVISIBLE.sub("", html.unescape(text) if _ENTITY.search(text) else text).translate(_QUOTES)
     return _CONTROL.sub(lambda m: " " if m.group() in "\x00\t\x0b\x0c" else "", text)
@@ -226,33 +246,78 @@ def clean_lines(text: str) -> List[str]:
     return out
 
 
-def _unbox(line: str) -> str:
-    """A rich box line's inner text (``│ text │`` -> ``text``); a box's top or bottom rule is blank."""
+def _unbox(line: str) -> Tuple[str, str]:
+    """A line as (kind, text): ``rule`` for a rich box's top or bottom, ``blank`` for an empty row, ``source`` for a
+    line of the source rich shows around a frame's own line, else ``line`` with the box's sides taken off
+    (``│ text │`` -> ``text``; the frame's own source line, ``❱ 499 │ code``, as Python prints it: ``code``)."""
     if _BOX_RULE.match(line):
-        return ""
-    return _BOX_SIDES.sub("", _BOX_SIDES.sub("", line)).strip() if line[:1] in "│┃║" or line[-1:] in "│┃║" else line
+        return "rule", ""
+    if not line or (line[0] not in "│┃║|" and line[-1] not in "│┃║|"):
+        return "line", line
+    inner = _BOX_SIDES.sub("", _BOX_SIDES.sub("", line)).strip()
+    source = _RICH_SOURCE.match(inner)
+    if source:
+        code = source.group("code").lstrip("│| ").strip()
+        return ("line", code) if source.group("mark") else ("source", code)
+    return ("line", inner) if inner else ("blank", "")
+
+
+def _unboxed(lines: List[str]) -> List[Optional[str]]:
+    """``lines`` without rich's boxes: a rule is a blank line (it ends a wrapped message), a blank row is None (gone:
+    Python prints none between a frame and its exception line; a frame header is not wrapped over one), and the source
+    rich shows around each frame's own line moves above the box (its words are still the paste's, but Python would
+    not print them between a frame and the exception line)."""
+    out: List[Optional[str]] = []
+    around: List[Optional[str]] = []
+    box_at: Optional[int] = None
+    for kind, text in map(_unbox, lines):
+        if kind == "rule" and box_at is None:
+            box_at = len(out)
+            out.append("")
+        elif kind == "rule":
+            out[box_at:box_at] = around
+            around, box_at = [], None
+            out.append("")
+        elif kind == "source":
+            (around if box_at is not None else out).append(text)
+        else:
+            out.append(text if kind == "line" else None)
+    if box_at is not None:
+        out[box_at:box_at] = around
+    return out
+
+
+def _rich_header(inner: List[Optional[str]], i: int) -> Tuple[Optional[str], int]:
+    """The rich frame header that starts at ``inner[i]``, joined back where the box wrapped it (inside its path, its
+    line number or its function's name), as Python's ``File "path", line N, in f``; and how many rows it took."""
+    joined, used = inner[i] or "", 1
+    while not _RICH_FRAME.match(joined) and _RICH_START.match(joined) and used <= _RICH_JOIN:
+        if i + used >= len(inner) or inner[i + used] is None:
+            break
+        joined, used = joined + (" " if joined.endswith(" in") else "") + (inner[i + used] or ""), used + 1
+    found = _RICH_FRAME.match(joined)
+    if not found or (used > 1 and not _RICH_START.match(inner[i] or "")):
+        return None, 1
+    # the box may wrap inside the function's name too ("in _load_p" / "retrained_model"): the rest is the next row
+    while found.end() == len(joined) and i + used < len(inner) and _RICH_REST.match(inner[i + used] or ""):
+        joined, used = joined + (inner[i + used] or ""), used + 1
+        found = _RICH_FRAME.match(joined) or found
+    return f'File "{found.group("path")}", line {found.group("line")}, in {found.group("fn")}', used
 
 
 def rich_frames(lines: List[str]) -> List[str]:
-    """``lines`` with rich's boxes taken off and each of its frame headers, joined back where the box wrapped it,
-    written as Python's ``File "path", line N, in f`` (what the rest of the parser reads)."""
-    inner = [_unbox(line) for line in lines]
+    """``lines`` with rich's boxes taken off (``_unboxed``) and each of its frame headers written as Python's
+    ``File "path", line N, in f`` (what the rest of the parser reads): the last frame stands right above the exception
+    line, as its raise site."""
+    inner = _unboxed(lines)
     out: List[str] = []
     i = 0
     while i < len(inner):
-        joined, used = inner[i], 1
-        while not _RICH_FRAME.match(joined) and _RICH_START.match(joined) and used <= _RICH_JOIN:
-            if i + used >= len(inner):
-                break
-            joined, used = joined + inner[i + used], used + 1
-        found = _RICH_FRAME.match(joined)
-        if found and (used == 1 or _RICH_START.match(inner[i])):
-            out.append(f'File "{found.group("path")}", line {found.group("line")}, in {found.group("fn")}')
-            out += [""] * (used - 1)  # keep the line count: the raise site's distance is counted in lines
-            i += used
-            continue
-        out.append(inner[i])
-        i += 1
+        header, used = _rich_header(inner, i)
+        line = header or inner[i]
+        if line is not None:
+            out.append(line)
+        i += used
     return out
 
 

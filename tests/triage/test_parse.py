@@ -157,3 +157,70 @@ def test_typographic_quotes_read_as_the_quotes_python_prints():
     Python printed them."""
     paste = parse("AttributeError: \u2018Params4bit\u2019 object has no attribute \u201cabsmax\u201d\n")
     assert [e.message for e in paste.errors] == ["'Params4bit' object has no attribute \"absmax\""]
+
+
+RICH_RAISE = """\
+╭───────────────────── Traceback (most recent call last) ─────────────────────╮
+│ /home/u/verl/verl/workers/fsdp_workers.py:499 in _build_model_optimizer      │
+│                                                                              │
+│   498 │   │   auto_wrap_policy = get_fsdp_wrap_policy(                       │
+│ ❱ 499 │   │   │   module=actor_module,                                       │
+│   500 │   │   │   config=fsdp_config.get("wrap_policy", None),               │
+│                                                                              │
+│ /home/u/verl/verl/utils/fsdp_utils.py:128 in get_fsdp_wrap_policy            │
+│                                                                              │
+│   125 │   │   │   if transformer_cls is None:                                │
+│   126 │   │   │   │   raise Exception(                                       │
+│   127 │   │   │   │   │   "Could not find the transformer layer class"       │
+│ ❱ 128 │   │   │   │   )                                                      │
+│   129 │   │   │   transformer_cls_to_wrap.add(transformer_cls)               │
+│   130 │                                                                      │
+╰──────────────────────────────────────────────────────────────────────────────╯
+Exception: Could not find the transformer layer class to wrap in the model.
+"""
+
+
+def test_a_rich_traceback_s_last_frame_is_the_raise_site():
+    """rich prints a few lines of source around each frame and closes its box before the exception line: its last
+    frame is still the raise site (verl's own check, not the rule's), as in Python's traceback."""
+    paste = parse(RICH_RAISE)
+    assert [f.function for f in paste.frames] == ["_build_model_optimizer", "get_fsdp_wrap_policy"]
+    assert paste.errors[0].raised_in == paste.frames[-1]
+    # the source it shows is still the paste's text
+    assert "get_fsdp_wrap_policy(" in paste.text
+
+
+def test_a_rich_traceback_in_ascii_boxes_or_garbled_is_read_alike():
+    """rich draws its boxes in ASCII on a console that cannot print box characters (``+---+``, ``| ... |``), and a
+    paste read in the wrong encoding turns them into ``â”‚``: the frames and raise site read as from the box."""
+    whole = parse(RICH_RAISE)
+    ascii_box = RICH_RAISE.translate(str.maketrans("╭╮╰╯─│❱", "++++-|>"))
+    garbled = RICH_RAISE.encode("utf-8").decode("cp1252", "replace")
+    for text in (ascii_box, garbled):
+        paste = parse(text)
+        assert [(f.module, f.path, f.function) for f in paste.frames] == [
+            (f.module, f.path, f.function) for f in whole.frames
+        ]
+        assert paste.errors[0].raised_in == paste.frames[-1]
+
+
+def test_a_rich_frame_header_wrapped_inside_its_function_s_name_is_read_whole():
+    """rich fills each row of its box to the width and goes on in the next, inside any word: ``... in _load_p`` /
+    ``retrained_model``, ``...py:563 i`` / ``n from_pretrained``."""
+    box = (
+        "╭──────────────────── Traceback (most recent call last) ────────────────────╮\n"
+        "│ /x/site-packages/transformers/models/auto/auto_factory.py:563 i │\n"
+        "│ n from_pretrained                                                   │\n"
+        "│                                                                     │\n"
+        "│ ❱ 563 │   return model_class.from_pretrained(                         │\n"
+        "│                                                                     │\n"
+        "│ /x/site-packages/transformers/modeling_utils.py:4104 in _load_p │\n"
+        "│ retrained_model                                                     │\n"
+        "│                                                                     │\n"
+        "│ ❱ 4104 │   raise                                                        │\n"
+        "╰─────────────────────────────────────────────────────────────────────╯\n"
+        "RuntimeError: boom\n"
+    )
+    paste = parse(box)
+    assert [f.function for f in paste.frames] == ["from_pretrained", "_load_pretrained_model"]
+    assert paste.errors[0].raised_in == paste.frames[-1]
