@@ -74,6 +74,15 @@ def _unmojibake(found: re.Match[str]) -> str:
         return found.group()
 
 
+# a traceback logged as one escaped string (a JSON record, a structured log, a repr()): its newlines are "\\n"
+_ESCAPED_TRACE = re.compile(r"Traceback \(most recent call last\):\\n|\\n\s*File \\?[\"']")
+_ESCAPE = re.compile(r"\\[nt\"'\\]")
+
+
+def _unescape(found: re.Match[str]) -> str:
+    return {"\\n": "\n", "\\t": "\t"}.get(found.group(), found.group()[1])
+
+
 _QUOTES = str.maketrans("\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f", "''''\"\"\"\"")
 """Typographic quotes (a forum's, a chat's, a word processor's) as the ASCII quotes Python prints."""
 _ENTITY = re.compile(r"&(?:#\d{1,7}|#x[0-9a-fA-F]{1,6}|lt|gt|amp|quot|apos|nbsp);")
@@ -95,6 +104,7 @@ MAX_BYTES = 2 * 1024 * 1024
 MAX_ERRORS = 200
 """Distinct exception lines matched against the rules: the first and the last half of it (a run's first failure and
 its final exception); every one costs a search per rule, and a long log of many ranks can hold tens of thousands."""
+_WORDY = re.compile(r"\w")
 _WRAPPED_LINES = 5
 """How many lines after an exception line may continue its wrapped message."""
 # rich's traceback (transformers' and accelerate's CLIs, typer, Lightning): frames in a box, ``│ /x/y.py:12 in f │``,
@@ -224,6 +234,7 @@ def plain(text: str) -> str:
     space, a backspace nothing)."""
     text = _ANSI.sub("", text.replace("\r\n", "\n").replace("\r", "\n").replace("\ufeff", ""))
     text = _MOJIBAKE.sub(_unmojibake, text) if "\u00e2" in text else text
+    text = _ESCAPE.sub(_unescape, text) if _ESCAPED_TRACE.search(text) else text
     # a paste from a page's HTML keeps its entities (&#39;, &gt;); one from a chat, invisible characters in words
     text = _INVISIBLE.sub("", html.unescape(text) if _ENTITY.search(text) else text).translate(_QUOTES)
     return _CONTROL.sub(lambda m: " " if m.group() in "\x00\t\x0b\x0c" else "", text)
@@ -330,7 +341,8 @@ def _exception_at(
     parts = [found.group("msg")]
     # a message wrapped by the terminal or the issue's width: join the lines up to the next blank or trace line
     for nxt in lines[i + 1 : i + 1 + _WRAPPED_LINES]:
-        if not nxt or _TRACE_LINE.match(nxt) or _EXC.search(nxt) or nxt.startswith("["):
+        # a line of punctuation only (a log record's closing '"}') is no part of a message
+        if not nxt or _TRACE_LINE.match(nxt) or _EXC.search(nxt) or nxt.startswith("[") or not _WORDY.search(nxt):
             break
         parts.append(nxt)
     wrapped = tuple(parts) if len(parts) > 1 else ()

@@ -224,3 +224,19 @@ def test_a_rich_frame_header_wrapped_inside_its_function_s_name_is_read_whole():
     paste = parse(box)
     assert [f.function for f in paste.frames] == ["from_pretrained", "_load_pretrained_model"]
     assert paste.errors[0].raised_in == paste.frames[-1]
+
+
+def test_a_traceback_logged_as_an_escaped_string_is_read_as_printed():
+    """A structured log, a JSON record or a repr() keeps a traceback on one line, its newlines and quotes escaped
+    (``'Traceback (most recent call last):\\n  File \\"/x.py\\", ...'``): it is read as Python printed it."""
+    printed = FRAME + "    raise ValueError(\n" + ERROR
+    logged = (
+        '{"level": "error", "exc": "Traceback (most recent call last):\\n'
+        + printed.replace('"', '\\"').replace("\n", "\\n")
+        + '"}\n'
+    )
+    paste = parse(logged)
+    assert [e.message for e in paste.errors] == ["Cannot flatten integer dtype tensors"]
+    assert paste.errors[0].raised_in.module == "torch.distributed.fsdp._flat_param"
+    # a message that merely mentions a backslash-n is not unescaped
+    assert parse("ValueError: use '\\n' as the separator\n").errors[0].message == "use '\\n' as the separator"
