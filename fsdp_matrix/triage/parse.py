@@ -75,7 +75,7 @@ def _unmojibake(found: re.Match[str]) -> str:
 
 
 # a traceback logged as one escaped string (a JSON record, a structured log, a repr()): its newlines are "\\n"
-_ESCAPED_TRACE = re.compile(r"Traceback \(most recent call last\):\\n|\\n\s*File \\?[\"']")
+_ESCAPED_TRACE = re.compile(r"Traceback \(most recent call last\):\\n|\\n(?:\[?rank\d+\]?:)?\s*File \\?[\"']")
 _ESCAPE = re.compile(r"\\[nt\"'\\]")
 
 
@@ -115,9 +115,11 @@ _BOX_SIDES = re.compile(r"^[│┃║|]\s?|\s?[│┃║|]$")
 _BOX_RULE = re.compile(r"^[╭╰┏┗─━+\s]*(?:[─━]{3}|-{3})")
 # a line of the source rich shows around a frame: "  498 │   │   code" or, for the frame's own line, "❱ 499 │ code"
 _RICH_SOURCE = re.compile(r"^(?P<mark>[❱>])?\s*\d+\s*[│|](?P<code>.*)$")
-_RICH_FRAME = re.compile(r"^(?P<path>(?:[A-Za-z]:)?[\\/~.][^\s│]*?\.py):(?P<line>\d+) in (?P<fn>[\w.<>]+)")
+# a frame's file as rich prints it: absolute, home-relative, or relative to the working directory (``src/train.py``)
+_RICH_PATH = r"(?:[A-Za-z]:)?(?:[\\/~.]|\w[\w.-]*/)"
+_RICH_FRAME = re.compile(rf"^(?P<path>{_RICH_PATH}[^\s│]*?\.py):(?P<line>\d+) in (?P<fn>[\w.<>]+)")
 _RICH_REST = re.compile(r"^[\w.<>]+$")
-_RICH_START = re.compile(r"^(?:[A-Za-z]:)?[\\/~.][^\s│]*(?:\.py:\d+ i|\.py:\d+ in)?$")
+_RICH_START = re.compile(rf"^{_RICH_PATH}[^\s│]*(?:\.py:\d+ i|\.py:\d+ in)?$")
 _RICH_JOIN = 3
 """How many box lines one rich frame header may be wrapped over."""
 _TRACE_LINE = re.compile(r"^\s*(Traceback \(most recent call last\)|File\s|During handling|The above exception|\^+|~+)")
@@ -353,7 +355,7 @@ _RAISE_GAP = 3
 """Lines (source, carets, ``raise ValueError(``) that may stand between a raise site's frame and the exception."""
 # a frame line as Python prints it, whole: what a wrapped one is joined back into
 _WHOLE_FRAME = re.compile(r'^File\s+"[^"]+\.py",\s*line\s+\d+,\s*in\s+[\w.<>]+$')
-_FRAME_HEAD = re.compile(r'^File\s+"')
+_FRAME_HEAD = re.compile(r'^File(?:\s+"|$)')
 _FRAME_JOIN = 3
 """How many lines one ``File "..."`` line may be wrapped over (a long site-packages path at 80 columns)."""
 

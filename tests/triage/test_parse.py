@@ -240,3 +240,12 @@ def test_a_traceback_logged_as_an_escaped_string_is_read_as_printed():
     assert paste.errors[0].raised_in.module == "torch.distributed.fsdp._flat_param"
     # a message that merely mentions a backslash-n is not unescaped
     assert parse("ValueError: use '\\n' as the separator\n").errors[0].message == "use '\\n' as the separator"
+
+
+def test_a_rich_frame_with_a_relative_path_and_a_frame_line_wrapped_after_file_are_read():
+    """rich prints a frame's file as Python has it, relative when imported from the working directory
+    (``src/train.py``); a terminal may wrap a ``File "..."`` line right after ``File``."""
+    boxed = parse("╭─── Traceback ───╮\n│ src/pkg/train.py:12 in main │\n╰─────╯\nValueError: boom\n")
+    assert [(f.path, f.function) for f in boxed.frames] == [("src/pkg/train.py", "main")]
+    wrapped = parse('  File\n"/x/site-packages/peft/peft_model.py", line 3, in forward\nValueError: boom\n')
+    assert [(f.module, f.function) for f in wrapped.frames] == [("peft.peft_model", "forward")]
