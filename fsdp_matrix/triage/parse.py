@@ -67,11 +67,19 @@ _MOJIBAKE = re.compile(
 )
 
 
-def _unmojibake(found: re.Match[str]) -> str:
+# the same characters shown by a Windows console's code page 437 (│ as Γöé, ─ as ΓöÇ, ❱ as Γ¥▒)
+_MOJIBAKE_437 = re.compile("\u0393[" + re.escape(bytes(range(0x80, 0xC0)).decode("cp437")) + "]{2}")
+
+
+def _unmojibake(found: re.Match[str], codec: str = "cp1252") -> str:
     try:
-        return found.group().encode("cp1252").decode("utf-8")
+        return found.group().encode(codec).decode("utf-8")
     except UnicodeError:
         return found.group()
+
+
+def _unmojibake_437(found: re.Match[str]) -> str:
+    return _unmojibake(found, "cp437")
 
 
 # a traceback logged as one escaped string (a JSON record, a structured log, a repr()): its newlines are "\\n"
@@ -112,9 +120,11 @@ _WRAPPED_LINES = 5
 # number ("modeling_llama.py:5 │" then "31 in forward"); see https://rich.readthedocs.io/en/stable/traceback.html
 # rich draws its boxes in ASCII on a console that cannot print box characters ("+----+", "| ... |")
 _BOX_SIDES = re.compile(r"^[│┃║|]\s?|\s?[│┃║|]$")
-_BOX_RULE = re.compile(r"^[╭╰┏┗─━+\s]*(?:[─━]{3}|-{3})")
+_BOX_RULE = re.compile(r"^[╭╰┏┗─━+\s]*(?:[─━]{3}|-{3})|^\?{8,}$")
 # a line of the source rich shows around a frame: "  498 │   │   code" or, for the frame's own line, "❱ 499 │ code"
-_RICH_SOURCE = re.compile(r"^(?P<mark>[❱>])?\s*\d+\s*[│|](?P<code>.*)$")
+_RICH_SOURCE = re.compile(r"^(?P<mark>[❱>?])?\s*\d+\s*[│|?](?P<code>.*)$")
+# a row of a box whose characters an ASCII-only encoding replaced by "?" ("? /x/y.py:12 in f ?")
+_GARBLED_ROW = re.compile(r"^\?(?=\s)(.*\s)\?$")
 # a frame's file as rich prints it: absolute, home-relative, or relative to the working directory (``src/train.py``)
 _RICH_PATH = r"(?:[A-Za-z]:)?(?:[\\/~.]|\w[\w.-]*/)"
 _RICH_FRAME = re.compile(rf"^(?P<path>{_RICH_PATH}[^\s│]*?\.py):(?P<line>\d+) in (?P<fn>[\w.<>]+)")
@@ -236,6 +246,7 @@ def plain(text: str) -> str:
     space, a backspace nothing)."""
     text = _ANSI.sub("", text.replace("\r\n", "\n").replace("\r", "\n").replace("\ufeff", ""))
     text = _MOJIBAKE.sub(_unmojibake, text) if "\u00e2" in text else text
+    text = _MOJIBAKE_437.sub(_unmojibake_437, text) if "\u0393" in text else text
     text = _ESCAPE.sub(_unescape, text) if _ESCAPED_TRACE.search(text) else text
     # a paste from a page's HTML keeps its entities (&#39;, &gt;); one from a chat, invisible characters in words
     text = _INVISIBLE.sub("", html.unescape(text) if _ENTITY.search(text) else text).translate(_QUOTES)
@@ -265,12 +276,13 @@ def _unbox(line: str) -> Tuple[str, str]:
     (``│ text │`` -> ``text``; the frame's own source line, ``❱ 499 │ code``, as Python prints it: ``code``)."""
     if _BOX_RULE.match(line):
         return "rule", ""
+    line = _GARBLED_ROW.sub(r"│\1│", line)
     if not line or (line[0] not in "│┃║|" and line[-1] not in "│┃║|"):
         return "line", line
     inner = _BOX_SIDES.sub("", _BOX_SIDES.sub("", line)).strip()
     source = _RICH_SOURCE.match(inner)
     if source:
-        code = source.group("code").lstrip("│| ").strip()
+        code = source.group("code").lstrip("│|? ").strip()
         return ("line", code) if source.group("mark") else ("source", code)
     return ("line", inner) if inner else ("blank", "")
 

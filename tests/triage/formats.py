@@ -106,3 +106,11 @@ FORMATS: Dict[str, Callable[[str], str]] = {
     "one JSON-escaped log record": _json_log,
 }
 """Each format's name and what it does to a paste."""
+FORMATS.update(
+    {
+        "rich traceback, UTF-8 shown as cp437 (a Windows console)": lambda text: (
+            rich(text).encode("utf-8").decode("cp437", "replace")
+        ),
+        "rich traceback, box characters as '?'": lambda text: rich(text).encode("ascii", "replace").decode("ascii"),
+    }
+)
