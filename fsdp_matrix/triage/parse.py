@@ -47,11 +47,12 @@ _BOMS = (
 _RANK_PREFIX = re.compile(r"^\s*\[?(?:rank|default)\d+\]?:\s?")
 _LEVEL = r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)"
 # what a log writes before each line: Ray's actor ("(WorkerDict pid=1234, ip=10.0.0.7) ": verl, OpenRLHF), a timestamp
-# with a level and a logger or a file:line:function (logging, DeepSpeed's, CI's), logging's "WARNING:root:", srun -l's
-# task and pdsh's host ("0: ", "worker-1: "); a rank prefix may follow any of them
+# with a level and a logger or a file:line:function (logging's, CI's), logging's "WARNING:root:", srun -l's task and
+# pdsh's host ("0: ", "worker-1: "); a rank prefix may follow any of them. A bracketed timestamp ("[2024-05-01 ...]
+# [INFO]", DeepSpeed's and torchelastic's records) is kept: its "[" says a new record starts, not a wrapped message
 _LOG_PREFIX = re.compile(
     r"^\s*(?:\((?:[A-Za-z_][\w.-]*\s+)?pid=\d+(?:,\s*ip=[\d.:a-fA-F]+)?\)"
-    r"|\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?"
+    r"|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
     rf"(?:\s*(?:-\s*[\w.]+\s*)?-\s*{_LEVEL}\s*-|\s*\[{_LEVEL}\]|\s+{_LEVEL}\b:?)?(?:\s*\[[\w.]+:\d+(?::[\w<>]+)?\])?"
     rf"|{_LEVEL}:[\w.]+:|\d{{1,4}}:(?=\s)|(?:worker-\d+|localhost|\d{{1,3}}(?:\.\d{{1,3}}){{3}}):(?=\s))\s?"
 )

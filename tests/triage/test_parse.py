@@ -127,14 +127,15 @@ def test_a_frame_line_is_not_joined_to_the_source_line_below_it():
 def test_a_log_s_line_prefixes_are_not_part_of_a_wrapped_message():
     """Ray's actors (verl, OpenRLHF) prefix each line with ``(WorkerDict pid=N, ip=...)``, loggers and CI with a
     timestamp and a level, srun -l and pdsh with a task or host: a message wrapped over two lines reads as one
-    message, without the second line's prefix."""
+    message, without the second line's prefix. A bracketed timestamp (DeepSpeed's records) starts a new record: it is
+    never read as the message's next line."""
     message = "Must flatten tensors with uniform dtype but got torch.float32 and torch.bfloat16"
     head, tail = message[:40], message[40:]
     for prefix in (
         "(WorkerDict pid=1234, ip=10.0.0.7) ",
         "(RayTrainWorker pid=88) ",
         "2024-05-01 12:00:00,123 - root - ERROR - ",
-        "[2024-05-01 12:00:00,123] [ERROR] [engine.py:12:train] ",
+        "2024-05-01 12:00:00 [ERROR] [engine.py:12:train] ",
         "2024-05-01T12:00:00.1234567Z ",
         "0: ",
         "worker-1: ",
@@ -143,6 +144,8 @@ def test_a_log_s_line_prefixes_are_not_part_of_a_wrapped_message():
         assert [e.message for e in paste.errors] == [message], prefix
         framed = parse(f'{prefix}  File "/x/site-packages/torch/distributed/fsdp/_flat_param.py", line 7, in f\n')
         assert framed.lines == ['File "/x/site-packages/torch/distributed/fsdp/_flat_param.py", line 7, in f']
+    record = parse(f"ValueError: {message}\n[2024-05-01 12:00:01,000] [ERROR] [launch.py:3:main] exiting\n")
+    assert [e.message for e in record.errors] == [message]
 
 
 def test_a_paste_copied_from_a_web_page_is_read_as_text():
