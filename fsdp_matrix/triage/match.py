@@ -749,6 +749,10 @@ def _report_words(paste: Paste) -> str:
     return functools.reduce(lambda text, line: text.replace(line, " "), listed, text) + _bridges(paste)
 
 
+BRIDGED_LINES = 300
+"""Lines whose breaks ``_bridges`` reads joined: a title and a report's prose, not the log pasted after them."""
+
+
 def _bridges(paste: Paste) -> str:
     """The words on either side of each line break, read with the break closed (``... an a`` / ``ssertion error``
     -> ``an assertion error``): a report cut at a terminal's or an e-mail's width, inside a word as often as between
@@ -757,7 +761,8 @@ def _bridges(paste: Paste) -> str:
     messages = {" ".join(part.split()) for e in paste.errors for part in e.wrapped or [e.message]}
     lines = ["" if _LISTED.match(line) or any(m and m in line for m in messages) else line for line in paste.lines]
     out = []
-    for above, below in zip(lines, lines[1:]):
+    # a report's words come before its log: a long log's line breaks are not read joined (time, not words)
+    for above, below in zip(lines[:BRIDGED_LINES], lines[1 : BRIDGED_LINES + 1]):
         tail, head = above.split()[-2:], below.split()[:2]
         if tail and head:
             out.append(" ".join(tail[:-1] + [tail[-1] + head[0]] + head[1:]))
