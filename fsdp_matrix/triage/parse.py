@@ -289,7 +289,8 @@ def _unbox(line: str) -> Tuple[str, str]:
 
 
 def _unboxed(lines: List[str]) -> List[Optional[str]]:
-    """``lines`` without rich's boxes: a rule is a blank line (it ends a wrapped message), a blank row is None (gone:
+    """``lines`` without rich's boxes: a box's top rule is a blank line (it ends a wrapped message), its bottom rule
+    goes (the exception line follows the last frame, as Python prints it), a blank row is None (gone:
     Python prints none between a frame and its exception line; a frame header is not wrapped over one), and the source
     rich shows around each frame's own line moves above the box (its words are still the paste's, but Python would
     not print them between a frame and the exception line)."""
@@ -300,10 +301,9 @@ def _unboxed(lines: List[str]) -> List[Optional[str]]:
         if kind == "rule" and box_at is None:
             box_at = len(out)
             out.append("")
-        elif kind == "rule":
+        elif kind == "rule":  # the box closes: its exception line follows, as in Python's traceback
             out[box_at:box_at] = around
             around, box_at = [], None
-            out.append("")
         elif kind == "source":
             (around if box_at is not None else out).append(text)
         else:
@@ -366,6 +366,9 @@ def _exception_at(
 
 _RAISE_GAP = 3
 """Lines (source, carets, ``raise ValueError(``) that may stand between a raise site's frame and the exception."""
+_OWN_GAP = 8
+"""Lines that may stand between a traceback's last frame and its exception line (a statement's source over several
+lines, carets, a wrapped ``raise``); frames further above belong to another traceback."""
 # a frame line as Python prints it, whole: what a wrapped one is joined back into
 _WHOLE_FRAME = re.compile(r'^File\s+"[^"]+\.py",\s*line\s+\d+,\s*in\s+[\w.<>]+$')
 _FRAME_HEAD = re.compile(r'^File(?:\s+"|$)')
@@ -417,6 +420,7 @@ def parse(text: str) -> Paste:
     last: Optional[Frame] = None
     last_at = -1
     current: List[Frame] = []  # the frames since the last exception line: the traceback being read
+    blank_since = False  # a blank line since the last frame: Python prints none inside a traceback
     for i, line in enumerate(lines):
         if line and line in seen:
             if seen[line] is not None:
@@ -425,6 +429,7 @@ def parse(text: str) -> Paste:
             elif _EXC.search(line):
                 current = []
             continue
+        blank_since = blank_since or not line
         here = None
         for found in _FRAME.finditer(line):
             path = (found.group("q") or found.group("p")).replace("\\", "/")
@@ -432,10 +437,13 @@ def parse(text: str) -> Paste:
             frames.append(here)
             current.append(here)
         if here is not None:
-            last, last_at = here, i
+            last, last_at, blank_since = here, i, False
         seen[line] = here
         unique.append(line)
-        err = _exception_at(lines, i, last if 0 < i - last_at <= _RAISE_GAP else None, tuple(current))
+        # frames far above the exception line, or above a blank line, are a traceback cut before its own exception
+        # (or one whose exception a title quotes above it), not this exception's: two tracebacks keep their frames
+        own = tuple(current) if 0 < i - last_at <= _OWN_GAP and not blank_since else ()
+        err = _exception_at(lines, i, last if 0 < i - last_at <= _RAISE_GAP else None, own)
         if err:
             current = []
         if err and (err.type, err.message) not in said:

@@ -252,3 +252,19 @@ def test_a_rich_frame_with_a_relative_path_and_a_frame_line_wrapped_after_file_a
     assert [(f.path, f.function) for f in boxed.frames] == [("src/pkg/train.py", "main")]
     wrapped = parse('  File\n"/x/site-packages/peft/peft_model.py", line 3, in forward\nValueError: boom\n')
     assert [(f.module, f.function) for f in wrapped.frames] == [("peft.peft_model", "forward")]
+
+
+def test_a_traceback_cut_before_its_exception_does_not_lend_its_frames_to_the_next_one():
+    """Two failures in one paste: the first quoted as a title above its traceback, which the paste cuts before its
+    exception line, then a second exception. Python prints no blank line inside a traceback: the first one's frames
+    are not the second exception's own (its rule is judged by its own frames, or by the whole paste's)."""
+    text = (
+        "ValueError: Cannot flatten integer dtype tensors\n\n"
+        "Traceback (most recent call last):\n" + FRAME + "    result = tuple(\n\n"
+        "and in another run:\n"
+        "RuntimeError: 'weight' must be 2-D\n"
+    )
+    paste = parse(text)
+    assert [e.frames for e in paste.errors] == [(), ()]
+    # a traceback whose last frame stands right above its exception line keeps its frames
+    assert parse(FRAME + "    raise ValueError(\n" + ERROR).errors[0].frames == tuple(parse(FRAME).frames)
