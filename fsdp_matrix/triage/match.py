@@ -11,7 +11,7 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -337,7 +337,7 @@ def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optio
     exception lines it was found on."""
     folded = patterns.Bounded(regex.pattern, re.IGNORECASE)
     for kind, pattern in (("exact", regex), ("case-insensitive", folded)):
-        found = [e for e in paste.errors if pattern.search(_plain(e.message))]
+        found = [e for e in paste.errors if any(pattern.search(_plain(m)) for m in e.spellings)]
         if found:
             return kind, found
     if folded.search(_plain(paste.text)):
@@ -360,10 +360,18 @@ def _message_fit(regex: patterns.Bounded, raw: str, paste: Paste) -> Tuple[Optio
         found = [e for e in paste.errors if alias.wording.search(_plain(e.message))]
         if found or alias.wording.search(_plain(paste.text)):
             return "alias", found
-    # a line's words are the paste's words: when the whole paste lacks the rule's, no line has them
-    if _loose(raw, _plain(paste.text)) and any(_loose(raw, line) for line in paste.lines if len(line) < 600):
+    # a line's words are the paste's words: when the whole paste lacks the rule's, no line has them. A line and the
+    # next are read as one, for a title or a sentence wrapped at the issue's width
+    if _loose(raw, _plain(paste.text)) and any(_loose(raw, line) for line in _line_pairs(paste.lines)):
         return "loose", []
     return None, []
+
+
+def _line_pairs(lines: List[str], longest: int = 600) -> Iterator[str]:
+    """Each line shorter than ``longest``, and each with the next one joined to it (a wrapped title or sentence)."""
+    short = [line if len(line) < longest else "" for line in lines]
+    yield from (line for line in short if line)
+    yield from (f"{a} {b}" for a, b in zip(short, short[1:]) if a and b)
 
 
 def _cut(error: PastedError, paste: Paste) -> bool:
@@ -738,7 +746,27 @@ def _report_words(paste: Paste) -> str:
     message's own words (its dtypes, ``use_orig_params=False``) are counted once, as its fit."""
     text = functools.reduce(lambda text, e: text.replace(e.message, " "), paste.errors, paste.text)
     listed = [" ".join(line.split()) for line in paste.lines if _LISTED.match(line)]
-    return functools.reduce(lambda text, line: text.replace(line, " "), listed, text)
+    return functools.reduce(lambda text, line: text.replace(line, " "), listed, text) + _bridges(paste)
+
+
+BRIDGED_LINES = 300
+"""Lines whose breaks ``_bridges`` reads joined: a title and a report's prose, not the log pasted after them."""
+
+
+def _bridges(paste: Paste) -> str:
+    """The words on either side of each line break, read with the break closed (``... an a`` / ``ssertion error``
+    -> ``an assertion error``): a report cut at a terminal's or an e-mail's width, inside a word as often as between
+    two. Each is its own sentence (a pair of words is never read across two of them). An exception's lines and an
+    environment listing's are not the report's words."""
+    messages = {" ".join(part.split()) for e in paste.errors for part in e.wrapped or [e.message]}
+    lines = ["" if _LISTED.match(line) or any(m and m in line for m in messages) else line for line in paste.lines]
+    out = []
+    # a report's words come before its log: a long log's line breaks are not read joined (time, not words)
+    for above, below in zip(lines[:BRIDGED_LINES], lines[1 : BRIDGED_LINES + 1]):
+        tail, head = above.split()[-2:], below.split()[:2]
+        if tail and head:
+            out.append(" ".join(tail[:-1] + [tail[-1] + head[0]] + head[1:]))
+    return "".join(f" ; {bridge}" for bridge in out)
 
 
 def _adapters_of(case: Case) -> FrozenSet[str]:

@@ -4,6 +4,8 @@ or ``none`` for another failure; and the measure of triage on it.
 ``python -m tests.triage.corpus [--matrix FILE] [--half dev|test|all]`` prints the table for each half: precision
 (claims that were right), recall (covered pastes named first), covered pastes named at all (among the claims), claims
 on other pastes, strong claims that were wrong, median time per paste. ``--half dev`` reads no file of the test half.
+``--half dev --formats`` measures the dev pastes in each format of ``tests/triage/formats.py`` (wrapped, rich, log
+prefixes, a web page's entities and quotes).
 
 The corpus is split by thread into ``dev`` (the half triage is tuned on) and ``test`` (held out, measured once at the
 end), recorded in ``tests/fixtures/triage/split.json`` with the sha256 of each test paste
@@ -31,6 +33,7 @@ from typing import Callable, List, Optional, Tuple
 from fsdp_matrix.matrix import load_matrix
 from fsdp_matrix.triage.match import claims, match
 from fsdp_matrix.triage.parse import parse
+from tests.triage.formats import FORMATS
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "triage" / "corpus"
@@ -191,12 +194,43 @@ def triage_answer(matrix) -> Callable[[str], tuple]:
     return answer
 
 
+def format_table(answer: Callable[[str], tuple], fixtures: List[Fixture]) -> str:
+    """For each format of ``formats.FORMATS``: the covered pastes named first as pasted that are still named first in
+    that format, and the other pastes claimed in it; with progress on stderr."""
+    plain = {fx.name: answer(fx.text)[0] for fx in fixtures}
+    named = [fx for fx in fixtures if fx.expected and plain[fx.name] == fx.expected]
+    other = [fx for fx in fixtures if not fx.expected]
+    lines = [
+        "| format | covered named first (of those named as pasted) | other pastes with a claim |",
+        "| --- | --- | --- |",
+        f"| as pasted | {len(named)}/{len(named)} | {sum(bool(plain[fx.name]) for fx in other)}/{len(other)} |",
+    ]
+    start = time.perf_counter()
+    for n, (name, form) in enumerate(FORMATS.items(), 1):
+        kept = sum(answer(form(fx.text))[0] == fx.expected for fx in named)
+        claimed = sum(bool(answer(form(fx.text))[0]) for fx in other)
+        lines.append(f"| {name} | {kept}/{len(named)} | {claimed}/{len(other)} |")
+        print(f"[{n}/{len(FORMATS)}] {time.perf_counter() - start:.1f}s {name}", file=sys.stderr)
+    return "\n".join(lines)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.triage.corpus", description=__doc__.splitlines()[0])
     p.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml")
     p.add_argument("--half", choices=HALVES + ("all",), default="all", help="which half to measure (default: both)")
+    p.add_argument(
+        "--formats",
+        action="store_true",
+        help="the dev half in each format of tests/triage/formats.py (wrapped, rich, log prefixes...); no test file",
+    )
     args = p.parse_args(argv)
     matrix = load_matrix(args.matrix, check_repros=False)
+    if args.formats:
+        if args.half != "dev":
+            p.error("--formats measures the dev half only: add --half dev")
+        chosen = load(("dev",))
+        print(f"## dev ({len(chosen)} pastes) in other formats\n\n{format_table(triage_answer(matrix), chosen)}")
+        return 0
     halves = HALVES if args.half == "all" else (args.half,)
     fixtures = load(halves)
     for half in halves:

@@ -247,3 +247,23 @@ def test_a_warning_a_case_expects_is_read_from_the_line_python_prints():
     # the warning's words in a sentence, without the line Python prints, are not the warning
     sentence = "LoRA under FSDP1: it says a layer has both parameters with requires_grad=True and False, I think\n"
     assert "fsdp1-frozen-mixed-unit" not in {m.case.id for m in claims(match(MATRIX, parse(sentence)))}
+
+
+def test_a_message_wrapped_inside_a_word_fits_its_rule_as_printed():
+    """A terminal wraps at its width, inside a word as often as at a space: ``... object ha`` / ``s no attribute``.
+    A short message (``'Params4bit' object has no attribute 'absmax'``) is too generic to fit with its values taken
+    out, so only its exact words tell it: the wrap point is read both ways (a space or none)."""
+    head = "Saving FSDP QLoRA weights with get_model_state_dict(full_state_dict=True, cpu_offload=True):\n"
+    whole = head + "[rank1]: AttributeError: 'Params4bit' object has no attribute 'absmax'\n"
+    wrapped = head + "[rank1]: AttributeError: 'Params4bit' object ha\ns no attribute 'absmax'\n"
+    assert _first(MATRIX, whole)[0] == "qlora-full-state-dict"
+    assert _first(MATRIX, wrapped) == _first(MATRIX, whole)
+
+
+def test_a_title_wrapped_over_two_lines_fits_as_one_line():
+    """A title or sentence that quotes a message with a typo (a loose fit, read line by line so that words scattered
+    over a paste do not add up) still fits when the quote is wrapped onto the next line."""
+    title = "qlora fsdp: Must flatten tensors with uniform dtype but got torch.float32 and torch.bloat16\n"
+    wrapped = title.replace(" and ", " and\n")
+    assert _first(MATRIX, title)[0] == "mixed-dtype"
+    assert _first(MATRIX, wrapped) == _first(MATRIX, title)

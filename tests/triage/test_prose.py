@@ -127,3 +127,18 @@ def test_an_environment_listing_and_an_error_named_in_a_sentence_are_not_the_rep
     assert _first(text) == ("trl-qlora-upcast", "weak")
     assert _first(text.replace(" with TRL", "") + "- TRL version: 0.9.6\n") == (None, None)
     assert _first(text.replace("step 0", "step 0 with `RuntimeError: CUDA error: invalid argument`")) == (None, None)
+
+
+def test_a_word_broken_where_a_line_wraps_is_read_whole():
+    """A report copied from a terminal or an e-mail is cut at its width, inside a word as often as between two: the
+    words on either side of a line break are read joined too (``a`` / ``ssertion error``)."""
+    report = (
+        "### fsdp + lora\n\nLoRA modules are loaded in float32. Running the code with a bf16 model would trigger an"
+        " FSDP2 dtype assertion error, since float32 and bfloat16 cannot be wrapped together.\n"
+    )
+    whole = _first(report)
+    assert whole[0] == "fsdp2-mixed-dtype-unit"
+    at = report.index("ssertion")
+    assert _first(report[:at] + "\n" + report[at:]) == whole
+    # a word that ends a line is not joined to the next line's only: both readings are kept
+    assert _first(report.replace(" assertion", "\nassertion")) == whole
