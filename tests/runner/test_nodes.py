@@ -121,3 +121,21 @@ def test_one_node_of_a_multi_machine_rendezvous_runs_only_its_own_layout():
 def test_a_multi_node_launcher_makes_its_own_rendezvous(tmp_path):
     with pytest.raises(LaunchError, match="makes its own rendezvous"):
         Launcher(run_root=tmp_path, nodes=2, torchrun_args=["--nnodes=2", "--rdzv-endpoint=h:1"])
+
+
+def test_share_gpu_lifts_the_gpu_per_rank_refusal_and_tells_the_ranks(monkeypatch, tmp_path):
+    import torch
+
+    from fsdp_matrix.runner.protocol import ENV_SHARE_GPU
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert "needs 2 GPUs on this machine (one per rank); it has 1" in layout_refusal(LaunchOptions(), "cuda", 2, 1)
+    shared = LaunchOptions(share_gpu=True, device="cuda", world_size=2, results=tmp_path)
+    assert layout_refusal(shared, "cuda", 2, 1) is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert "it has 0" in layout_refusal(shared, "cuda", 2, 1)  # sharing needs a GPU to share
+    session = open_session(shared, load_matrix(), versions={})
+    try:
+        assert session.launcher.env[ENV_SHARE_GPU] == "1"
+    finally:
+        session.close()
