@@ -9,13 +9,13 @@ prefixes, a web page's entities and quotes).
 
 The corpus is split by thread into ``dev`` (the half triage is tuned on) and ``test`` (held out, measured once at the
 end), recorded in ``tests/fixtures/triage/split.json`` with the sha256 of each test paste
-(tests/triage/test_corpus.py checks it). Split version 3 (2026-11-28): ``dev`` is every paste of
-``tests/fixtures/triage/corpus/`` and ``tests/fixtures/triage/fresh/`` (version 2's two halves: version 2's test half,
-``fresh/``, was measured and reported once, so it is no longer held out), ``test`` is every paste of
-``tests/fixtures/triage/heldout3/`` (pastes from threads nothing else in the repository cites, collected after that
-report and fixed before any tuning on ``fresh/``). No thread has pastes in both halves. Versions 2 (the half was the
-folder: ``corpus/`` dev, ``fresh/`` test) and 1 (the parity of the sha256 of the thread's URL) are kept in split.json
-as history; ``Fixture.v1_half`` recomputes version 1.
+(tests/triage/test_corpus.py checks it). Split version 4 (2026-11-28): ``dev`` is every paste of
+``tests/fixtures/triage/corpus/``, ``tests/fixtures/triage/fresh/`` and ``tests/fixtures/triage/heldout3/`` (version
+3's test half, ``heldout3/``, was measured and reported once, so it is no longer held out), ``test`` is every paste of
+``tests/fixtures/triage/heldout4/`` (pastes from threads nothing else in the repository cites, collected after that
+report and fixed before any tuning on ``heldout3/``; triage was not run on them). No thread has pastes in both halves.
+Versions 3 (``heldout3/`` the test half), 2 (the half was the folder: ``corpus/`` dev, ``fresh/`` test) and 1 (the
+parity of the sha256 of the thread's URL) are kept in split.json as history; ``Fixture.v1_half`` recomputes version 1.
 """
 
 from __future__ import annotations
@@ -39,13 +39,19 @@ ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "triage" / "corpus"
 FRESH = ROOT / "tests" / "fixtures" / "triage" / "fresh"
 HELDOUT3 = ROOT / "tests" / "fixtures" / "triage" / "heldout3"
+HELDOUT4 = ROOT / "tests" / "fixtures" / "triage" / "heldout4"
 SPLIT = ROOT / "tests" / "fixtures" / "triage" / "split.json"
 HALVES = ("dev", "test")
-# split version 3: the half is the folder. corpus/ (version 1, both halves) and fresh/ (version 2's test half, measured
-# and reported once) are dev; heldout3/ is the held-out test half, fixed before any tuning on fresh/
-FOLDERS = {"dev": (CORPUS, FRESH), "test": (HELDOUT3,)}
-SPLIT_VERSION = 3
+# split version 4: the half is the folder. corpus/ (version 1, both halves), fresh/ (version 2's test half) and
+# heldout3/ (version 3's test half), each measured and reported once, are dev; heldout4/ is the held-out test half,
+# fixed before any tuning on heldout3/
+FOLDERS = {"dev": (CORPUS, FRESH, HELDOUT3), "test": (HELDOUT4,)}
+SPLIT_VERSION = 4
 SPLIT_RULE = (
+    "half = the folder: dev = tests/fixtures/triage/corpus/, tests/fixtures/triage/fresh/ and "
+    "tests/fixtures/triage/heldout3/, test = tests/fixtures/triage/heldout4/"
+)
+V3_RULE = (
     "half = the folder: dev = tests/fixtures/triage/corpus/ and tests/fixtures/triage/fresh/, "
     "test = tests/fixtures/triage/heldout3/"
 )
@@ -68,9 +74,9 @@ class Fixture:
     sha256: str = ""
     """The sha256 of the whole file (header lines included), as the split records it."""
     half: str = "dev"
-    """``dev`` or ``test``: the half its folder is in (split version 3)."""
+    """``dev`` or ``test``: the half its folder is in (split version 4)."""
     folder: str = "corpus"
-    """The folder the paste is in: ``corpus``, ``fresh`` or ``heldout3``."""
+    """The folder the paste is in: ``corpus``, ``fresh``, ``heldout3`` or ``heldout4``."""
 
     @property
     def thread(self) -> str:
