@@ -37,7 +37,10 @@ _SCRIPT_ADAPTER = re.compile(
     re.IGNORECASE,
 )
 # a 4-bit bitsandbytes base cannot be trained itself (its weights are not floating point): what trains is an adapter
-_FOUR_BIT = re.compile(r"Params4bit|Linear4bit|load_in_4bit|bnb_4bit\w*|\bnf4\b|\b4-?bit quantized", re.IGNORECASE)
+_FOUR_BIT = re.compile(
+    r"Params4bit|Linear4bit|load_in_4bit|bnb_4bit\w*|\bnf4\b|\b4-?bit quantized|\buint8\b",
+    re.IGNORECASE,
+)
 _FUNCTION_HINTS = re.compile(r"^[A-Za-z_]\w*$")
 
 ELSEWHERE: Tuple[Tuple[str, re.Pattern[str], str], ...] = (

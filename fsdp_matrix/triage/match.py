@@ -688,6 +688,7 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
     _by_words(matrix, paste, ctx, by_case)
     found = sorted(by_case.values(), key=lambda m: -m.score)
     _ties(found)
+    _tie_without_adapter(matrix, paste, ctx, found)
     return found
 
 
@@ -700,6 +701,45 @@ def _ties(found: List[CaseMatch]) -> None:
         claimed[0].tied = claimed[1].case.id
         for hit in claimed[0].hits[:1]:
             hit.notes.append(f"{claimed[1].case.id} fits with the same evidence: nothing in the paste tells them apart")
+
+
+def _tie_without_adapter(matrix: Matrix, paste: Paste, ctx: Context, found: List[CaseMatch]) -> None:
+    """Two cases of two failures fit alike, and the paste, a report of its own (words or frames besides the message),
+    never shows a PEFT adapter: nothing ties it to either case, whose failures are PEFT models' (a model's own
+    parameters of two dtypes raise the uniform-dtype messages with no adapter). Neither is claimed."""
+    claimed = [m for m in found if m.level]
+    if not claimed or not claimed[0].tied or ctx.peft:
+        return
+    said = len(paste.text.split()) - sum(len(e.message.split()) for e in paste.errors)
+    # a report (words or frames besides the message) with a sentence of its own: a bare traceback, or a title
+    # alone, says nothing of adapters either way
+    if (said >= REPORT_WORDS or len(paste.frames) >= 3) and prose_words(paste) >= PROSE_WORDS:
+        for m in claimed:
+            m.against = "similar message, but two cases fit alike and nothing in the paste shows a PEFT adapter"
+
+
+PROSE_WORDS = 10
+"""Plain words outside a paste's tracebacks and messages that make it a report of its own (a title and a sentence
+about the run), whose silence on adapters counts: a bare traceback says nothing of them either way."""
+_PLAIN = re.compile(r"[A-Za-z][a-z]+[.,;:!?]?")
+_FRAME_LINE = re.compile(r"\s*File \"")
+
+
+def prose_words(paste: Paste) -> int:
+    """How many plain words (``benchmark``, ``fails``: no code, path or name) the paste's lines hold outside its
+    tracebacks (from the first ``File "..."`` line to the last exception line, a wrapped code line included) and its
+    exception lines."""
+    messages = {" ".join(part.split()) for e in paste.errors for part in e.wrapped or [e.message]} - {""}
+    said = [any(m in line for m in messages) for line in paste.lines]
+    frames = [i for i, line in enumerate(paste.lines) if _FRAME_LINE.match(line)]
+    last = max([i for i, m in enumerate(said) if m] + frames[-1:], default=-1)
+    first = frames[0] if frames else last + 1
+    return sum(
+        bool(_PLAIN.fullmatch(token))
+        for i, line in enumerate(paste.lines)
+        if not said[i] and not first <= i <= last
+        for token in line.split()
+    )
 
 
 def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, CaseMatch]) -> None:

@@ -219,3 +219,29 @@ def test_a_traceback_that_runs_in_colossalai_is_not_claimed():
     # the message in a title above a traceback cut before its exception line: the traceback is still colossalai's
     title = "[BUG]: " + message + "\nWhen I fine-tune with lora_finetune.py:\nTraceback (most recent call last):\n"
     assert not claims(match(matrix, parse(title + frame.format("colossalai/booster/booster"))))
+
+
+def test_uint8_storage_is_a_quantized_base_trained_through_adapters():
+    """bitsandbytes stores a 4-bit base as uint8: like Params4bit, it shows the run trains adapters; int8 does not (an
+    8-bit model is trained whole too)."""
+    assert read_context(parse("fully_shard on the model's uint8 weights crashes\n")).peft
+    assert not read_context(parse("load_in_8bit model with int8 weights, trained whole\n")).peft
+
+
+def test_two_cases_alike_in_a_report_that_shows_no_adapter_are_not_claimed():
+    """FSDP1's uniform-dtype message with two floating dtypes fits mixed-dtype and trl-qlora-upcast alike; in a report
+    that never shows an adapter (an SDXL model whose two UNets have two dtypes) it was claimed weak."""
+    from pathlib import Path
+
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.triage.match import claims, match
+
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
+    report = (
+        "ValueError: `FlatParameter` requires uniform dtype but got torch.bfloat16 and torch.float32\n\n"
+        "When training SDXL with fsdp, accelerator.prepare raises it: I think one UNet is fp16 and the other float32,"
+        " but it may be the package version\n"
+    )
+    found = match(matrix, parse(report))
+    assert not claims(found) and "nothing in the paste shows a PEFT adapter" in (found[0].against or "")
+    assert claims(match(matrix, parse(report.replace("training SDXL", "training SDXL LoRA"))))
