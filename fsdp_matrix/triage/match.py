@@ -688,7 +688,7 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
     _by_words(matrix, paste, ctx, by_case)
     found = sorted(by_case.values(), key=lambda m: -m.score)
     _ties(found)
-    _tie_without_adapter(matrix, paste, ctx, found)
+    _thin_without_adapter(paste, ctx, found)
     return found
 
 
@@ -703,19 +703,23 @@ def _ties(found: List[CaseMatch]) -> None:
             hit.notes.append(f"{claimed[1].case.id} fits with the same evidence: nothing in the paste tells them apart")
 
 
-def _tie_without_adapter(matrix: Matrix, paste: Paste, ctx: Context, found: List[CaseMatch]) -> None:
-    """Two cases of two failures fit alike, and the paste, a report of its own (words or frames besides the message),
-    never shows a PEFT adapter: nothing ties it to either case, whose failures are PEFT models' (a model's own
-    parameters of two dtypes raise the uniform-dtype messages with no adapter). Neither is claimed."""
+def _thin_without_adapter(paste: Paste, ctx: Context, found: List[CaseMatch]) -> None:
+    """A claim with little to tell it (two cases fit alike, or weak evidence) in a report with a sentence of its own
+    that never shows a PEFT adapter: nothing ties the paste to a case, whose failures are PEFT models' (a model's own
+    parameters of two dtypes raise the uniform-dtype messages with no adapter). Nothing is claimed."""
     claimed = [m for m in found if m.level]
-    if not claimed or not claimed[0].tied or ctx.peft:
+    if not claimed or ctx.peft or not (claimed[0].tied or claimed[0].level == "weak"):
         return
     said = len(paste.text.split()) - sum(len(e.message.split()) for e in paste.errors)
     # a report (words or frames besides the message) with a sentence of its own: a bare traceback, or a title
     # alone, says nothing of adapters either way
     if (said >= REPORT_WORDS or len(paste.frames) >= 3) and prose_words(paste) >= PROSE_WORDS:
         for m in claimed:
-            m.against = "similar message, but two cases fit alike and nothing in the paste shows a PEFT adapter"
+            m.against = (
+                "similar message, but two cases fit alike and nothing in the paste shows a PEFT adapter"
+                if claimed[0].tied
+                else "similar message, weak evidence, and nothing in the paste shows a PEFT adapter"
+            )
 
 
 PROSE_WORDS = 10
@@ -727,8 +731,8 @@ _FRAME_LINE = re.compile(r"\s*File \"")
 
 def prose_words(paste: Paste) -> int:
     """How many plain words (``benchmark``, ``fails``: no code, path or name) the paste's lines hold outside its
-    tracebacks (from the first ``File "..."`` line to the last exception line, a wrapped code line included) and its
-    exception lines."""
+    tracebacks (from the first ``File "..."`` line to the last exception line, a wrapped code line included), its
+    exception lines (also one a sentence quotes) and its environment listing."""
     messages = {" ".join(part.split()) for e in paste.errors for part in e.wrapped or [e.message]} - {""}
     said = [any(m in line for m in messages) for line in paste.lines]
     frames = [i for i, line in enumerate(paste.lines) if _FRAME_LINE.match(line)]
@@ -737,8 +741,9 @@ def prose_words(paste: Paste) -> int:
     return sum(
         bool(_PLAIN.fullmatch(token))
         for i, line in enumerate(paste.lines)
-        if not said[i] and not first <= i <= last
-        for token in line.split()
+        if not said[i] and not first <= i <= last and not _LISTED.match(line)
+        # an exception a sentence quotes (a title's ``... with "ValueError: ..."``) is the message, not the report
+        for token in _INLINE_ERROR.split(line, 1)[0].split()
     )
 
 

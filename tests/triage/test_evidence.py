@@ -245,3 +245,30 @@ def test_two_cases_alike_in_a_report_that_shows_no_adapter_are_not_claimed():
     found = match(matrix, parse(report))
     assert not claims(found) and "nothing in the paste shows a PEFT adapter" in (found[0].against or "")
     assert claims(match(matrix, parse(report.replace("training SDXL", "training SDXL LoRA"))))
+
+
+STRAY = (
+    "Exception: Could not find the transformer layer class to wrap in the model.\n\n"
+    "Did you enable fsdp by any chance? It looks like fsdp is enabled, but not configured: is there a default config"
+    " file left on your system from another project? Delete it please.\n\nYes, it works now: there was such a file from"
+    " my other project, which I deleted. Thanks again for pointing me in the right direction.\n"
+)
+
+
+def test_a_weak_claim_in_a_report_that_shows_no_adapter_is_not_made():
+    """A case's message, pasted under another class, in a thread about a stray accelerate config that never shows an
+    adapter, was claimed weak; a title that quotes the message beside an environment listing is no such report."""
+    from pathlib import Path
+
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.triage.match import claims, match
+
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
+    found = match(matrix, parse(STRAY))
+    assert not claims(found) and "nothing in the paste shows a PEFT adapter" in (found[0].against or "")
+    assert claims(match(matrix, parse(STRAY.replace("by any chance", "for your LoRA run"))))
+    title = (
+        'The FSDP example fails to run with "ValueError: Must flatten tensors with uniform requires_grad when'
+        ' use_orig_params=False"\n\n### System Info\n\npytorch version: 2.2.2\npeft version: 0.10.0\nGPUs: 8 A100\n'
+    )
+    assert claims(match(matrix, parse(title)))
