@@ -2,7 +2,7 @@
 
 Built on triage's answer models (``fsdp_matrix.triage.answer``): a workaround is triage's ``Workaround``, computed by
 triage's ``versions.workarounds``, and the rule's "fixed in" by its ``versions.fixed_in``. ``schema_version``
-changes when a field does.
+changes when a field does (2: a workaround's ``together``, the settings its change needs beside it).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class CaseAnswer(_Model):
 class CheckAnswer(_Model):
     """Everything ``check`` says about one setup."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     versions: Dict[str, str] = Field(description="The versions answered for.")
     versions_from: str = Field(description="'given with --versions (the rest installed here)' or 'installed here'.")
     read: str = Field(description="Where the files were read (the installed libraries, or a combo's env).")

@@ -55,7 +55,7 @@ def _what_works(matrix: Matrix, found: CaseMatch, hit: RuleHit, setup: Setup, ve
         out.append(
             Workaround(
                 change=w.change, rule=f"expect[{w.rule}]", when=_when(rule), cells=len(w.cells),
-                examples=w.cells[:EXAMPLES], source=getattr(rule, "source", "") or "",
+                examples=w.cells[:EXAMPLES], source=getattr(rule, "source", "") or "", together=w.together,
                 observed=line if level != "rules" else None,
             )
         )  # fmt: skip

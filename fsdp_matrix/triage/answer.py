@@ -40,6 +40,11 @@ class Workaround(_Model):
     cells: int = Field(description="How many cells of the case have this change and train.")
     examples: List[str] = Field(description="Up to three of their cell ids.")
     source: str = Field(description="The ok rule's source.")
+    together: List[str] = Field(
+        default_factory=list,
+        description="Other settings its cells share without which the change alone still fails: 'autocast=0' "
+        "(schema 3); empty when the change alone trains wherever it reaches.",
+    )
     observed: Optional[str] = Field(description="fix-holds count in the records, where they ran.")
 
 
@@ -84,7 +89,7 @@ class PlatformFit(_Model):
 class Answer(_Model):
     """Everything ``triage`` says about one paste."""
 
-    schema_version: Literal[2] = 2
+    schema_version: Literal[3] = 3
     errors: List[str] = Field(description="Exception lines read from the paste ('Type: message'), at most three.")
     raised_in: Optional[str] = Field(description="Innermost pasted frame in a known package (dotted module).")
     versions: Dict[str, str] = Field(description="The user's versions used (given or installed).")

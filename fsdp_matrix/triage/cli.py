@@ -46,7 +46,7 @@ from fsdp_matrix.triage.versions import (
     older_than_observed,
     workarounds,
 )
-from fsdp_matrix.triage.works import what_works
+from fsdp_matrix.triage.works import what_works, with_settings
 from fsdp_matrix.usage import OneLineParser
 from fsdp_matrix.verdicts import Verdict
 
@@ -235,6 +235,7 @@ def _workarounds(matrix: Matrix, found: CaseMatch, versions, near, records, outs
         out.append(
             Workaround(
                 change=w.change,
+                together=w.together,
                 rule=f"expect[{w.rule}]",
                 when=_when(rule),
                 cells=len(w.cells),
@@ -264,7 +265,8 @@ def _nearest_works(matrix: Matrix, found: CaseMatch, near, versions) -> List[str
         ]
         if mine:
             return [
-                f"set {w.change} (trains on the nearest combo with a setting that does, {combo.id}; not known on yours)"
+                f"set {with_settings(w.change, w.together)} (trains on the nearest combo with a setting that does, "
+                f"{combo.id}; not known on yours)"
                 for w in mine
             ]
     return []
@@ -395,7 +397,10 @@ def _claim_lines(n: int, claim: Claim) -> List[str]:
         f"   workarounds expected to hold on {claim.workarounds_on} ({top.rule}'s cells with one setting changed):"
     )
     for w in claim.workarounds:
-        lines.append(f"    - {w.change}: {w.rule} {w.when}: {w.cells} cell(s), e.g. {', '.join(w.examples)}")
+        lines.append(
+            f"    - {with_settings(w.change, w.together)}: {w.rule} {w.when}: {w.cells} cell(s), "
+            f"e.g. {', '.join(w.examples)}"
+        )
         lines.append(f"      source: {w.source}")
         lines += [f"      {w.observed}"] if w.observed else []
     return lines

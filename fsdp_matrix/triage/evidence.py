@@ -30,8 +30,17 @@ _PEFT_WORDS = re.compile(
     r"prefix[ _-]tuning|prompt[ _-]tuning|use_peft|peft(?!\s*(?:version|==|:\s*\d|\s+\d|\s*=\s*\d)))(?![A-Za-z0-9_])",
     re.IGNORECASE,
 )
+# the user's own script named for its adapter (run_clm_pt_with_peft.py, finetune_lora.py): a library's file (a path
+# through site-packages) or a helper in a frame's code line (transformers' _is_peft_model) is not the run's adapter
+_SCRIPT_ADAPTER = re.compile(
+    r"(?<![\w./\\-])((?:[\w.-]*[/\\])*)([\w-]*?(?<![A-Za-z0-9])(?:q?lora|q?dora|peft)(?![A-Za-z0-9])[\w-]*\.py)\b",
+    re.IGNORECASE,
+)
 # a 4-bit bitsandbytes base cannot be trained itself (its weights are not floating point): what trains is an adapter
-_FOUR_BIT = re.compile(r"Params4bit|Linear4bit|load_in_4bit|bnb_4bit\w*|\bnf4\b|\b4-?bit quantized", re.IGNORECASE)
+_FOUR_BIT = re.compile(
+    r"Params4bit|Linear4bit|load_in_4bit|bnb_4bit\w*|\bnf4\b|\b4-?bit quantized|\buint8\b",
+    re.IGNORECASE,
+)
 _FUNCTION_HINTS = re.compile(r"^[A-Za-z_]\w*$")
 
 ELSEWHERE: Tuple[Tuple[str, re.Pattern[str], str], ...] = (
@@ -132,6 +141,8 @@ def _read_context(text: str, frames: Tuple[Frame, ...], errors: Tuple[PastedErro
     ctx.peft = [f"frame in {m}" for m in peft_frames[:2]]
     if _PEFT_WORDS.search(paste.text):
         ctx.peft.append(f"the paste says {_PEFT_WORDS.search(paste.text).group(0)!r}")
+    elif _script_adapter(paste.text):
+        ctx.peft.append(f"the run's script is named for its adapter ({_script_adapter(paste.text)!r})")
     elif _FOUR_BIT.search(paste.text):
         ctx.peft.append(f"a 4-bit base ({_FOUR_BIT.search(paste.text).group(0)!r}) trains only through adapters")
     paths = " ".join(f.path for f in paste.frames)
@@ -145,6 +156,14 @@ def _read_context(text: str, frames: Tuple[Frame, ...], errors: Tuple[PastedErro
     message_words = sum(len(e.message.split()) for e in paste.errors)
     ctx.has_context = len(paste.frames) >= 3 or len(paste.text.split()) - message_words >= 40
     return ctx
+
+
+def _script_adapter(text: str) -> Optional[str]:
+    """The first script of the paste named for an adapter, outside an installed library; None when none is."""
+    return next(
+        (m.group(2) for m in _SCRIPT_ADAPTER.finditer(text) if not re.search(r"(site|dist)-packages", m.group(1))),
+        None,
+    )
 
 
 def from_pretrained_init(paste: Paste) -> Optional[str]:

@@ -30,7 +30,7 @@ from fsdp_matrix.triage.evidence import (
     loading_before_wrap,
     read_context,
 )
-from fsdp_matrix.triage.parse import Paste, PastedError
+from fsdp_matrix.triage.parse import Frame, Paste, PastedError
 from fsdp_matrix.triage.stated import stated_versions
 from fsdp_matrix.triage.versions import cannot_raise
 
@@ -389,9 +389,11 @@ def _against(
     """Why this paste is another failure with a similar message, or None."""
     module = getattr(sig.error, "module", None) or ""
     fsdp_frames = any(f.startswith("frame") for f in ctx.fsdp)
-    if ctx.elsewhere and not fsdp_frames:
+    # a case whose title names no FSDP (reentrant checkpointing after PEFT) fails on another stack, or none, alike
+    sharded = case is None or bool(FSDP_TITLE.search(case.title))
+    if ctx.elsewhere and not fsdp_frames and sharded:
         return f"similar message, but this looks like {ctx.elsewhere[0][1]}"
-    against = _unshown_stack(module, paste, ctx, errors, kind)
+    against = _unshown_stack(module, paste, ctx, errors, kind, sharded)
     if against:
         return against
     if ctx.full_finetune and not ctx.peft:
@@ -426,24 +428,39 @@ REPORT_WORDS = 20
 a report that never names FSDP is of a run without it."""
 
 
-def _unshown_stack(module: str, paste: Paste, ctx: Context, errors: List[PastedError], kind: str) -> Optional[str]:
+def _unshown_stack(
+    module: str, paste: Paste, ctx: Context, errors: List[PastedError], kind: str, sharded: bool = True
+) -> Optional[str]:
     """Why a paste that never shows the stack every case runs on (FSDP, a PEFT adapter), or whose traceback raised
-    the message elsewhere, is not claimed; None when nothing contradicts the rule."""
+    the message elsewhere, is not claimed; None when nothing contradicts the rule. ``sharded``: the case's failure is
+    FSDP's (its title names it), so a report without FSDP is another failure."""
     said = len(paste.text.split()) - sum(len(e.message.split()) for e in paste.errors)
     if kind in PARTIAL and not ctx.peft and (said >= REPORT_WORDS or len(paste.frames) >= 3):
         return "similar message with other words or values, and nothing in the paste shows a PEFT adapter"
     # a report (prose, versions, a command) without a single frame: what it says of its stack is all there is
-    if not ctx.fsdp and not paste.frames and said >= REPORT_WORDS and not module.startswith("torch.distributed.fsdp"):
+    # a case that fails without FSDP too: without FSDP, a PEFT adapter is all that ties a report to it (a frozen
+    # model under reentrant checkpointing raises its message with no adapter)
+    if not sharded and not ctx.fsdp and not ctx.peft and (said >= REPORT_WORDS or len(paste.frames) >= 3):
+        return "similar message, but the paste shows neither FSDP nor a PEFT adapter"
+    if (
+        sharded
+        and not ctx.fsdp
+        and not paste.frames
+        and said >= REPORT_WORDS
+        and not module.startswith("torch.distributed.fsdp")
+    ):
         return "similar message, but nothing in the paste (frames, words, config) shows FSDP, which every case runs"
-    return _frames_elsewhere(module, errors)
+    own = [f for e in errors for f in e.frames]
+    # a message quoted above a traceback cut before its exception line (a title): the paste's frames are its own
+    return _frames_elsewhere(module, own or (list(paste.frames) if errors else []))
 
 
-def _frames_elsewhere(module: str, errors: List[PastedError]) -> Optional[str]:
+def _frames_elsewhere(module: str, traceback: List[Frame]) -> Optional[str]:
     """The matched traceback's own frames contradict the rule's module: its deepest frame of a known library is in
     another library, and no frame of it is in the rule's module (the message is another code path's)."""
     if not module:
         return None
-    frames = [f for e in errors for f in e.frames if f.module]
+    frames = [f for f in traceback if f.module]
     if not frames or any(f.module == module or f.module.startswith(module + ".") for f in frames):
         return None
     deepest = frames[-1].module
@@ -455,6 +472,7 @@ def _frames_elsewhere(module: str, errors: List[PastedError]) -> Optional[str]:
         "lightning",
         "pytorch_lightning",
         "fairscale",
+        "colossalai",
     ):
         return f"similar message, but its traceback runs in {theirs} ({deepest}), not in {module}"
     return None
@@ -670,6 +688,7 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
     _by_words(matrix, paste, ctx, by_case)
     found = sorted(by_case.values(), key=lambda m: -m.score)
     _ties(found)
+    _thin_without_adapter(paste, ctx, found)
     return found
 
 
@@ -682,6 +701,50 @@ def _ties(found: List[CaseMatch]) -> None:
         claimed[0].tied = claimed[1].case.id
         for hit in claimed[0].hits[:1]:
             hit.notes.append(f"{claimed[1].case.id} fits with the same evidence: nothing in the paste tells them apart")
+
+
+def _thin_without_adapter(paste: Paste, ctx: Context, found: List[CaseMatch]) -> None:
+    """A claim with little to tell it (two cases fit alike, or weak evidence) in a report with a sentence of its own
+    that never shows a PEFT adapter: nothing ties the paste to a case, whose failures are PEFT models' (a model's own
+    parameters of two dtypes raise the uniform-dtype messages with no adapter). Nothing is claimed."""
+    claimed = [m for m in found if m.level]
+    if not claimed or ctx.peft or not (claimed[0].tied or claimed[0].level == "weak"):
+        return
+    said = len(paste.text.split()) - sum(len(e.message.split()) for e in paste.errors)
+    # a report (words or frames besides the message) with a sentence of its own: a bare traceback, or a title
+    # alone, says nothing of adapters either way
+    if (said >= REPORT_WORDS or len(paste.frames) >= 3) and prose_words(paste) >= PROSE_WORDS:
+        for m in claimed:
+            m.against = (
+                "similar message, but two cases fit alike and nothing in the paste shows a PEFT adapter"
+                if claimed[0].tied
+                else "similar message, weak evidence, and nothing in the paste shows a PEFT adapter"
+            )
+
+
+PROSE_WORDS = 10
+"""Plain words outside a paste's tracebacks and messages that make it a report of its own (a title and a sentence
+about the run), whose silence on adapters counts: a bare traceback says nothing of them either way."""
+_PLAIN = re.compile(r"[A-Za-z][a-z]+[.,;:!?]?")
+_FRAME_LINE = re.compile(r"\s*File \"")
+
+
+def prose_words(paste: Paste) -> int:
+    """How many plain words (``benchmark``, ``fails``: no code, path or name) the paste's lines hold outside its
+    tracebacks (from the first ``File "..."`` line to the last exception line, a wrapped code line included), its
+    exception lines (also one a sentence quotes) and its environment listing."""
+    messages = {" ".join(part.split()) for e in paste.errors for part in e.wrapped or [e.message]} - {""}
+    said = [any(m in line for m in messages) for line in paste.lines]
+    frames = [i for i, line in enumerate(paste.lines) if _FRAME_LINE.match(line)]
+    last = max([i for i, m in enumerate(said) if m] + frames[-1:], default=-1)
+    first = frames[0] if frames else last + 1
+    return sum(
+        bool(_PLAIN.fullmatch(token))
+        for i, line in enumerate(paste.lines)
+        if not said[i] and not first <= i <= last and not _LISTED.match(line)
+        # an exception a sentence quotes (a title's ``... with "ValueError: ..."``) is the message, not the report
+        for token in _INLINE_ERROR.split(line, 1)[0].split()
+    )
 
 
 def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, CaseMatch]) -> None:

@@ -137,6 +137,9 @@ class Workaround:
     """The setting changed, e.g. ``storage=bf16``."""
     cells: List[str]
     """Cell ids expected to train with that change."""
+    together: List[str] = field(default_factory=list)
+    """Other settings (``autocast=0``) those cells share, without which the change alone reaches a cell that does not
+    train: the change is named with them. Empty when the change alone trains wherever it reaches."""
 
     @property
     def key(self) -> str:
@@ -180,17 +183,43 @@ def workarounds(
     rules say of a GPU."""
     whens = any_when(getattr(case.expect[index], "when", None) or {})
     lacking = set(_missing_options(matrix, versions)) - {"device", "world_size", "nodes"}
-    found: Dict[Tuple[int, str], List[str]] = {}
+    found: Dict[Tuple[int, str], List[Cell]] = {}
+    failing: Dict[str, List[Cell]] = {}
     for cell in expand_case(case, device):
         change = next((c for w in whens if (c := _change(w, cell))), None)
         if change is None or change.split("=", 1)[0] in lacking:
             continue
         expected = expected_for(case, cell, versions)
         if expected.kind == "ok" and expected.rule is not None:
-            found.setdefault((expected.rule, change), []).append(cell.id)
+            found.setdefault((expected.rule, change), []).append(cell)
+        elif expected.kind not in ("skip", "none"):
+            failing.setdefault(change, []).append(cell)
     return [
-        Workaround(r, change, sorted(ids)) for (r, change), ids in sorted(found.items(), key=lambda kv: -len(kv[1]))
+        Workaround(r, change, sorted(c.id for c in cells), _together(change, cells, failing.get(change, [])))
+        for (r, change), cells in sorted(found.items(), key=lambda kv: -len(kv[1]))
     ]
+
+
+def _together(change: str, trains: List[Cell], fails: List[Cell]) -> List[str]:
+    """The fewest settings, shared by every cell that trains with the change, that no cell which still fails with it
+    has (greedily, the one that rules out most first): ``storage=bf16`` trains with ``autocast=0``, and meets the
+    uniform-dtype error with ``autocast=1``. Empty when no cell fails with the change."""
+    key = change.split("=", 1)[0]
+    shared = {k: v for k, v in trains[0].context().items() if k != key}
+    shared = {k: v for k, v in shared.items() if all(c.context().get(k) == v for c in trains)}
+    left, out = [c.context() for c in fails], []
+    while left and shared:
+        best = max(shared, key=lambda k: sum(ctx.get(k) != shared[k] for ctx in left))
+        if not any(ctx.get(best) != shared[best] for ctx in left):
+            break  # nothing the trained cells share tells the failing ones apart
+        out.append(f"{best}={shared.pop(best)}")
+        left = [ctx for ctx in left if _same(ctx, out)]
+    return out
+
+
+def _same(ctx: Mapping[str, Any], settings: List[str]) -> bool:
+    """Whether a cell's settings hold every ``key=value`` of ``settings``."""
+    return all(str(ctx.get(k)) == v for k, v in (s.split("=", 1) for s in settings))
 
 
 HARDWARE_KEYS = ("device", "world_size", "nodes")

@@ -19,12 +19,20 @@ def _older(mine: Optional[str], fixed: str) -> bool:
         return True
 
 
+def with_settings(change: str, together: List[str]) -> str:
+    """A change with the settings it needs beside it (``storage=bf16 with autocast=0``): one change alone that
+    reaches a cell that does not train is not what works."""
+    return f"{change} with {', '.join(together)}" if together else change
+
+
 def what_works(
     offered: List[Workaround], label: str, fit: Optional[RuleFit], versions: Mapping[str, Optional[str]]
 ) -> List[str]:
     """Settings that train on ``label`` (the user's versions or the nearest combo), then releases that fix the
     matched rule and are newer than the user's."""
-    out = [f"set {w.change} (trains on {label}: {w.rule}, {w.cells} cell(s))" for w in offered]
+    out = [
+        f"set {with_settings(w.change, w.together)} (trains on {label}: {w.rule}, {w.cells} cell(s))" for w in offered
+    ]
     for package, release in (fit.fixed_versions if fit else {}).items():
         if _older(versions.get(package), release):
             mine = versions.get(package)

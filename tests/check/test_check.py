@@ -177,7 +177,7 @@ def test_every_setting_is_mapped_or_listed(here_only, capsys):
 
 def test_the_json_is_the_pydantic_model_with_a_schema_version(here_only, capsys):
     _, answer, _, _ = check([*qlora_files(), "--versions", pins("old")], capsys)
-    assert answer["schema_version"] == 1
+    assert answer["schema_version"] == 2
     assert CheckAnswer.model_validate(answer).exit_status == 1
     assert "schema_version" in CheckAnswer.model_json_schema()["properties"]
 

@@ -20,7 +20,7 @@ def test_json_is_the_schema_and_the_same_answer_as_the_text(capsys):
     answer = Answer.model_validate_json(out)
     text_code, text = _run(capsys, paste, "--versions", "peft=0.13.2")
     assert code == text_code == 0
-    assert answer.schema_version == 2 and answer.claims[0].case == "no-split-modules"
+    assert answer.schema_version == 3 and answer.claims[0].case == "no-split-modules"
     assert answer.claims[0].level in ("strong", "likely", "weak")
     assert f"evidence: {answer.claims[0].level}" in text
     assert answer.claims[0].fits[0].fixed in text

@@ -160,3 +160,115 @@ def test_the_adapter_kinds_a_paste_names(text, kinds):
 )
 def test_the_adapter_a_paste_s_words_allow(text, kinds):
     assert adapter_kinds(parse(text).text) == kinds
+
+
+@pytest.mark.parametrize(
+    "text,peft",
+    [
+        # the user's own script named for its adapter: the run trains one
+        ('  File "run_clm_pt_with_peft.py", line 610, in main\n', True),
+        ("torchrun --nproc_per_node 2 finetune_lora.py --model x\n", True),
+        ("python train-qlora.py\n", True),
+        # a library's file, or a library's helper named in a frame's code line, is not the run's adapter
+        ('  File "/x/site-packages/transformers/trainer.py", line 3, in train\n    if _is_peft_model(m):\n', False),
+        ('  File "/x/site-packages/mylib/lora_utils.py", line 3, in f\n', False),
+        ("python train_explorer.py\n", False),
+    ],
+)
+def test_a_script_named_for_its_adapter_shows_one(text, peft):
+    assert bool(read_context(parse(text)).peft) is peft
+
+
+CHECKPOINTED = (
+    "LoRA on flan-t5 with Seq2SeqTrainer and gradient checkpointing on one GPU; the loss never goes backward and the"
+    " trainer stops at the first step:\n"
+    "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn\n"
+)
+
+
+def test_a_case_whose_title_names_no_fsdp_is_claimed_from_its_message_without_fsdp():
+    """gc-frozen-inputs' failure is reentrant checkpointing over frozen inputs, with or without FSDP (its title names
+    none): its exact message in a report without FSDP, or under DeepSpeed ZeRO-2, was listed as similar, unclaimed."""
+    from pathlib import Path
+
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.triage.match import claims, match
+
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
+    found = claims(match(matrix, parse(CHECKPOINTED)))
+    assert found and found[0].case.id == "gc-frozen-inputs" and found[0].level != "strong"
+    zero2 = CHECKPOINTED.replace("on one GPU", "under DeepSpeed ZeRO-2")
+    assert claims(match(matrix, parse(zero2)))[0].case.id == "gc-frozen-inputs"
+    # with no adapter shown, the same message is a frozen model's, not PEFT's: still unclaimed
+    assert not claims(match(matrix, parse(CHECKPOINTED.replace("LoRA on ", ""))))
+
+
+def test_a_traceback_that_runs_in_colossalai_is_not_claimed():
+    """ColossalAI's booster is another sharding library: its pipeline's backward is not the case's code path."""
+    from pathlib import Path
+
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.triage.match import claims, match
+
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
+    frame = '  File "/x/site-packages/{}.py", line 9, in execute_pipeline\n'
+    message = "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn\n"
+    head = "LoRA fine-tuning fails at the first step:\nTraceback (most recent call last):\n"
+    assert not claims(match(matrix, parse(head + frame.format("colossalai/booster/booster") + message)))
+    assert claims(match(matrix, parse(head + frame.format("torch/autograd/__init__") + message)))
+    # the message in a title above a traceback cut before its exception line: the traceback is still colossalai's
+    title = "[BUG]: " + message + "\nWhen I fine-tune with lora_finetune.py:\nTraceback (most recent call last):\n"
+    assert not claims(match(matrix, parse(title + frame.format("colossalai/booster/booster"))))
+
+
+def test_uint8_storage_is_a_quantized_base_trained_through_adapters():
+    """bitsandbytes stores a 4-bit base as uint8: like Params4bit, it shows the run trains adapters; int8 does not (an
+    8-bit model is trained whole too)."""
+    assert read_context(parse("fully_shard on the model's uint8 weights crashes\n")).peft
+    assert not read_context(parse("load_in_8bit model with int8 weights, trained whole\n")).peft
+
+
+def test_two_cases_alike_in_a_report_that_shows_no_adapter_are_not_claimed():
+    """FSDP1's uniform-dtype message with two floating dtypes fits mixed-dtype and trl-qlora-upcast alike; in a report
+    that never shows an adapter (an SDXL model whose two UNets have two dtypes) it was claimed weak."""
+    from pathlib import Path
+
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.triage.match import claims, match
+
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
+    report = (
+        "ValueError: `FlatParameter` requires uniform dtype but got torch.bfloat16 and torch.float32\n\n"
+        "When training SDXL with fsdp, accelerator.prepare raises it: I think one UNet is fp16 and the other float32,"
+        " but it may be the package version\n"
+    )
+    found = match(matrix, parse(report))
+    assert not claims(found) and "nothing in the paste shows a PEFT adapter" in (found[0].against or "")
+    assert claims(match(matrix, parse(report.replace("training SDXL", "training SDXL LoRA"))))
+
+
+STRAY = (
+    "Exception: Could not find the transformer layer class to wrap in the model.\n\n"
+    "Did you enable fsdp by any chance? It looks like fsdp is enabled, but not configured: is there a default config"
+    " file left on your system from another project? Delete it please.\n\nYes, it works now: there was such a file from"
+    " my other project, which I deleted. Thanks again for pointing me in the right direction.\n"
+)
+
+
+def test_a_weak_claim_in_a_report_that_shows_no_adapter_is_not_made():
+    """A case's message, pasted under another class, in a thread about a stray accelerate config that never shows an
+    adapter, was claimed weak; a title that quotes the message beside an environment listing is no such report."""
+    from pathlib import Path
+
+    from fsdp_matrix.matrix import load_matrix
+    from fsdp_matrix.triage.match import claims, match
+
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml", check_repros=False)
+    found = match(matrix, parse(STRAY))
+    assert not claims(found) and "nothing in the paste shows a PEFT adapter" in (found[0].against or "")
+    assert claims(match(matrix, parse(STRAY.replace("by any chance", "for your LoRA run"))))
+    title = (
+        'The FSDP example fails to run with "ValueError: Must flatten tensors with uniform requires_grad when'
+        ' use_orig_params=False"\n\n### System Info\n\npytorch version: 2.2.2\npeft version: 0.10.0\nGPUs: 8 A100\n'
+    )
+    assert claims(match(matrix, parse(title)))

@@ -102,3 +102,29 @@ def test_of_two_cases_with_one_message_the_one_the_stated_versions_can_raise_is_
     assert first[:2] == ["mixed-dtype", "trl-qlora-upcast"]  # PEFT's upcast is the case's own report: first
     stated = [m.case.id for m in claims(match(MATRIX, parse("peft==0.10.0\n" + text)))]
     assert stated[:2] == ["trl-qlora-upcast", "mixed-dtype"]  # PEFT 0.10 has no upcast: TRL's is first
+
+
+def test_a_change_that_trains_only_with_other_settings_names_them_too():
+    """mixed-dtype's uint8 QLoRA error (expect[2]): storage=bf16 alone meets the uniform-dtype error under autocast=1
+    with decoder_layer wrapping; it trains with autocast=0 (expect 'autocast0-ok') or with PEFT's policy. 'what works'
+    said 'set storage=bf16' alone (the Soup recipe report's own table shows bf16 storage alone failing)."""
+    case = CASES["mixed-dtype"]
+    integer = next(i for i, r in enumerate(case.expect) if r.id == "qlora-uint8-decoder_layer+peft_policy-error")
+    versions = {"peft": "0.20.0", "torch": "2.13.0", "transformers": "4.57.6", "bitsandbytes": "0.50.0"}
+    found = workarounds(MATRIX, case, integer, versions)
+    by_rule = {case.expect[w.rule].id: w for w in found if w.change == "storage=bf16"}
+    assert by_rule["autocast0-ok"].together == ["autocast=0"]
+    assert by_rule["peft_policy-ok"].together == ["wrap=peft_policy"]
+    # a change that trains on every cell it reaches needs nothing else
+    assert all(not w.together for w in found if w.change != "storage=bf16") or not found
+    offered = triage_cli._workarounds(MATRIX, _claimed(case), versions, None, [], [])[1]
+    lines = triage_cli.what_works(offered, "your versions", None, versions)
+    assert "set storage=bf16 with autocast=0 (trains on your versions" in lines[0]
+
+
+def _claimed(case):
+    from fsdp_matrix.triage.match import CaseMatch, Hit, Signature
+
+    index = next(i for i, r in enumerate(case.expect) if r.id == "qlora-uint8-decoder_layer+peft_policy-error")
+    sig = Signature(case.id, f"expect[{index}]", case.expect[index])
+    return CaseMatch(case, [Hit(sig, 5.0, [], 5.0, [], None, "exact")])
