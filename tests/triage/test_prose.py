@@ -160,3 +160,8 @@ def test_a_call_of_a_case_s_title_the_report_makes_is_its_trigger_and_counts_twi
     # the name as a word, not a call, is one word as before: a tie with use_orig_params' cases
     mentioned = text.replace("with model.disable_adapter():", "(the adapter disabled, as disable_adapter does)")
     assert named(TITLES, mentioned) is None
+    # a call two cases' titles write (generate(): FSDP1's and FSDP2's) counts for both: still a tie, nothing named
+    generating = "PEFT LoRA model wrapped with FSDP:\n    out = model.generate(**inputs)\nis very slow.\n"
+    assert _first(generating) == (None, None)
+    # the call beside another error is still that other error
+    assert _first(text + "torch.OutOfMemoryError: CUDA out of memory.\n") == (None, None)
