@@ -771,6 +771,7 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
         return
     evidence = [f"words of the case's title: {', '.join(found.words)}"]
     evidence += ["its rule's message (not claimed on its own)"] if found.message else []
+    evidence += ["the report makes a call of the case's title (its trigger): counted twice"] if found.called else []
     evidence += [f"FSDP: {ctx.fsdp[0]}"] if ctx.fsdp else []
     evidence += [f"PEFT: {ctx.peft[0]}"]
     notes = ["named from the report's words, not from a message that fits: weak evidence at most"]

@@ -50,10 +50,13 @@ class Named:
     """Whether one of the case's rule messages is in the report too."""
     tied: Tuple[str, ...] = ()
     """Cases the words name as much, each the same failure (they expect the same error)."""
+    called: int = 0
+    """How many of ``words`` are calls the title writes as calls (``disable_adapter()``) and the report makes
+    (``model.disable_adapter()``): each counts twice (``calls``)."""
 
     @property
     def score(self) -> int:
-        return len(self.words) + int(self.message)
+        return len(self.words) + int(self.message) + self.called
 
 
 def terms(title: str) -> FrozenSet[str]:
@@ -162,6 +165,15 @@ def held(
     return out
 
 
+def calls(words: Sequence[str], text: str) -> int:
+    """How many of a case's ``words`` are calls its title writes as calls (``disable_adapter()``, ``generate()``) that
+    the report makes too (the name followed by ``(``, in code or a sentence): the entry that triggers the failure, as
+    the repro calls it, which counts twice; a setting beside it (``use_orig_params``) is the setup many cases share,
+    and a name written as a plain word may be a mention ("as disable_adapter does")."""
+    text = _PATH.sub(" ", text)
+    return sum(bool(re.search(rf"(?<![A-Za-z0-9_]){re.escape(w[:-2])}\s*\(", text)) for w in words if w.endswith("()"))
+
+
 def named(
     titles: Sequence[Tuple[str, str]],
     text: str,
@@ -174,11 +186,11 @@ def named(
     Cases named as much are no answer, unless ``one_failure(first, other)`` says they are one failure met two ways
     (they expect the same error): then the first of them in ``titles`` is named, the others in ``tied``, as a message
     that two cases expect names both."""
-    found = [Named(case, words, case in messages) for case, words in held(titles, text).items()]
+    found = [Named(case, words, case in messages, (), calls(words, text)) for case, words in held(titles, text).items()]
     found.sort(key=lambda n: -n.score)
     if not found or found[0].score < LEAST:
         return None
     tied = tuple(n.case for n in found[1:] if n.score >= found[0].score)
     if not all(one_failure(found[0].case, other) for other in tied):
         return None
-    return Named(found[0].case, found[0].words, found[0].message, tied)
+    return Named(found[0].case, found[0].words, found[0].message, tied, found[0].called)

@@ -64,8 +64,6 @@ MISSES = {
     " mismatch), no message: the words name several cases alike",
     "peft2833_qlora_fsdp_8bit_title.txt": "an 8-bit QLoRA title and a launch command, no message: no case's title"
     " names 8-bit",
-    "peftpr2692_disable_adapter_fsdp_prose.txt": "one word of disable-adapter's title (disable_adapter()) against"
-    " use_orig_params and requires_grad, which other titles share: no case ahead",
     "lorascripts482_flux_gc_title.txt": "another failure: a CJK title quoting torch's requires-grad message, too"
     " short a report to rule out FSDP, claimed weak",
     "torchtunepr2900_linear_ce_mixed_dtensor_prose.txt": "another failure: torchtune's LoRA recipe in prose with"
@@ -119,10 +117,10 @@ def test_the_dev_half_holds_its_figures():
 
 
 def test_the_spent_held_out_half_holds_its_tuned_figures():
-    # heldout3/ after tuning on it (5/16 and 5/50 when it was measured once, untuned): 10/16 and 2/50, held here
+    # heldout3/ after tuning on it (5/16 and 5/50 when it was measured once, untuned): 11/16 and 2/50, held here
     named_first, covered, claimed, other, wrong = _figures(SPENT)
     assert (covered, other) == (16, 50)
-    assert named_first >= 10 and claimed <= 2 and not wrong
+    assert named_first >= 11 and claimed <= 2 and not wrong
 
 
 def test_the_corpus_is_real_pastes_each_with_its_thread():

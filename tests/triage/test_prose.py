@@ -142,3 +142,26 @@ def test_a_word_broken_where_a_line_wraps_is_read_whole():
     assert _first(report[:at] + "\n" + report[at:]) == whole
     # a word that ends a line is not joined to the next line's only: both readings are kept
     assert _first(report.replace(" assertion", "\nassertion")) == whole
+
+
+def test_a_call_of_a_case_s_title_the_report_makes_is_its_trigger_and_counts_twice():
+    """A report in words that calls the entry a case's title writes as a call (``disable_adapter()``) names the
+    failure's trigger; a setting it names beside it (``use_orig_params``) is the setup many cases share. One such
+    call was one word against one: a tie, nothing named."""
+    text = (
+        "PEFT LoRA model wrapped with FSDP(model, use_orig_params=True):\n"
+        "    with model.disable_adapter():\n"
+        "        ref_logits = model(**batch).logits\n"
+        "crashes in the forward.\n"
+    )
+    found = named(TITLES, text)
+    assert found is not None and found.case == "disable-adapter" and found.score == 2
+    assert _first(text) == ("disable-adapter", "weak")
+    # the name as a word, not a call, is one word as before: a tie with use_orig_params' cases
+    mentioned = text.replace("with model.disable_adapter():", "(the adapter disabled, as disable_adapter does)")
+    assert named(TITLES, mentioned) is None
+    # a call two cases' titles write (generate(): FSDP1's and FSDP2's) counts for both: still a tie, nothing named
+    generating = "PEFT LoRA model wrapped with FSDP:\n    out = model.generate(**inputs)\nis very slow.\n"
+    assert _first(generating) == (None, None)
+    # the call beside another error is still that other error
+    assert _first(text + "torch.OutOfMemoryError: CUDA out of memory.\n") == (None, None)
