@@ -591,13 +591,18 @@ def _hang_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Contex
     elif paste.errors:
         points -= 2
         notes.append(f"pasted with an exception ({paste.errors[-1].type}), the rule is a hang")
-    if ctx.fsdp:
-        points += 1
-        found.append("FSDP: " + ctx.fsdp[0])
-    if ctx.peft:
-        points += 1
-        found.append("PEFT: " + ctx.peft[0])
+    points += _shown(ctx, found)
     return Hit(sig, points, notes, points, found, None, "stack")
+
+
+def _shown(ctx: Context, evidence: List[str]) -> int:
+    """A point for each of FSDP and a PEFT adapter the paste shows, each named in ``evidence``."""
+    points = 0
+    for label, seen in (("FSDP", ctx.fsdp), ("PEFT", ctx.peft)):
+        if seen:
+            points += 1
+            evidence.append(f"{label}: {seen[0]}")
+    return points
 
 
 def _warning_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Context) -> Optional[Hit]:
@@ -613,13 +618,8 @@ def _warning_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Con
     if at:
         points += 1
         evidence.append(f"printed as a {sig.error.type} by {at.group(1)}")
-    if ctx.fsdp:
-        points += 1
-        evidence.append("FSDP: " + ctx.fsdp[0])
-    if ctx.peft:
-        points += 1
-        evidence.append("PEFT: " + ctx.peft[0])
-    elif ctx.has_context:
+    points += _shown(ctx, evidence)
+    if not ctx.peft and ctx.has_context:
         points -= 1
         notes.append("nothing in the paste shows a PEFT adapter")
     against = None if at else "the warning's words, but not the line Python prints for the warning"
