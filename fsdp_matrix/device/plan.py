@@ -238,7 +238,7 @@ def shared_step(
     different program). Not those through the Trainer (ACCELERATE_ENTRIES)."""
     cases = {c.id: c for c in matrix.cases}
     runnable = [c for c in two if expected_for(cases[c.case], c, versions).kind != "skip"]
-    ones = {name: set(st.cells) for st in steps if (name := st.name) in ("cuda-cells", "cpu-sample")}
+    ones = {st.name: set(st.cells) for st in steps if st.name in ("cuda-cells", "cpu-sample")}
 
     def at_two(taken: set) -> List[Cell]:
         return [
