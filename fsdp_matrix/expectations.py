@@ -47,7 +47,8 @@ class Expected:
     timeout_s: Optional[float] = None
     """The cell's own timeout (kind ``hang``); None: the launch's cell timeout."""
     warning: Optional[Dict[str, str]] = None
-    """``{type, match}``: the warning some rank must raise (kind ``warning``)."""
+    """``{type, match}``: the warning some rank must raise (kind ``warning``; with kind ``error``, before the
+    error: the error signature's ``warning``)."""
     no_warning: Optional[Dict[str, str]] = None
     """``{type, match}``: a warning no rank may raise (kind ``ok``)."""
     signatures: Tuple[Dict[str, Any], ...] = ()
@@ -64,7 +65,8 @@ class Expected:
             return f"hang within {self.timeout_s:g}s{where}"
         if self.kind == "error":
             where = f" in {self.module}" if self.module else ""
-            return f"{self.error_type}: /{self.match}/{where}"
+            before = f", after {_warning_text(self.warning)}" if self.warning else ""
+            return f"{self.error_type}: /{self.match}/{where}{before}"
         if self.kind == "skip":
             return f"skip ({self.reason})"
         return "no rule matches"
@@ -140,7 +142,8 @@ def _rule_expected(rule: Rule, index: int) -> Expected:
     if rule.warning is not None:
         return Expected("warning", warning=rule.warning.model_dump(), rule=index, source=rule.source)
     err = rule.error
-    return Expected("error", err.type, err.match, err.module, rule=index, source=rule.source)
+    before = err.warning.model_dump() if err.warning else None
+    return Expected("error", err.type, err.match, err.module, rule=index, source=rule.source, warning=before)
 
 
 def _signature_json(rule: PlatformRule) -> Dict[str, Any]:

@@ -68,6 +68,19 @@ def check_versions(value: Dict[str, str]) -> Dict[str, str]:
     return value
 
 
+class WarningSignature(Strict):
+    """A Python warning: its category's class name and a regex searched in its message."""
+
+    type: str
+    """Warning class name, e.g. ``UserWarning`` (matched by name, with or without its module)."""
+    match: str
+
+    @field_validator("match")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        return _valid_regex(value)
+
+
 class ErrorSignature(Strict):
     """An expected error: exception type, a regex searched in the message, and optionally the raising module."""
 
@@ -79,6 +92,11 @@ class ErrorSignature(Strict):
     """Frames a pasted traceback must show for ``triage`` to tell this error from the same message raised elsewhere:
     a dotted module prefix (``peft.tuners.lora``) or a function name (``generate``). A cell's own record is judged
     without them: a repro's traceback need not pass through ``generate()`` by that name."""
+    warning: Optional[WarningSignature] = None
+    """A warning the failing run raises before the error, as observed in the cells' records (torch's reentrant
+    checkpoint warns that no input requires grad, then backward finds no graph): the cell reproduces only when some
+    rank raised it too, and ``triage`` reads the printed warning as the failure's sign. Never on a platform
+    signature's ``errors``."""
 
     @field_validator("match")
     @classmethod
@@ -99,19 +117,6 @@ class HangExpectation(Strict):
     @classmethod
     def _regex(cls, value: Optional[str]) -> Optional[str]:
         return None if value is None else _valid_regex(value)
-
-
-class WarningSignature(Strict):
-    """A Python warning: its category's class name and a regex searched in its message."""
-
-    type: str
-    """Warning class name, e.g. ``UserWarning`` (matched by name, with or without its module)."""
-    match: str
-
-    @field_validator("match")
-    @classmethod
-    def _regex(cls, value: str) -> str:
-        return _valid_regex(value)
 
 
 OUTCOMES = ("ok", "error", "skip", "hang", "warning")
@@ -241,6 +246,9 @@ def _requirement(rule: Rule) -> Rule:
 
 def _platform(rule: Rule, kind: str, extra: Tuple[str, ...]) -> Rule:
     _only(rule, f"the platform's {kind}", (*_MATCHING, "skip", "source", *extra), ("id", "skip", "source", *extra))
+    if any(e.warning is not None for e in rule.errors):
+        # a signature judges an observed error skipped, never reproduced: a warning before it would judge nothing
+        raise ValueError(f"platform {kind} {rule.id}: an error of `errors` takes no warning (only a case's rule does)")
     if not re.match(_PLATFORM_ID, rule.id or ""):  # narrower than a case rule's: no dots or pluses
         pattern = dict(type="string_pattern_mismatch", loc=("id",), input=rule.id, ctx={"pattern": _PLATFORM_ID})
         raise ValidationError.from_exception_data(kind, [InitErrorDetails(**pattern)])

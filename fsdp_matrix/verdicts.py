@@ -110,7 +110,7 @@ def judge(
         return Judgement(Verdict.DIFFERENT_ERROR, line + " (a skip rule matched, yet the cell ran)")
     if status == "ok":
         return _judge_ok(expected, line, warnings)
-    return _judge_error(expected, line, error_type, message, location)
+    return _judge_error(expected, line, error_type, message, location, warnings)
 
 
 def _observed_line(
@@ -123,6 +123,11 @@ def _observed_line(
 ) -> str:
     """The observed half of the line: the outcome, and for a rule about a warning whether some rank raised it."""
     observed = _describe(status, error_type, message, location)
+    if status == "error" and expected.kind == "error" and expected.warning:
+        sig, seen = expected.warning, warning_raised(expected.warning, warnings)
+        if seen:
+            return observed + f", after {seen['category']}: {first_line(seen['message'], 200)}"
+        return observed + f", without {sig['type']}: /{sig['match']}/ before it"
     if status == "ok" and (expected.warning or expected.no_warning):
         sig = expected.warning or expected.no_warning
         seen = warning_raised(sig, warnings)
@@ -148,11 +153,19 @@ def _judge_ok(expected: Expected, line: str, warnings: Sequence[Mapping[str, Any
 
 
 def _judge_error(
-    expected: Expected, line: str, error_type: Optional[str], message: Optional[str], location: Optional[str]
+    expected: Expected,
+    line: str,
+    error_type: Optional[str],
+    message: Optional[str],
+    location: Optional[str],
+    warnings: Sequence[Mapping[str, Any]] = (),
 ) -> Judgement:
-    """A rank raised: the expected signature, else a platform signature (skipped), else REGRESSION or
-    DIFFERENT-ERROR."""
+    """A rank raised: the expected signature (with the warning it says comes first, when it says one), else a
+    platform signature (skipped), else REGRESSION or DIFFERENT-ERROR."""
     if signature_matches(expected, error_type, message, location):
+        if expected.warning and not warning_raised(expected.warning, warnings):
+            # the same message without the warning that says why (no input needs grad) is another way to it
+            return Judgement(Verdict.DIFFERENT_ERROR, line + " (the rule's warning was not raised before it)")
         return Judgement(Verdict.REPRODUCED, line)
     platform = platform_signature(expected, error_type, message, location)
     if platform is not None:

@@ -93,6 +93,11 @@ def test_each_place_refuses_what_it_does_not_take_in_one_line(where, rule, messa
         ("skips", {"ok": True}, "needs exactly one of"),
         ("signatures", {"errors": []}, r"signatures\[0\]\(sig\).errors: Field required"),
         ("signatures", {"source": None}, r"signatures\[0\]\(sig\).source"),
+        (
+            "signatures",
+            {"errors": [{"type": "OSError", "match": "x", "warning": {"type": "UserWarning", "match": "y"}}]},
+            "an error of `errors` takes no warning",
+        ),
     ],
 )
 def test_platform_rules_keep_their_shape(kind, change, message):

@@ -156,3 +156,35 @@ def test_a_source_pin_at_a_release_tag_is_not_labelled_not_released_yet():
     assert changed_note(after, {"peft": "0.14.1.dev0"}).startswith("changed on main, not released yet")
     dirty = {"peft": {**at_tag["peft"], "dirty": "3 files"}}
     assert "not released yet" in changed_note(dirty, {"peft": "0.14.0"})
+
+
+NO_GRAD = Expected(
+    "error",
+    "RuntimeError",
+    "element 0 of tensors does not require grad",
+    "torch.autograd",
+    warning={"type": "UserWarning", "match": "None of the inputs have requires_grad=True"},
+)
+"""matrix.yaml's ``no-grad-fn``: the error, after torch's reentrant checkpoint warning."""
+CHECKPOINT_WARNED = {
+    "category": "UserWarning",
+    "message": "None of the inputs have requires_grad=True. Gradients will be None",
+}
+
+
+def test_an_error_rule_with_a_warning_reproduces_only_after_that_warning():
+    """The same message without the warning is another way to it (e.g. a loss computed under no_grad)."""
+    raised = (
+        "RuntimeError",
+        "element 0 of tensors does not require grad and does not have a grad_fn",
+        "torch.autograd",
+    )
+    warned = judge(NO_GRAD, "error", *raised, warnings=[CHECKPOINT_WARNED])
+    assert warned.verdict is Verdict.REPRODUCED
+    assert "after UserWarning: /None of the inputs" in warned.line
+    assert warned.line.endswith("after UserWarning: None of the inputs have requires_grad=True. Gradients will be None")
+    alone = judge(NO_GRAD, "error", *raised)
+    assert alone.verdict is Verdict.DIFFERENT_ERROR
+    assert alone.line.endswith("before it (the rule's warning was not raised before it)")
+    # a run that trains is still an unexpected fix, warned or not
+    assert judge(NO_GRAD, "ok", warnings=[CHECKPOINT_WARNED]).verdict is Verdict.UNEXPECTED_FIX
