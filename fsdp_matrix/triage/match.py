@@ -72,9 +72,15 @@ class Signature:
     """``expect[3]`` or ``platform[0]``: which rule it is."""
     rule: Any
     """The rule object (``when``, ``versions``, ``source``, and ``error`` or ``signature``)."""
+    before: bool = False
+    """The warning the rule's error is raised after (its signature's ``warning``), not the error: a paste that
+    prints it shows the failure's cause, with or without the error (a log cut before it, a silent run)."""
 
     @property
     def error(self) -> Any:
+        if self.before:
+            warning = self.rule.error.warning
+            return WarningPattern(warning.match, str(warning.type))
         hang = getattr(self.rule, "hang", None)
         if hang is not None and hang.stack:
             return HangPattern(hang.stack)
@@ -159,6 +165,9 @@ class Hit:
     strong."""
     context: float = 0.0
     """The ranking points of the context words the paste and the case both name (an entry, a library path)."""
+    cause: bool = False
+    """The paste prints the warning the rule's error is raised after (``Signature.before``): it shows why the error
+    came (no input of a reentrant checkpoint needs grad), adapter or not."""
 
     @property
     def shown(self) -> float:
@@ -246,6 +255,12 @@ def signatures(matrix: Matrix) -> List[Signature]:
         for case in matrix.cases
         for i, rule in enumerate(case.expect)
         if rule.error is not None or (rule.hang is not None and rule.hang.stack) or rule.warning is not None
+    ]
+    out += [
+        Signature(case.id, f"expect[{i}]", rule, before=True)
+        for case in matrix.cases
+        for i, rule in enumerate(case.expect)
+        if rule.error is not None and rule.error.warning is not None
     ]
     return out + [Signature(None, f"platform[{i}]", rule) for i, rule in enumerate(_platform_rules(matrix))]
 
@@ -384,16 +399,23 @@ def _in_module(paste: Paste, module: str) -> bool:
 
 
 def _against(
-    sig: Signature, case: Optional[Case], paste: Paste, ctx: Context, errors: List[PastedError], kind: str = "exact"
+    sig: Signature,
+    case: Optional[Case],
+    paste: Paste,
+    ctx: Context,
+    errors: List[PastedError],
+    kind: str = "exact",
+    warned: bool = False,
 ) -> Optional[str]:
-    """Why this paste is another failure with a similar message, or None."""
+    """Why this paste is another failure with a similar message, or None. ``warned``: the paste prints the warning
+    the rule's error comes after (``_warned_before``)."""
     module = getattr(sig.error, "module", None) or ""
     fsdp_frames = any(f.startswith("frame") for f in ctx.fsdp)
     # a case whose title names no FSDP (reentrant checkpointing after PEFT) fails on another stack, or none, alike
     sharded = case is None or bool(FSDP_TITLE.search(case.title))
     if ctx.elsewhere and not fsdp_frames and sharded:
         return f"similar message, but this looks like {ctx.elsewhere[0][1]}"
-    against = _unshown_stack(module, paste, ctx, errors, kind, sharded)
+    against = _unshown_stack(module, paste, ctx, errors, kind, sharded, warned)
     if against:
         return against
     if ctx.full_finetune and not ctx.peft:
@@ -429,18 +451,32 @@ a report that never names FSDP is of a run without it."""
 
 
 def _unshown_stack(
-    module: str, paste: Paste, ctx: Context, errors: List[PastedError], kind: str, sharded: bool = True
+    module: str,
+    paste: Paste,
+    ctx: Context,
+    errors: List[PastedError],
+    kind: str,
+    sharded: bool = True,
+    warned: bool = False,
 ) -> Optional[str]:
     """Why a paste that never shows the stack every case runs on (FSDP, a PEFT adapter), or whose traceback raised
     the message elsewhere, is not claimed; None when nothing contradicts the rule. ``sharded``: the case's failure is
-    FSDP's (its title names it), so a report without FSDP is another failure."""
+    FSDP's (its title names it), so a report without FSDP is another failure. ``warned``: the paste prints the
+    warning the rule's error comes after, which shows its cause without the stack."""
     said = len(paste.text.split()) - sum(len(e.message.split()) for e in paste.errors)
     if kind in PARTIAL and not ctx.peft and (said >= REPORT_WORDS or len(paste.frames) >= 3):
         return "similar message with other words or values, and nothing in the paste shows a PEFT adapter"
     # a report (prose, versions, a command) without a single frame: what it says of its stack is all there is
     # a case that fails without FSDP too: without FSDP, a PEFT adapter is all that ties a report to it (a frozen
     # model under reentrant checkpointing raises its message with no adapter)
-    if not sharded and not ctx.fsdp and not ctx.peft and (said >= REPORT_WORDS or len(paste.frames) >= 3):
+    # (unless the paste prints the warning that says why: reentrant checkpointing found no input needing grad)
+    if (
+        not sharded
+        and not warned
+        and not ctx.fsdp
+        and not ctx.peft
+        and (said >= REPORT_WORDS or len(paste.frames) >= 3)
+    ):
         return "similar message, but the paste shows neither FSDP nor a PEFT adapter"
     if (
         sharded
@@ -554,6 +590,10 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
         return None
     ctx = ctx or read_context(paste)
     points, found, notes = _evidence(sig, paste, ctx, kind, errors)
+    warned = _warned_before(sig, paste)
+    if warned:
+        points += 1
+        found.append(warned)
     if kind == "loose":
         notes.append("loose fit: the rule's words are in the message, its regex is not (another order or wording)")
     elif kind == "values":
@@ -563,7 +603,7 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
     elif kind == "alias":
         said = [a for a in aliases.of(regex) if a.wording.search(_plain(paste.text))]
         notes += [f"another release's wording: {a.why}" for a in said[:1]]
-    against = _against(sig, case, paste, ctx, errors, kind)
+    against = _against(sig, case, paste, ctx, errors, kind, bool(warned))
     generic = _generic(err.match) or not getattr(err, "module", None)
     if not against and generic and not any(f.startswith("frame in") for f in found):
         where = getattr(err, "module", None) or "the rule's code path (it names no module)"
@@ -576,7 +616,7 @@ def fit(sig: Signature, paste: Paste, case: Optional[Case] = None, ctx: Optional
         # among the case's own rules, the one of the report it was written from (peft#2166 before PR #2167)
         primary = _primary_report(case)
         score += 0.5 if primary and re.match(rf"\s*[\w./-]*?(?:PR\s*)?#{primary}\b", source) else 0
-    return Hit(sig, score, notes, points, found, against, kind, context=tie)
+    return Hit(sig, score, notes, points, found, against, kind, context=tie, cause=bool(warned))
 
 
 def _hang_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Context) -> Optional[Hit]:
@@ -613,8 +653,9 @@ def _warning_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Con
     if not found:
         return None
     points, evidence, notes = POINTS["exact"], [f"warning: {sig.error.match}"], []
-    # the message may name the module first (``transformer.h.1 has both parameters ...``)
-    at = re.search(_WARNED_AT.format(re.escape(sig.error.type)) + r"[^:]{0,160}$", text[: found.start()])
+    if sig.before:
+        notes.append(f"the warning raised before the rule's error ({sig.rule.error.type}: {sig.rule.error.match})")
+    at = _printed_at(sig.error.type, text, found.start())
     if at:
         points += 1
         evidence.append(f"printed as a {sig.error.type} by {at.group(1)}")
@@ -623,7 +664,34 @@ def _warning_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Con
         points -= 1
         notes.append("nothing in the paste shows a PEFT adapter")
     against = None if at else "the warning's words, but not the line Python prints for the warning"
-    return Hit(sig, points, notes, points, evidence, against, "warning")
+    error_too = sig.before and not against and fit(Signature(sig.case, sig.where, sig.rule), paste) is not None
+    if sig.before and not against and not error_too and paste.errors:
+        # the warning came, and the run then failed of something else: that error is the report's
+        against = f"the warning its error comes after, but the paste ends in another error ({paste.errors[-1].type})"
+    elif sig.before and not against and not error_too and not ctx.peft:
+        # any reentrant checkpoint whose inputs need no grad warns so (a model trained whole, a frozen tower): alone,
+        # without its error, the warning is the case's only beside a PEFT adapter
+        against = "the warning its error comes after, alone, and nothing in the paste shows a PEFT adapter"
+    return Hit(sig, points, notes, points, evidence, against, "warning", cause=sig.before)
+
+
+def _printed_at(category: str, text: str, start: int) -> Optional[re.Match]:
+    """The ``path.py:LINE: Category:`` that Python's ``warnings`` prints before a warning's message found at
+    ``start`` of ``text``; the message may name the module first (``transformer.h.1 has both parameters ...``)."""
+    return re.search(_WARNED_AT.format(re.escape(category)) + r"[^:]{0,160}$", text[:start])
+
+
+def _warned_before(sig: Signature, paste: Paste) -> Optional[str]:
+    """The warning the rule's error is raised after, when the paste prints it as Python does: evidence that the
+    error came the rule's way (torch's reentrant checkpoint found no input that needs grad)."""
+    warning = getattr(getattr(sig.rule, "error", None), "warning", None)
+    if sig.before or warning is None:
+        return None
+    text = _plain(paste.text)
+    found = patterns.Bounded(_pattern(warning.match)).search(text)
+    if not found or not _printed_at(warning.type, text, found.start()):
+        return None
+    return f"after the {warning.type} its run raises first: {warning.match}"
 
 
 def _mask(text: str) -> str:
@@ -710,6 +778,8 @@ def _thin_without_adapter(paste: Paste, ctx: Context, found: List[CaseMatch]) ->
     claimed = [m for m in found if m.level]
     if not claimed or ctx.peft or not (claimed[0].tied or claimed[0].level == "weak"):
         return
+    if any(h.cause for h in claimed[0].hits if h.level):
+        return  # the warning the error comes after shows the failure's cause: the adapter is not what ties it
     said = len(paste.text.split()) - sum(len(e.message.split()) for e in paste.errors)
     # a report (words or frames besides the message) with a sentence of its own: a bare traceback, or a title
     # alone, says nothing of adapters either way

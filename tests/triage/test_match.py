@@ -42,7 +42,8 @@ MISSES = {
     " one phrase of gc-frozen-inputs' title (require grad), no checkpointing word",
     "discusspytorch211002_merge_adapter_shards.txt": "merge_adapter (not merge_and_unload) under FSDP, cut before the"
     " exception line: merge-under-fsdp's rule is the matrix's own check, which no paste prints",
-    "peftpr1056_dpo_checkpointing_backward.txt": "a DPO log cut before its exception line, no word of a PEFT adapter",
+    "peftpr1056_dpo_checkpointing_backward.txt": "a DPO log cut before its exception line: checkpoint's warning alone,"
+    " no word of a PEFT adapter (alone, a model trained whole warns so too)",
     "pytorch109440_fsdp_qlora_uint8_request.txt": "a feature request quoting FSDP1's is_floating_point() test, not a"
     " message: no case's words ahead (its dtypes name several)",
     "transformers25841_peft_trainer_gc_title.txt": "a title: PEFT + Trainer + gradient checkpointing, one phrase of"
@@ -56,8 +57,6 @@ MISSES = {
     # heldout3/ (spent: tuned on since its one measurement)
     "litgptpr296_lora_merge_fsdp_prose.txt": "litgpt's own LoRA merge on FSDP shards in prose: one word of"
     " merge-under-fsdp's title (merge), no entry of it (merge_and_unload)",
-    "llamachinese242_sft_gc_warning.txt": "the message and checkpoint's warning, but no adapter word outside the"
-    " header (the trainable-parameter count alone) and no FSDP",
     "llamacookbook837_mixed_precision_prose.txt": "fp16/bf16 base and fp32 LoRA in prose: its dtype words name five"
     " cases' titles alike",
     "llamacookbookpr974_qlora_fsdp_two_errors_prose.txt": "two errors in prose (a dtype and a requires_grad"
@@ -117,10 +116,10 @@ def test_the_dev_half_holds_its_figures():
 
 
 def test_the_spent_held_out_half_holds_its_tuned_figures():
-    # heldout3/ after tuning on it (5/16 and 5/50 when it was measured once, untuned): 11/16 and 2/50, held here
+    # heldout3/ after tuning on it (5/16 and 5/50 when it was measured once, untuned): 12/16 and 2/50, held here
     named_first, covered, claimed, other, wrong = _figures(SPENT)
     assert (covered, other) == (16, 50)
-    assert named_first >= 11 and claimed <= 2 and not wrong
+    assert named_first >= 12 and claimed <= 2 and not wrong
 
 
 def test_the_corpus_is_real_pastes_each_with_its_thread():
@@ -271,6 +270,42 @@ def test_a_warning_a_case_expects_is_read_from_the_line_python_prints():
     # the warning's words in a sentence, without the line Python prints, are not the warning
     sentence = "LoRA under FSDP1: it says a layer has both parameters with requires_grad=True and False, I think\n"
     assert "fsdp1-frozen-mixed-unit" not in {m.case.id for m in claims(match(MATRIX, parse(sentence)))}
+
+
+CHECKPOINT_WARNING = (
+    "Fine-tuning with the Trainer, gradient_checkpointing=True:\n"
+    "/env/lib/python3.10/site-packages/torch/utils/checkpoint.py:31: UserWarning: None of the inputs have "
+    "requires_grad=True. Gradients will be None\n"
+    '  warnings.warn("None of the inputs have requires_grad=True. Gradients will be None")\n'
+)
+ELEMENT_0 = (
+    "Traceback (most recent call last):\n"
+    '  File "/env/lib/python3.10/site-packages/transformers/trainer.py", line 2669, in training_step\n'
+    "    self.accelerator.backward(loss)\n"
+    '  File "/env/lib/python3.10/site-packages/torch/_tensor.py", line 487, in backward\n'
+    "    torch.autograd.backward(\n"
+    '  File "/env/lib/python3.10/site-packages/torch/autograd/__init__.py", line 200, in backward\n'
+    "    Variable._execution_engine.run_backward(\n"
+    "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn\n"
+)
+
+
+def test_the_warning_an_error_comes_after_shows_its_cause_without_an_adapter_word():
+    """no-grad-fn's run warns first (torch's reentrant checkpoint: no input needs grad). Without that warning, the
+    message in a report that shows neither FSDP nor an adapter is not claimed (a frozen model raises it too); with
+    it, the cause is shown. Seen failing before: two dev pastes of that shape (peft PR #1056's DPO log, a Chinese
+    SFT log) were not named."""
+    said = "We train a model on 8 GPUs with our own script, and backward fails after the first step of the run.\n"
+    assert claims(match(MATRIX, parse(said + ELEMENT_0))) == []
+    [first, *_] = claims(match(MATRIX, parse(said + CHECKPOINT_WARNING + ELEMENT_0)))
+    assert first.case.id in ("gc-frozen-inputs", "ac-entries") and first.level in ("weak", "likely")
+    assert any("after the UserWarning its run raises first" in e for e in first.hits[0].evidence)
+    # the warning alone (a log cut before the error) names the case too, from the line Python prints
+    [alone, *_] = claims(match(MATRIX, parse("LoRA SFT:\n" + CHECKPOINT_WARNING)))
+    assert alone.case.id in ("gc-frozen-inputs", "ac-entries") and alone.hits[0].fit == "warning"
+    # the warning, then another error (sd-scripts#1509's shape): that error is the report's
+    other = "RuntimeError: only Tensors of floating point dtype can require gradients\n"
+    assert claims(match(MATRIX, parse("LoRA SFT:\n" + CHECKPOINT_WARNING + other))) == []
 
 
 def test_a_message_wrapped_inside_a_word_fits_its_rule_as_printed():
