@@ -754,6 +754,7 @@ def match(matrix: Matrix, paste: Paste, records: Iterable[Record] = ()) -> List[
         elif not found.hits and ctx.elsewhere:
             found.against = f"similar message, but this looks like {ctx.elsewhere[0][1]}"
     _by_words(matrix, paste, ctx, by_case)
+    _by_description(matrix, paste, ctx, by_case)
     found = sorted(by_case.values(), key=lambda m: -m.score)
     _ties(found)
     _thin_without_adapter(paste, ctx, found)
@@ -850,6 +851,44 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     by_case.setdefault(case.id, CaseMatch(case)).hits.insert(0, hit)
     by_case[case.id].against = None
     by_case[case.id].tied = found.tied[0] if found.tied else None
+
+
+UNIFORM_DTYPE = re.compile(r"uniform (?:original parameter )?dtype")
+"""A rule's message of FSDP's uniform-dtype check (FSDP1's flatten, FSDP2's fully_shard): the failure a report tells
+in words as a dtype mismatch."""
+
+
+def _by_description(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, CaseMatch]) -> None:
+    """A weak claim when nothing else is claimed and the report tells a dtype mismatch in words, without an exception
+    line (``prose.DTYPE_MISMATCH``): it shows FSDP and a PEFT adapter, and no other stack; the case is one whose rules
+    raise FSDP's uniform-dtype check, of the report's FSDP (``prose.described_dtype_case``)."""
+    if any(m.level for m in by_case.values()) or paste.errors or not (ctx.peft and ctx.fsdp):
+        return
+    if ctx.elsewhere or ctx.full_finetune:
+        return
+    words = _report_words(paste)
+    candidates = [
+        (c.id, c.title)
+        for c in matrix.cases
+        if any(r.error is not None and UNIFORM_DTYPE.search(r.error.match) for r in c.expect)
+    ]
+    held = functools.partial(prose.held, text=words, dtypes=False, paired=False)
+    named = prose.described_dtype_case(words, candidates, held)
+    case = next((c for c in matrix.cases if c.id == named), None)
+    if case is None:
+        return
+    # the rule of the report's FSDP: FSDP2's check names the "original parameter dtype", FSDP1's flatten does not
+    fsdp2 = bool(prose.FSDP2_WORDS.search(words))
+    uniform = [i for i, r in enumerate(case.expect) if r.error and UNIFORM_DTYPE.search(r.error.match)]
+    rule = sorted(uniform, key=lambda i: ("original" in case.expect[i].error.match) != fsdp2)[0]
+    evidence = [f"a dtype mismatch in words: {prose.DTYPE_MISMATCH.search(words).group(0)!r}"]
+    evidence += [f"FSDP: {ctx.fsdp[0]}", f"PEFT: {ctx.peft[0]}"]
+    notes = ["named from the report's words (a dtype mismatch, no message): weak evidence at most"]
+    sig = Signature(case.id, f"expect[{rule}]", case.expect[rule])
+    by_case.setdefault(case.id, CaseMatch(case)).hits.insert(
+        0, Hit(sig, LEVELS[2][1], notes, LEVELS[2][1], evidence, None, "words")
+    )
+    by_case[case.id].against = None
 
 
 def _one_failure(matrix: Matrix) -> Callable[[str, str], bool]:

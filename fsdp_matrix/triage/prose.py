@@ -194,3 +194,35 @@ def named(
     if not all(one_failure(found[0].case, other) for other in tied):
         return None
     return Named(found[0].case, found[0].words, found[0].message, tied, found[0].called)
+
+
+DTYPE_MISMATCH = re.compile(
+    r"\b(?:d?types?|precision)\s+(?:mismatch|error|conflict)"
+    r"|\bmismatch(?:ed|es)?\s+(?:between\s+|of\s+|in\s+)?(?:the\s+)?(?:d?types?|precision)"
+    r"|\bmixed[- ]precision\s+(?:error|issue|problem|bug)"
+    r"|\b(?:different|mixed|two|multiple|non-?uniform|inconsistent)\s+(?:param(?:eter)?\s+)?d?types\b"
+    r"|\buniform\s+d?type",
+    re.IGNORECASE,
+)
+"""A dtype mismatch told in words, without its message: "mixed precision error", "dtype mismatch between bfloat16
+(LoRA adapters) and uint8", "parameters of different dtypes". Not "the same dtype": a matmul's message says it too
+(``mat1 and mat2 must have the same dtype``), which is another failure."""
+FSDP2_WORDS = re.compile(r"fully_shard|\bfsdp2\b|FSDPModule|fsdp_version[\s:=\"']*2", re.IGNORECASE)
+"""What says a report runs FSDP2, not FSDP1: the uniform-dtype check is each one's own."""
+
+
+def described_dtype_case(
+    text: str, candidates: Sequence[Tuple[str, str]], terms_held: Callable[[Sequence[Tuple[str, str]]], Dict]
+) -> Optional[str]:
+    """The case a dtype mismatch told in words names: of the ``candidates`` (case id, title: the cases whose rules
+    raise a uniform-dtype error), those of the report's FSDP (a title that names FSDP2 for a report that does), then
+    the one whose title's code words the report holds most (``terms_held``), the first on a tie (matrix.yaml's
+    order: its general case first). None when the report tells no mismatch."""
+    if not DTYPE_MISMATCH.search(text):
+        return None
+    two = bool(FSDP2_WORDS.search(text))
+    mine = [(case, title) for case, title in candidates if bool(FSDP2_WORDS.search(title)) == two]
+    if not mine:
+        return None
+    held_words = terms_held(mine)
+    return max(mine, key=lambda c: (len(held_words.get(c[0], ())), -mine.index(c)))[0]

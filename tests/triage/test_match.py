@@ -57,10 +57,6 @@ MISSES = {
     # heldout3/ (spent: tuned on since its one measurement)
     "litgptpr296_lora_merge_fsdp_prose.txt": "litgpt's own LoRA merge on FSDP shards in prose: one word of"
     " merge-under-fsdp's title (merge), no entry of it (merge_and_unload)",
-    "llamacookbook837_mixed_precision_prose.txt": "fp16/bf16 base and fp32 LoRA in prose: its dtype words name five"
-    " cases' titles alike",
-    "llamacookbookpr974_qlora_fsdp_two_errors_prose.txt": "two errors in prose (a dtype and a requires_grad"
-    " mismatch), no message: the words name several cases alike",
     "peft2833_qlora_fsdp_8bit_title.txt": "an 8-bit QLoRA title and a launch command, no message: no case's title"
     " names 8-bit",
     "lorascripts482_flux_gc_title.txt": "another failure: a CJK title quoting torch's requires-grad message, too"
@@ -116,10 +112,10 @@ def test_the_dev_half_holds_its_figures():
 
 
 def test_the_spent_held_out_half_holds_its_tuned_figures():
-    # heldout3/ after tuning on it (5/16 and 5/50 when it was measured once, untuned): 12/16 and 2/50, held here
+    # heldout3/ after tuning on it (5/16 and 5/50 when it was measured once, untuned): 14/16 and 2/50, held here
     named_first, covered, claimed, other, wrong = _figures(SPENT)
     assert (covered, other) == (16, 50)
-    assert named_first >= 12 and claimed <= 2 and not wrong
+    assert named_first >= 14 and claimed <= 2 and not wrong
 
 
 def test_the_corpus_is_real_pastes_each_with_its_thread():
@@ -306,6 +302,27 @@ def test_the_warning_an_error_comes_after_shows_its_cause_without_an_adapter_wor
     # the warning, then another error (sd-scripts#1509's shape): that error is the report's
     other = "RuntimeError: only Tensors of floating point dtype can require gradients\n"
     assert claims(match(MATRIX, parse("LoRA SFT:\n" + CHECKPOINT_WARNING + other))) == []
+
+
+def test_a_dtype_mismatch_told_in_words_names_the_uniform_dtype_case_of_the_report_s_fsdp():
+    """A report that tells the mismatch without its message (llama-cookbook's "mixed precision error", "dtype
+    mismatch between bfloat16 and uint8") named nothing; seen failing before on two dev pastes of that shape."""
+    fsdp1 = "LoRA fine-tuning with FSDP fails: a dtype mismatch between the bf16 base and the fp32 LoRA weights.\n"
+    [first] = claims(match(MATRIX, parse(fsdp1)))
+    assert (first.case.id, first.level, first.hits[0].fit) == ("mixed-dtype", "weak", "words")
+    fsdp2 = fsdp1.replace("with FSDP", "with FSDP2 (fully_shard)")
+    [first] = claims(match(MATRIX, parse(fsdp2)))
+    assert (
+        first.case.id == "fsdp2-mixed-dtype-unit" and "original parameter" in first.hits[0].signature.rule.error.match
+    )
+    # a matmul's "must have the same dtype" is another failure; no adapter or no FSDP: nothing ties it to a case
+    assert (
+        claims(match(MATRIX, parse(fsdp1.replace("a dtype mismatch", "mat1 and mat2 must have the same dtype")))) == []
+    )
+    assert claims(match(MATRIX, parse(fsdp1.replace("LoRA ", "full ").replace(" LoRA", " new")))) == []
+    assert claims(match(MATRIX, parse(fsdp1.replace("with FSDP", "with DDP")))) == []
+    # with an exception line, the message decides (a described mismatch beside another error names nothing)
+    assert claims(match(MATRIX, parse(fsdp1 + "OSError: [Errno 28] No space left on device\n"))) == []
 
 
 def test_a_message_wrapped_inside_a_word_fits_its_rule_as_printed():
