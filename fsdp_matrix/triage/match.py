@@ -655,7 +655,8 @@ def _warning_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Con
     points, evidence, notes = POINTS["exact"], [f"warning: {sig.error.match}"], []
     if sig.before:
         notes.append(f"the warning raised before the rule's error ({sig.rule.error.type}: {sig.rule.error.match})")
-    at = _printed_at(sig.error.type, text, found.start())
+    # any of its places may be the printed line: a title that quotes the warning comes before the log that prints it
+    at = next(filter(None, (_printed_at(sig.error.type, text, start) for start in _places(regex, text))), None)
     if at:
         points += 1
         evidence.append(f"printed as a {sig.error.type} by {at.group(1)}")
@@ -675,6 +676,17 @@ def _warning_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Con
     return Hit(sig, points, notes, points, evidence, against, "warning", cause=sig.before)
 
 
+def _places(regex: patterns.Bounded, text: str, most: int = 20) -> Iterator[int]:
+    """Where ``regex`` is found in ``text``, each start in order (``most`` at most: a log repeats a warning)."""
+    offset = 0
+    for _ in range(most):
+        found = regex.search(text[offset:])
+        if found is None:
+            return
+        yield offset + found.start()
+        offset += max(found.end(), 1)
+
+
 def _printed_at(category: str, text: str, start: int) -> Optional[re.Match]:
     """The ``path.py:LINE: Category:`` that Python's ``warnings`` prints before a warning's message found at
     ``start`` of ``text``; the message may name the module first (``transformer.h.1 has both parameters ...``)."""
@@ -688,8 +700,8 @@ def _warned_before(sig: Signature, paste: Paste) -> Optional[str]:
     if sig.before or warning is None:
         return None
     text = _plain(paste.text)
-    found = patterns.Bounded(_pattern(warning.match)).search(text)
-    if not found or not _printed_at(warning.type, text, found.start()):
+    places = _places(patterns.Bounded(_pattern(warning.match)), text)
+    if not any(_printed_at(warning.type, text, start) for start in places):
         return None
     return f"after the {warning.type} its run raises first: {warning.match}"
 

@@ -304,6 +304,16 @@ def test_the_warning_an_error_comes_after_shows_its_cause_without_an_adapter_wor
     assert claims(match(MATRIX, parse("LoRA SFT:\n" + CHECKPOINT_WARNING + other))) == []
 
 
+def test_a_warning_quoted_in_the_title_is_read_where_the_log_prints_it():
+    """Only the first place of the warning's words was looked at: a title that quotes the warning hid the line the
+    log prints below it (seen failing before the fix, on a report of split version 4's held-out half after its one
+    measurement)."""
+    title = "None of the inputs have requires_grad=True. Gradients will be None\n\nLoRA training prints:\n"
+    [first, *_] = claims(match(MATRIX, parse(title + CHECKPOINT_WARNING)))
+    assert first.case.id in ("gc-frozen-inputs", "ac-entries") and first.hits[0].fit == "warning"
+    assert claims(match(MATRIX, parse(title))) == []  # the words alone are not the printed warning
+
+
 def test_a_dtype_mismatch_told_in_words_names_the_uniform_dtype_case_of_the_report_s_fsdp():
     """A report that tells the mismatch without its message (llama-cookbook's "mixed precision error", "dtype
     mismatch between bfloat16 and uint8") named nothing; seen failing before on two dev pastes of that shape."""
