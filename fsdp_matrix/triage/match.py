@@ -840,6 +840,7 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     # a case whose cells never run the adapter the report names (DoRA, prompt tuning) is not named by its words
     named_kinds = adapters_named(words)
     cases = [c for c in matrix.cases if not named_kinds or named_kinds & _adapters_of(c)]
+    cases = [c for c in cases if not _contradicted(c, paste.text)]
     found = prose.named([(c.id, _words_of(c)) for c in cases], words, messages, _one_failure(matrix))
     if found is None or ((paste.errors or _INLINE_ERROR.search(words)) and not found.message):
         return  # an exception (a line, or named in a sentence) that fits none of the case's rules is another error
@@ -901,6 +902,30 @@ def _by_description(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[st
         0, Hit(sig, LEVELS[2][1], notes, LEVELS[2][1], evidence, None, "words")
     )
     by_case[case.id].against = None
+
+
+QUANTIZED = re.compile(
+    r"q(?:lo|do)ra|\b(?:4|8)[ -]?bit|\bint[48]\b|\bnf4\b|bnb|bitsandbytes|quanti[sz]|Params4bit|uint8", re.I
+)
+"""What shows a quantized base (QLoRA, a 4- or 8-bit bitsandbytes model, any quantization word)."""
+FSDP1_WORDS = re.compile(r"\bfsdp1\b|FullyShardedDataParallel|use_orig_params|FULL_STATE_DICT|auto_wrap_policy", re.I)
+"""What shows a report runs FSDP1 (its wrapper class, its settings)."""
+
+
+def _contradicted(case: Case, text: str) -> Optional[str]:
+    """Why a report's words cannot name the case, or None: the case's cells all run a quantized base (QLoRA, QDoRA)
+    and nothing in the report is quantized; or the case's title names one FSDP (FSDP1, or FSDP2's ``fully_shard``)
+    and the report shows only the other. Its words are the same setup met on another stack."""
+    if _adapters_of(case) <= {"qlora", "qdora"} and not QUANTIZED.search(text):
+        return "the case runs a quantized base, and nothing in the report is quantized"
+    one, two = bool(FSDP1_WORDS.search(text)), bool(prose.FSDP2_WORDS.search(text))
+    # a title that names both ("FSDP1 or FSDP2") is either's
+    title_one, title_two = bool(re.search(r"\bFSDP1\b", case.title)), bool(prose.FSDP2_WORDS.search(case.title))
+    if title_one and not title_two and two and not one:
+        return "the case is FSDP1's, and the report runs FSDP2"
+    if title_two and not title_one and one and not two:
+        return "the case is FSDP2's, and the report runs FSDP1"
+    return None
 
 
 def _one_failure(matrix: Matrix) -> Callable[[str, str], bool]:

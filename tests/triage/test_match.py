@@ -335,6 +335,25 @@ def test_a_dtype_mismatch_told_in_words_names_the_uniform_dtype_case_of_the_repo
     assert claims(match(MATRIX, parse(fsdp1 + "OSError: [Errno 28] No space left on device\n"))) == []
 
 
+def test_words_of_a_case_on_another_stack_do_not_name_it():
+    """A QLoRA-only case's words in a report with no quantized base, and an FSDP1 case's words in a report of FSDP2
+    only, named those cases (seen failing before: two other pastes of split version 4's spent half, after its one
+    measurement: an FSDP2 save hang and an FSDP2 LoRA save)."""
+    save = (
+        "Saving a LoRA model under FSDP with get_model_state_dict(full_state_dict=True, cpu_offload=True) writes "
+        "nothing useful; the run itself trains fine on 8 GPUs.\n"
+    )
+    assert claims(match(MATRIX, parse(save))) == []
+    assert _first(MATRIX, save.replace("a LoRA model", "a QLoRA model")) == ("qlora-full-state-dict", "weak")
+    sft = (
+        "Training LoRA with TRL's SFTTrainer under FSDP2 (fully_shard): the optimizer step fails after the first "
+        "batch of the run.\n"
+    )
+    assert claims(match(MATRIX, parse(sft))) == []
+    fsdp1 = sft.replace("FSDP2 (fully_shard)", "FSDP1 (FullyShardedDataParallel)")
+    assert _first(MATRIX, fsdp1) == ("fsdp1-mp-optimizer-dtype", "weak")
+
+
 def test_a_message_wrapped_inside_a_word_fits_its_rule_as_printed():
     """A terminal wraps at its width, inside a word as often as at a space: ``... object ha`` / ``s no attribute``.
     A short message (``'Params4bit' object has no attribute 'absmax'``) is too generic to fit with its values taken
