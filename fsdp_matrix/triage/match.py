@@ -665,15 +665,24 @@ def _warning_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Con
         points -= 1
         notes.append("nothing in the paste shows a PEFT adapter")
     against = None if at else "the warning's words, but not the line Python prints for the warning"
-    error_too = sig.before and not against and fit(Signature(sig.case, sig.where, sig.rule), paste) is not None
-    if sig.before and not against and not error_too and paste.errors:
-        # the warning came, and the run then failed of something else: that error is the report's
-        against = f"the warning its error comes after, but the paste ends in another error ({paste.errors[-1].type})"
-    elif sig.before and not against and not error_too and not ctx.peft:
-        # any reentrant checkpoint whose inputs need no grad warns so (a model trained whole, a frozen tower): alone,
-        # without its error, the warning is the case's only beside a PEFT adapter
-        against = "the warning its error comes after, alone, and nothing in the paste shows a PEFT adapter"
+    if sig.before and not against:
+        against = _without_its_error(sig, paste, ctx)
     return Hit(sig, points, notes, points, evidence, against, "warning", cause=sig.before)
+
+
+def _without_its_error(sig: Signature, paste: Paste, ctx: Context) -> Optional[str]:
+    """Why the warning a rule's error comes after (``Signature.before``) names nothing in a paste without that error,
+    or None (the error is there too, or the paste shows a PEFT adapter and no other error)."""
+    if fit(Signature(sig.case, sig.where, sig.rule), paste) is not None:
+        return None
+    if paste.errors:
+        # the warning came, and the run then failed of something else: that error is the report's
+        return f"the warning its error comes after, but the paste ends in another error ({paste.errors[-1].type})"
+    if not ctx.peft:
+        # any reentrant checkpoint whose inputs need no grad warns so (a model trained whole, a frozen tower): alone,
+        # the warning is the case's only beside a PEFT adapter
+        return "the warning its error comes after, alone, and nothing in the paste shows a PEFT adapter"
+    return None
 
 
 def _places(regex: patterns.Bounded, text: str, most: int = 20) -> Iterator[int]:
