@@ -9,13 +9,14 @@ prefixes, a web page's entities and quotes).
 
 The corpus is split by thread into ``dev`` (the half triage is tuned on) and ``test`` (held out, measured once at the
 end), recorded in ``tests/fixtures/triage/split.json`` with the sha256 of each test paste
-(tests/triage/test_corpus.py checks it). Split version 4 (2026-11-28): ``dev`` is every paste of
-``tests/fixtures/triage/corpus/``, ``tests/fixtures/triage/fresh/`` and ``tests/fixtures/triage/heldout3/`` (version
-3's test half, ``heldout3/``, was measured and reported once, so it is no longer held out), ``test`` is every paste of
-``tests/fixtures/triage/heldout4/`` (pastes from threads nothing else in the repository cites, collected after that
-report and fixed before any tuning on ``heldout3/``; triage was not run on them). No thread has pastes in both halves.
-Versions 3 (``heldout3/`` the test half), 2 (the half was the folder: ``corpus/`` dev, ``fresh/`` test) and 1 (the
-parity of the sha256 of the thread's URL) are kept in split.json as history; ``Fixture.v1_half`` recomputes version 1.
+(tests/triage/test_corpus.py checks it). Split version 5 (2026-11-28): ``dev`` is every paste of
+``tests/fixtures/triage/corpus/``, ``fresh/``, ``heldout3/`` and ``heldout4/`` (versions 3's and 4's test halves were
+each measured and reported once, so they are no longer held out), ``test`` is every paste of
+``tests/fixtures/triage/heldout5/`` (pastes from threads nothing else in the repository cites, collected after version
+4's measurement; triage was not run on them before the split was fixed). No thread has pastes in both halves.
+Versions 4 (``heldout4/`` the test half), 3 (``heldout3/``), 2 (the half was the folder: ``corpus/`` dev, ``fresh/``
+test) and 1 (the parity of the sha256 of the thread's URL) are kept in split.json as history; ``Fixture.v1_half``
+recomputes version 1.
 """
 
 from __future__ import annotations
@@ -40,14 +41,19 @@ CORPUS = ROOT / "tests" / "fixtures" / "triage" / "corpus"
 FRESH = ROOT / "tests" / "fixtures" / "triage" / "fresh"
 HELDOUT3 = ROOT / "tests" / "fixtures" / "triage" / "heldout3"
 HELDOUT4 = ROOT / "tests" / "fixtures" / "triage" / "heldout4"
+HELDOUT5 = ROOT / "tests" / "fixtures" / "triage" / "heldout5"
 SPLIT = ROOT / "tests" / "fixtures" / "triage" / "split.json"
 HALVES = ("dev", "test")
-# split version 4: the half is the folder. corpus/ (version 1, both halves), fresh/ (version 2's test half) and
-# heldout3/ (version 3's test half), each measured and reported once, are dev; heldout4/ is the held-out test half,
-# fixed before any tuning on heldout3/
-FOLDERS = {"dev": (CORPUS, FRESH, HELDOUT3), "test": (HELDOUT4,)}
-SPLIT_VERSION = 4
+# split version 5: the half is the folder. corpus/ (version 1, both halves), fresh/ (version 2's test half),
+# heldout3/ and heldout4/ (versions 3's and 4's test halves), each measured and reported once, are dev; heldout5/ is
+# the held-out test half, collected after version 4's measurement
+FOLDERS = {"dev": (CORPUS, FRESH, HELDOUT3, HELDOUT4), "test": (HELDOUT5,)}
+SPLIT_VERSION = 5
 SPLIT_RULE = (
+    "half = the folder: dev = tests/fixtures/triage/corpus/, tests/fixtures/triage/fresh/, "
+    "tests/fixtures/triage/heldout3/ and tests/fixtures/triage/heldout4/, test = tests/fixtures/triage/heldout5/"
+)
+V4_RULE = (
     "half = the folder: dev = tests/fixtures/triage/corpus/, tests/fixtures/triage/fresh/ and "
     "tests/fixtures/triage/heldout3/, test = tests/fixtures/triage/heldout4/"
 )
@@ -74,9 +80,9 @@ class Fixture:
     sha256: str = ""
     """The sha256 of the whole file (header lines included), as the split records it."""
     half: str = "dev"
-    """``dev`` or ``test``: the half its folder is in (split version 4)."""
+    """``dev`` or ``test``: the half its folder is in (split version 5)."""
     folder: str = "corpus"
-    """The folder the paste is in: ``corpus``, ``fresh``, ``heldout3`` or ``heldout4``."""
+    """The folder the paste is in: ``corpus``, ``fresh``, ``heldout3``, ``heldout4`` or ``heldout5``."""
 
     @property
     def thread(self) -> str:
