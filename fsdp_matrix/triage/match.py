@@ -656,15 +656,21 @@ def _warning_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Con
     if sig.before:
         notes.append(f"the warning raised before the rule's error ({sig.rule.error.type}: {sig.rule.error.match})")
     # any of its places may be the printed line: a title that quotes the warning comes before the log that prints it
-    at = next(filter(None, (_printed_at(sig.error.type, text, start) for start in _places(regex, text))), None)
+    starts = list(_places(regex, text))
+    at = next(filter(None, (_printed_at(sig.error.type, text, start) for start in starts)), None)
+    # a title or sentence that quotes the warning after its class ("UserWarning for DPO with LoRA: None of the
+    # inputs ..."): the warning as the user saw it, without the file that raised it
+    quoted = not at and any(re.search(rf"\b{re.escape(sig.error.type)}\b[^:\n]{{0,80}}:\s*$", text[:s]) for s in starts)
     if at:
         points += 1
         evidence.append(f"printed as a {sig.error.type} by {at.group(1)}")
+    elif quoted:
+        evidence.append(f"quoted after its class ({sig.error.type}), without the file that raised it")
     points += _shown(ctx, evidence)
     if not ctx.peft and ctx.has_context:
         points -= 1
         notes.append("nothing in the paste shows a PEFT adapter")
-    against = None if at else "the warning's words, but not the line Python prints for the warning"
+    against = None if at or quoted else "the warning's words, but not the line Python prints for the warning"
     if sig.before and not against:
         against = _without_its_error(sig, paste, ctx)
     return Hit(sig, points, notes, points, evidence, against, "warning", cause=sig.before)

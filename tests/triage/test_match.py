@@ -124,10 +124,10 @@ def test_the_spent_held_out_half_holds_its_tuned_figures():
 
 
 def test_the_spent_version_4_half_holds_its_tuned_figures():
-    # heldout4/ after tuning on it (6/24 and 5/70 when it was measured once, untuned): 7/24 and 3/70, held here
+    # heldout4/ after tuning on it (6/24 and 5/70 when it was measured once, untuned): 8/24 and 3/70, held here
     named_first, covered, claimed, other, wrong = _figures(SPENT4)
     assert (covered, other) == (24, 70)
-    assert named_first >= 7 and claimed <= 3 and not wrong
+    assert named_first >= 8 and claimed <= 3 and not wrong
 
 
 def test_the_corpus_is_real_pastes_each_with_its_thread():
@@ -324,6 +324,20 @@ def test_a_warning_quoted_in_the_title_is_read_where_the_log_prints_it():
     [first, *_] = claims(match(MATRIX, parse(title + CHECKPOINT_WARNING)))
     assert first.case.id in ("gc-frozen-inputs", "ac-entries") and first.hits[0].fit == "warning"
     assert claims(match(MATRIX, parse(title))) == []  # the words alone are not the printed warning
+
+
+def test_a_warning_quoted_after_its_class_in_a_title_is_the_warning():
+    """A title "UserWarning for DPO with LoRA: None of the inputs have requires_grad=True" quotes the warning as the
+    user saw it, without the file that raised it; the words without the class stay a sentence (seen failing before
+    on a dev paste of that shape, split version 4's spent half)."""
+    title = (
+        "UserWarning when training DPO with LoRA: None of the inputs have requires_grad=True. Gradients will be None\n"
+    )
+    [first, *_] = claims(match(MATRIX, parse(title)))
+    assert first.case.id in ("gc-frozen-inputs", "ac-entries") and first.level == "weak"
+    assert any("quoted after its class" in e for e in first.hits[0].evidence)
+    sentence = title.replace("UserWarning when", "When")
+    assert claims(match(MATRIX, parse(sentence))) == []
 
 
 def test_a_dtype_mismatch_told_in_words_names_the_uniform_dtype_case_of_the_report_s_fsdp():
