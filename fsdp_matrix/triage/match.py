@@ -337,7 +337,9 @@ def _loose(regex: str, message: str) -> bool:
     for wanted in _wanted(regex):
         if len(wanted) < LOOSE_WORDS or len(wanted & have) < LOOSE_COVER * len(wanted):
             continue
-        if all(_has_alike(w, have) for w in wanted if any(c.isdigit() for c in w)):
+        # a word with a digit or an underscore (a dtype, a size, an op: ``aten.copy_``) names what failed: another one
+        # is another failure (``aten.mm`` got mixed Tensor and DTensor in a loss, not a load's copy_)
+        if all(_has_alike(w, have) for w in wanted if any(c.isdigit() or c == "_" for c in w)):
             return True
     return False
 
@@ -868,6 +870,11 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     rule_sig = seen.hits[0].signature if seen and seen.hits else _first_error(case)
     if rule_sig is None:
         return
+    hints = list(getattr(rule_sig.error, "frames", None) or [])
+    if seen and hints and not any(_hint_named(h, words) for h in hints):
+        # the rule's message is there, but not the entry that tells it from the same message elsewhere (generate()):
+        # the title's words that repeat the message are no more
+        return
     evidence = [f"words of the case's title: {', '.join(found.words)}"]
     evidence += ["its rule's message (not claimed on its own)"] if found.message else []
     evidence += ["the report makes a call of the case's title (its trigger): counted twice"] if found.called else []
@@ -941,6 +948,19 @@ def _contradicted(case: Case, text: str) -> Optional[str]:
     if title_two and not title_one and one and not two:
         return "the case is FSDP2's, and the report runs FSDP1"
     return None
+
+
+HINT_WORDS = {"generate": re.compile(r"generat|\bgrpo|\bppo\b|\brloo\b|online[ _-]?dpo", re.IGNORECASE)}
+"""What a report says for a rule's frame hint besides its name: TRL's online trainers (GRPO, PPO, RLOO, online DPO)
+call ``generate()`` on the trained model every step."""
+
+
+def _hint_named(hint: str, words: str) -> bool:
+    """Whether a report's words name a rule's frame hint (a function, or a module's last part), or an entry that
+    runs it (``HINT_WORDS``)."""
+    name = hint.rsplit(".", 1)[-1]
+    alias = HINT_WORDS.get(name)
+    return bool(re.search(rf"\b{re.escape(name)}", words, re.IGNORECASE) or (alias and alias.search(words)))
 
 
 def _one_failure(matrix: Matrix) -> Callable[[str, str], bool]:

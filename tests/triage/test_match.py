@@ -66,8 +66,6 @@ MISSES = {
     " names 8-bit",
     "lorascripts482_flux_gc_title.txt": "another failure: a CJK title quoting torch's requires-grad message, too"
     " short a report to rule out FSDP, claimed weak",
-    "torchtunepr2900_linear_ce_mixed_dtensor_prose.txt": "another failure: torchtune's LoRA recipe in prose with"
-    " the mixed Tensor/DTensor message (loose), no torchtune frame or word, claimed weak",
 }
 
 
@@ -117,17 +115,17 @@ def test_the_dev_half_holds_its_figures():
 
 
 def test_the_spent_held_out_half_holds_its_tuned_figures():
-    # heldout3/ after tuning on it (5/16 and 5/50 when it was measured once, untuned): 14/16 and 2/50, held here
+    # heldout3/ after tuning on it (5/16 and 5/50 when it was measured once, untuned): 14/16 and 1/50, held here
     named_first, covered, claimed, other, wrong = _figures(SPENT)
     assert (covered, other) == (16, 50)
-    assert named_first >= 14 and claimed <= 2 and not wrong
+    assert named_first >= 14 and claimed <= 1 and not wrong
 
 
 def test_the_spent_version_4_half_holds_its_tuned_figures():
-    # heldout4/ after tuning on it (6/24 and 5/70 when it was measured once, untuned): 8/24 and 3/70, held here
+    # heldout4/ after tuning on it (6/24 and 5/70 when it was measured once, untuned): 8/24 and 2/70, held here
     named_first, covered, claimed, other, wrong = _figures(SPENT4)
     assert (covered, other) == (24, 70)
-    assert named_first >= 8 and claimed <= 3 and not wrong
+    assert named_first >= 8 and claimed <= 2 and not wrong
 
 
 def test_the_corpus_is_real_pastes_each_with_its_thread():
@@ -338,6 +336,20 @@ def test_a_warning_quoted_after_its_class_in_a_title_is_the_warning():
     assert any("quoted after its class" in e for e in first.hits[0].evidence)
     sentence = title.replace("UserWarning when", "When")
     assert claims(match(MATRIX, parse(sentence))) == []
+
+
+def test_another_op_s_mixed_tensor_message_is_not_the_rule_s_and_words_need_the_rule_s_entry():
+    """``aten.mm`` got mixed Tensor and DTensor in a loss fit ``aten.copy_``'s rule loosely (one word short), and the
+    message's own words in a title named generate-fsdp2, whose rule needs ``generate()`` (seen failing before: two
+    dev pastes, a torchtune PR and a TRL PR, each about a loss under FSDP2 + LoRA)."""
+    said = (
+        "Chunked loss under FSDP2 + LoRA fails with mixed Tensor and DTensor\n\n"
+        "RuntimeError: aten.mm.default got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to "
+        "DTensor before calling distributed operators!\n"
+    )
+    assert claims(match(MATRIX, parse(said))) == []
+    grpo = said.replace("Chunked loss under", "GRPO under")
+    assert _first(MATRIX, grpo)[0] == "generate-fsdp2"
 
 
 def test_a_dtype_mismatch_told_in_words_names_the_uniform_dtype_case_of_the_report_s_fsdp():
