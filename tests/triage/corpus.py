@@ -9,14 +9,14 @@ prefixes, a web page's entities and quotes).
 
 The corpus is split by thread into ``dev`` (the half triage is tuned on) and ``test`` (held out, measured once at the
 end), recorded in ``tests/fixtures/triage/split.json`` with the sha256 of each test paste
-(tests/triage/test_corpus.py checks it). Split version 5 (2026-11-28): ``dev`` is every paste of
-``tests/fixtures/triage/corpus/``, ``fresh/``, ``heldout3/`` and ``heldout4/`` (versions 3's and 4's test halves were
-each measured and reported once, so they are no longer held out), ``test`` is every paste of
-``tests/fixtures/triage/heldout5/`` (pastes from threads nothing else in the repository cites, collected after version
-4's measurement; triage was not run on them before the split was fixed). No thread has pastes in both halves.
-Versions 4 (``heldout4/`` the test half), 3 (``heldout3/``), 2 (the half was the folder: ``corpus/`` dev, ``fresh/``
-test) and 1 (the parity of the sha256 of the thread's URL) are kept in split.json as history; ``Fixture.v1_half``
-recomputes version 1.
+(tests/triage/test_corpus.py checks it). Split version 6 (2026-11-28): ``dev`` is every paste of
+``tests/fixtures/triage/corpus/``, ``fresh/``, ``heldout3/``, ``heldout4/`` and ``heldout5/`` (versions 3's to 5's test
+halves were each measured and reported once, so they are no longer held out), ``test`` is every paste of
+``tests/fixtures/triage/heldout6/`` (pastes from threads nothing else in the repository cites, collected after version
+5's measurement; triage was not run on them before the split was fixed). No thread has pastes in both halves.
+Versions 5 to 3 (``heldout5/`` to ``heldout3/`` the test halves), 2 (the half was the folder: ``corpus/`` dev,
+``fresh/`` test) and 1 (the parity of the sha256 of the thread's URL) are kept in split.json as history;
+``Fixture.v1_half`` recomputes version 1.
 """
 
 from __future__ import annotations
@@ -42,14 +42,20 @@ FRESH = ROOT / "tests" / "fixtures" / "triage" / "fresh"
 HELDOUT3 = ROOT / "tests" / "fixtures" / "triage" / "heldout3"
 HELDOUT4 = ROOT / "tests" / "fixtures" / "triage" / "heldout4"
 HELDOUT5 = ROOT / "tests" / "fixtures" / "triage" / "heldout5"
+HELDOUT6 = ROOT / "tests" / "fixtures" / "triage" / "heldout6"
 SPLIT = ROOT / "tests" / "fixtures" / "triage" / "split.json"
 HALVES = ("dev", "test")
-# split version 5: the half is the folder. corpus/ (version 1, both halves), fresh/ (version 2's test half),
-# heldout3/ and heldout4/ (versions 3's and 4's test halves), each measured and reported once, are dev; heldout5/ is
-# the held-out test half, collected after version 4's measurement
-FOLDERS = {"dev": (CORPUS, FRESH, HELDOUT3, HELDOUT4), "test": (HELDOUT5,)}
-SPLIT_VERSION = 5
+# split version 6: the half is the folder. corpus/ (version 1, both halves), fresh/ (version 2's test half),
+# heldout3/, heldout4/ and heldout5/ (versions 3's to 5's test halves), each measured and reported once, are dev;
+# heldout6/ is the held-out test half, collected after version 5's measurement
+FOLDERS = {"dev": (CORPUS, FRESH, HELDOUT3, HELDOUT4, HELDOUT5), "test": (HELDOUT6,)}
+SPLIT_VERSION = 6
 SPLIT_RULE = (
+    "half = the folder: dev = tests/fixtures/triage/corpus/, tests/fixtures/triage/fresh/, "
+    "tests/fixtures/triage/heldout3/, tests/fixtures/triage/heldout4/ and tests/fixtures/triage/heldout5/, "
+    "test = tests/fixtures/triage/heldout6/"
+)
+V5_RULE = (
     "half = the folder: dev = tests/fixtures/triage/corpus/, tests/fixtures/triage/fresh/, "
     "tests/fixtures/triage/heldout3/ and tests/fixtures/triage/heldout4/, test = tests/fixtures/triage/heldout5/"
 )
@@ -80,9 +86,9 @@ class Fixture:
     sha256: str = ""
     """The sha256 of the whole file (header lines included), as the split records it."""
     half: str = "dev"
-    """``dev`` or ``test``: the half its folder is in (split version 5)."""
+    """``dev`` or ``test``: the half its folder is in (split version 6)."""
     folder: str = "corpus"
-    """The folder the paste is in: ``corpus``, ``fresh``, ``heldout3``, ``heldout4`` or ``heldout5``."""
+    """The folder the paste is in: ``corpus``, ``fresh`` or ``heldout3`` to ``heldout6``."""
 
     @property
     def thread(self) -> str:
