@@ -197,17 +197,18 @@ def named(
 
 
 DTYPE_MISMATCH = re.compile(
-    r"\b(?:d?types?|precision)\s+(?:mismatch|error|conflict)"
-    r"|\bmismatch(?:ed|es)?\s+(?:between\s+|of\s+|in\s+)?(?:the\s+)?(?:d?types?|precision)"
+    r"\b(?:dtypes?|data\s?types?|precision)\s+(?:mismatch|error|conflict)"
+    r"|\bmismatch(?:ed|es)?\s+(?:between\s+|of\s+|in\s+)?(?:the\s+)?(?:dtypes?|data\s?types?|precision)"
     r"|\bmixed[- ]precision\s+(?:error|issue|problem|bug)"
-    r"|\b(?:different|mixed|two|multiple|non-?uniform|inconsistent)\s+(?:param(?:eter)?\s+)?d?types\b"
-    r"|\buniform\s+d?type",
+    r"|\b(?:different|mixed|two|multiple|non-?uniform|inconsistent)\s+(?:param(?:eter)?\s+)?(?:dtypes|data\s?types)\b"
+    r"|\buniform\s+(?:dtype|data\s?type)",
     re.IGNORECASE,
 )
 """A dtype mismatch told in words, without its message: "mixed precision error", "dtype mismatch between bfloat16
 (LoRA adapters) and uint8", "parameters of different dtypes". Not "the same dtype": a matmul's message says it too
-(``mat1 and mat2 must have the same dtype``), which is another failure."""
-FSDP2_WORDS = re.compile(r"fully_shard|\bfsdp2\b|FSDPModule|fsdp_version[\s:=\"']*2", re.IGNORECASE)
+(``mat1 and mat2 must have the same dtype``), which is another failure; and a dtype, not any "type" ("different
+types" of layers)."""
+FSDP2_WORDS = re.compile(r"fully_shard|\bfsdp[ _-]?v?2\b|FSDPModule|fsdp_version[\s:=\"']*2", re.IGNORECASE)
 """What says a report runs FSDP2, not FSDP1: the uniform-dtype check is each one's own."""
 
 

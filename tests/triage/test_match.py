@@ -379,6 +379,10 @@ def test_a_dtype_mismatch_told_in_words_names_the_uniform_dtype_case_of_the_repo
     )
     assert claims(match(MATRIX, parse(fsdp1.replace("LoRA ", "full ").replace(" LoRA", " new")))) == []
     assert claims(match(MATRIX, parse(fsdp1.replace("with FSDP", "with DDP")))) == []
+    # a "type" that is not a dtype is no mismatch of dtypes (seen failing before: a wrap-policy PR's "different types"
+    # of layers, split version 6's spent half)
+    layers = "PEFT's FSDP auto wrap policy with LoRA cannot wrap two different types of decoder layers at once.\n"
+    assert claims(match(MATRIX, parse(layers))) == []
     # with an exception line, the message decides (a described mismatch beside another error names nothing)
     assert claims(match(MATRIX, parse(fsdp1 + "OSError: [Errno 28] No space left on device\n"))) == []
 
@@ -398,6 +402,7 @@ def test_words_of_a_case_on_another_stack_do_not_name_it():
         "batch of the run.\n"
     )
     assert claims(match(MATRIX, parse(sft))) == []
+    assert claims(match(MATRIX, parse(sft.replace("FSDP2 (fully_shard)", "FSDPv2")))) == []  # as the Trainer says it
     fsdp1 = sft.replace("FSDP2 (fully_shard)", "FSDP1 (FullyShardedDataParallel)")
     assert _first(MATRIX, fsdp1) == ("fsdp1-mp-optimizer-dtype", "weak")
 
