@@ -1,7 +1,7 @@
 """``tests/triage/formats.py``: the formats the corpus tool measures (``--formats``), each on three traceback fixtures
 of tests/fixtures/triage/ (the records' and the threads' own, not the corpus): the claim a paste gets as pasted, it
 keeps in each format (wrapped, rich, log prefixes, a web page's entities). The dev half's figures per format are in
-docs/pages/triage.md."""
+docs/pages/triage-measured.md."""
 
 from pathlib import Path
 
