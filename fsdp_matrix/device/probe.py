@@ -92,9 +92,16 @@ def _rank_main(part: str, device_name: str, out: Path) -> int:
     os._exit(0)  # a failed NCCL communicator can hang the process group's teardown
 
 
+TERM_GRACE_S = 10.0
+"""How long a cut group has to end after SIGTERM (torchrun passes it to its ranks) before it is SIGKILLed."""
+KILL_GRACE_S = 5.0
+"""How long a SIGKILLed group may take to be gone."""
+
+
 def run_group(argv: List[str], seconds: float, env: Optional[Dict[str, str]] = None, **kw: Any) -> Optional[int]:
     """Run ``argv`` in a process group of its own; at ``seconds`` SIGTERM the whole group (torchrun and its ranks
-    too), SIGKILL it 10 s later. The exit code, or None when it was cut."""
+    too), SIGKILL what is left of it ``TERM_GRACE_S`` later. The exit code, or None when it was cut (and none of the
+    group is left)."""
     import signal
 
     proc = subprocess.Popen(argv, env=env, start_new_session=True, **kw)
@@ -102,16 +109,37 @@ def run_group(argv: List[str], seconds: float, env: Optional[Dict[str, str]] = N
         proc.communicate(timeout=max(1.0, seconds))
         return proc.returncode
     except subprocess.TimeoutExpired:
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        for sig, wait in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
             try:
                 os.killpg(proc.pid, sig)
-                proc.wait(timeout=wait)
-                break
             except ProcessLookupError:
                 break
-            except subprocess.TimeoutExpired:
-                continue
+            # the leader may end before the rest of its group has run its signal (a rank, a child of bash): the
+            # group is cut when none of it is left, not when the leader is
+            if _group_gone(proc, time.monotonic() + wait):
+                break
         return None
+
+
+def _group_gone(proc: subprocess.Popen[Any], deadline: float) -> bool:
+    """Whether the leader ``proc`` has ended and no live process of its group is left, by ``deadline``. A zombie
+    counts as gone: an orphan is reaped by whoever adopts it, which in a container may be nobody."""
+    import psutil
+
+    while time.monotonic() < deadline:
+        proc.poll()
+        if not any(_in_group(p, proc.pid) for p in psutil.process_iter(["status"])):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _in_group(process: Any, pgid: int) -> bool:
+    """Whether psutil's ``process`` is a live (not zombie) member of the process group ``pgid``."""
+    try:
+        return process.info["status"] != "zombie" and os.getpgid(process.pid) == pgid
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def run_part(part: str, device_name: str, scratch: Path) -> Dict[str, Any]:
