@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from fsdp_matrix.cells import expand_case, unmet_requirement
 from fsdp_matrix.expectations import Expected, expected_for
@@ -25,6 +25,8 @@ POISON = "raise ImportError('the exported script imported fsdp_matrix')\n"
 _ERROR = re.compile(
     r"rank \d+: (?P<type>[\w.]+): (?P<message>.*?) \(raised in (?P<where>[\w.<>]+)\)(?:; rank \d+: |$)", re.S
 )
+_WARNED = re.compile(r"^(?:\[rank\d+\]:\s*)?\S+\.py:\d+: (?P<category>\w+): (?P<message>.+)$", re.M)
+"""A warning as Python prints it on a rank's stderr: ``path.py:LINE: Category: message``."""
 
 
 @dataclass
@@ -47,22 +49,32 @@ class Alone:
         return tail.strip() if sep else ""
 
     def judge(self, expected: Expected) -> Judgement:
-        """The verdict of this run, as the matrix would give it for the same observation."""
-        return judge_outcome(self.outcome, expected, self.output[-300:])
+        """The verdict of this run, as the matrix would give it for the same observation (the warnings the ranks
+        printed included: an error rule may name the warning its run raises first)."""
+        return judge_outcome(self.outcome, expected, self.output[-300:], printed_warnings(self.output))
 
 
-def judge_outcome(outcome: str, expected: Expected, tail: str = "") -> Judgement:
+def printed_warnings(output: str) -> List[Dict[str, str]]:
+    """The warnings a run printed, as RankResult.warnings records them (``category``, ``message``)."""
+    return [{"category": m["category"], "message": m["message"]} for m in _WARNED.finditer(output)]
+
+
+def judge_outcome(
+    outcome: str, expected: Expected, tail: str = "", warnings: Sequence[Mapping[str, str]] = ()
+) -> Judgement:
     """The verdict of rank 0's outcome line (what follows ``===== outcome:``), as the matrix would give it for the
-    same observation; ``tail``: what the run printed last, for a run that never got to its outcome."""
+    same observation; ``tail``: what the run printed last, for a run that never got to its outcome; ``warnings``: what
+    its ranks printed (``printed_warnings``)."""
     outcome = outcome.strip().removeprefix("===== outcome:").strip()
     if not outcome:
         return judge(expected, "crash", message=tail)
     if outcome.startswith("every rank trained"):
-        return judge(expected, "ok")
+        return judge(expected, "ok", warnings=warnings)
     m = _ERROR.match(outcome)
     if m is None:
         return judge(expected, "crash", message=outcome)
-    return judge(expected, "error", m["type"], m["message"], _harness_location(m["where"], expected))
+    where = _harness_location(m["where"], expected)
+    return judge(expected, "error", m["type"], m["message"], where, warnings=warnings)
 
 
 SCRIPT_MODULES = ("__main__.",)
