@@ -657,9 +657,8 @@ def _warning_fit(sig: Signature, regex: patterns.Bounded, paste: Paste, ctx: Con
     points, evidence, notes = POINTS["exact"], [f"warning: {sig.error.match}"], []
     if sig.before:
         notes.append(f"the warning raised before the rule's error ({sig.rule.error.type}: {sig.rule.error.match})")
-    # any of its places may be the printed line: a title that quotes the warning comes before the log that prints it
     starts = list(_places(regex, text))
-    at = next(filter(None, (_printed_at(sig.error.type, text, start) for start in starts)), None)
+    at = _printed(sig.error.type, text, starts)
     # a title or sentence that quotes the warning after its class ("UserWarning for DPO with LoRA: None of the
     # inputs ..."): the warning as the user saw it, without the file that raised it
     quoted = not at and any(re.search(rf"\b{re.escape(sig.error.type)}\b[^:\n]{{0,80}}:\s*$", text[:s]) for s in starts)
@@ -704,6 +703,12 @@ def _places(regex: patterns.Bounded, text: str, most: int = 20) -> Iterator[int]
         offset += max(found.end(), 1)
 
 
+def _printed(category: str, text: str, starts: Iterable[int]) -> Optional[re.Match]:
+    """The printed ``path.py:LINE: Category:`` before the first of the warning's places (``starts``) that has one:
+    any of them may be the printed line, as a title that quotes the warning comes before the log that prints it."""
+    return next(filter(None, (_printed_at(category, text, start) for start in starts)), None)
+
+
 def _printed_at(category: str, text: str, start: int) -> Optional[re.Match]:
     """The ``path.py:LINE: Category:`` that Python's ``warnings`` prints before a warning's message found at
     ``start`` of ``text``; the message may name the module first (``transformer.h.1 has both parameters ...``)."""
@@ -717,8 +722,7 @@ def _warned_before(sig: Signature, paste: Paste) -> Optional[str]:
     if sig.before or warning is None:
         return None
     text = _plain(paste.text)
-    places = _places(patterns.Bounded(_pattern(warning.match)), text)
-    if not any(_printed_at(warning.type, text, start) for start in places):
+    if not _printed(warning.type, text, _places(patterns.Bounded(_pattern(warning.match)), text)):
         return None
     return f"after the {warning.type} its run raises first: {warning.match}"
 
