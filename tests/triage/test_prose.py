@@ -106,6 +106,20 @@ def test_a_case_whose_title_names_no_fsdp_is_named_by_words_without_fsdp():
     )
 
 
+def test_a_case_whose_title_names_no_fsdp_is_named_by_words_under_another_stack():
+    """gc-frozen-inputs' message is claimed under DeepSpeed when an adapter shows; its words were not (any other stack
+    stopped every claim from words), though users report it from DeepSpeed runs."""
+    text = (
+        "DeepSpeed ZeRO-3 run: with gradient checkpointing on, the LoRA model from get_peft_model trains nothing.\n"
+        "Calling model.enable_input_require_grads() before get_peft_model fixed it.\n"
+    )
+    assert _first(text) == ("gc-frozen-inputs", "weak")
+    # a case whose failure is FSDP's (its title says so) is still not named from words of another stack's report
+    sharded = "DeepSpeed ZeRO-3 run: LoRA with modules_to_save=['lm_head'], a trainable copy of the head\n"
+    assert _first(sharded) == (None, None)
+    assert _first(sharded.replace("DeepSpeed ZeRO-3", "FSDP")) == ("modules-to-save", "weak")
+
+
 def test_two_cases_of_one_failure_named_alike_name_the_first_with_the_other_tied():
     """gc-frozen-inputs and ac-entries expect one error (no-grad-fn): words naming both alike named neither."""
     text = "Turned on grad checkpointing after get_peft_model: the LoRA model trains nothing\n"
