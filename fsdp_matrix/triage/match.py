@@ -863,7 +863,10 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     named_kinds = adapters_named(words)
     cases = [c for c in matrix.cases if not named_kinds or named_kinds & _adapters_of(c)]
     cases = [c for c in cases if not _contradicted(c, paste.text)]
-    found = prose.named([(c.id, _words_of(c)) for c in cases], words, messages, _one_failure(matrix))
+    settings = _failure_settings(matrix)
+    found = prose.named(
+        [(c.id, f"{_words_of(c)} ; {settings[c.id]}") for c in cases], words, messages, _one_failure(matrix)
+    )
     if found is None or ((paste.errors or _INLINE_ERROR.search(words)) and not found.message):
         return  # an exception (a line, or named in a sentence) that fits none of the case's rules is another error
     case = next(c for c in matrix.cases if c.id == found.case)
@@ -882,7 +885,7 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
         # the rule's message is there, but not the entry that tells it from the same message elsewhere (generate()):
         # the title's words that repeat the message are no more
         return
-    evidence = [f"words of the case's title: {', '.join(found.words)}"]
+    evidence = [f"words of the case's title and its failure's settings: {', '.join(found.words)}"]
     evidence += ["its rule's message (not claimed on its own)"] if found.message else []
     evidence += ["the report makes a call of the case's title (its trigger): counted twice"] if found.called else []
     evidence += [f"FSDP: {ctx.fsdp[0]}"] if ctx.fsdp else []
@@ -1039,6 +1042,46 @@ def _words_of(case: Case) -> str:
     "an assertion error" where a traceback says ``AssertionError: ...``)."""
     classes = sorted({str(r.error.type).rsplit(".", 1)[-1] for r in case.expect if r.error is not None})
     return " ".join([case.title] + classes)
+
+
+FAILURE_AXIS_CASES = 2
+"""An axis that at most this many cases' failing rules turn on tells those cases apart (``storage``: mixed-dtype's
+and fsdp2-qlora-accelerate's 4-bit storage); one that many turn on (``wrap``, ``orig``: 17 and 9 cases) is setup
+every FSDP case shares."""
+_SETTINGS: Dict[int, Tuple[Matrix, Dict[str, str]]] = {}
+
+
+def _failing_axes(case: Case) -> FrozenSet[str]:
+    """The axes the case's failing rules (an error, a hang, a warning) turn on: the keys of their ``when``."""
+    axes: set = set()
+    for rule in case.expect:
+        if rule.error or rule.errors or rule.hang or rule.warning:
+            for when in rule.when if isinstance(rule.when, list) else [rule.when]:
+                axes |= set(when or {})
+    return frozenset(axes)
+
+
+def _failure_settings(matrix: Matrix) -> Dict[str, str]:
+    """Case id -> the settings its failure turns on, as words a report may name it by: for each axis its failing
+    rules turn on that few cases' do (``FAILURE_AXIS_CASES``), the setting the axis's meaning names
+    (``prose.setting_names``: ``storage`` is bitsandbytes' ``quant_storage``). A report of the fix names that setting
+    ("add bnb_4bit_quant_storage for FSDP + QLoRA") where it names no word of the case's title. Read once per matrix."""
+    known = _SETTINGS.get(id(matrix))
+    if known is not None and known[0] is matrix:
+        return known[1]
+    failing = {case.id: _failing_axes(case) for case in matrix.cases}
+    counts: Dict[str, int] = {}
+    for axes in failing.values():
+        for name in axes:
+            counts[name] = counts.get(name, 0) + 1
+    out = {}
+    for case in matrix.cases:
+        # a case's own axis (case.axes) is its own vocabulary; the built-in ones (device, world_size) mean nothing
+        declared = [case.axes.get(name) or matrix.axes.get(name) for name in sorted(failing[case.id])]
+        rare = [a for name, a in zip(sorted(failing[case.id]), declared) if a and counts[name] <= FAILURE_AXIS_CASES]
+        out[case.id] = " ".join(sorted(set().union(*(prose.setting_names(a.meaning) for a in rare))))
+    _SETTINGS[id(matrix)] = (matrix, out)
+    return out
 
 
 def _first_error(case: Case) -> Optional[Signature]:

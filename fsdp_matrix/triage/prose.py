@@ -64,6 +64,15 @@ def terms(title: str) -> FrozenSet[str]:
     return frozenset(t.strip(".").lower() for t in _TERM.findall(normalise.dtypes(title))) - STOP
 
 
+def setting_names(meaning: str) -> FrozenSet[str]:
+    """The settings an axis's ``meaning`` names as what the axis is: the snake_case names of its head (before the
+    list of its values, ``: `` or `` (``), lower-cased; ``bitsandbytes 4-bit quant_storage dtype``), not the call or
+    object a setting belongs to (``get_peft_model's autocast_adapter_dtype``: its owner, which many cases share)."""
+    head = re.split(r": | \(", meaning, maxsplit=1)[0]
+    head = re.sub(r"\S+'s?(?=\s)", " ", head)
+    return frozenset(t for t in terms(head) if "_" in t and not t.endswith("()"))
+
+
 _SYNONYMS = (
     (re.compile(r"\bgrad(?:ient)?[\s_-]*checkpoint", re.IGNORECASE), "gradient checkpoint"),
     (re.compile(r"\brequires?[\s_-]*grads?\b", re.IGNORECASE), "require grad"),

@@ -4,6 +4,8 @@ every other and no exception line of the paste is another error. Synthetic repor
 from pathlib import Path
 
 from fsdp_matrix.matrix import load_matrix
+from fsdp_matrix.triage import match as match_module
+from fsdp_matrix.triage import prose
 from fsdp_matrix.triage.match import claims, match
 from fsdp_matrix.triage.parse import parse
 from fsdp_matrix.triage.prose import held, named, phrases, terms
@@ -118,6 +120,23 @@ def test_a_case_whose_title_names_no_fsdp_is_named_by_words_under_another_stack(
     sharded = "DeepSpeed ZeRO-3 run: LoRA with modules_to_save=['lm_head'], a trainable copy of the head\n"
     assert _first(sharded) == (None, None)
     assert _first(sharded.replace("DeepSpeed ZeRO-3", "FSDP")) == ("modules-to-save", "weak")
+
+
+def test_an_axis_meaning_names_its_own_setting_not_the_call_it_belongs_to():
+    meaning = "get_peft_model's autocast_adapter_dtype (1 = adapters upcast to fp32, 0 = kept in the base dtype)"
+    assert prose.setting_names(meaning) == {"autocast_adapter_dtype"}
+    # the values' list after the head explains each value: its names are not the axis's setting
+    meaning = "bitsandbytes 4-bit quant_storage dtype: uint8 (the default) or bf16 (prepare_model_for_kbit_training)"
+    assert prose.setting_names(meaning) == {"quant_storage"}
+
+
+def test_a_setting_a_case_s_failure_turns_on_is_a_word_of_the_case():
+    """mixed-dtype's rules fail on the 4-bit storage (its ``storage`` axis, which one other case's rules turn on):
+    reports of FSDP + QLoRA that name the quant_storage setting named no case (qlora is five cases' word)."""
+    text = "Initial FSDP support for QLoRA: adds a selectable `quant_storage` option, as FSDP shards floats only.\n"
+    assert _first(text) == ("mixed-dtype", "weak")
+    # an axis that many cases' failing rules turn on (wrap, orig) is setup they share, not a word of one of them
+    assert "use_orig_params" not in match_module._failure_settings(MATRIX)["lora-requires-grad"]
 
 
 def test_two_cases_of_one_failure_named_alike_name_the_first_with_the_other_tied():
