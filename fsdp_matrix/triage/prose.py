@@ -151,6 +151,10 @@ the report says."""
 
 def _holds(text: str, term: str) -> bool:
     word = _CLASS_SUFFIX.sub(r"[\\s_-]?\1", re.escape(term.rstrip("()")))
+    if "_" in term and not term.endswith("()"):
+        # a library spells a setting with its own prefix or suffix (transformers' bnb_4bit_quant_storage,
+        # accelerate's fsdp_use_orig_params): whole parts of one identifier, never a part of a word
+        word = rf"(?:[A-Za-z0-9]+_)*{word}(?:_[A-Za-z0-9]+)*"
     return bool(re.search(rf"(?<![A-Za-z0-9_]){word}(?![A-Za-z0-9_])", text, re.IGNORECASE))
 
 

@@ -139,6 +139,17 @@ def test_a_setting_a_case_s_failure_turns_on_is_a_word_of_the_case():
     assert "use_orig_params" not in match_module._failure_settings(MATRIX)["lora-requires-grad"]
 
 
+def test_a_setting_is_held_inside_a_longer_identifier_that_spells_it():
+    """A library spells a setting with its own prefix or suffix (transformers' ``bnb_4bit_quant_storage``, accelerate's
+    ``fsdp_use_orig_params``): the setting was held only as a whole word."""
+    titles = [("a", "x: quant_storage"), ("b", "y: use_orig_params")]
+    assert held(titles, "add bnb_4bit_quant_storage to the config") == {"a": ("quant_storage",)}
+    assert held(titles, "fsdp_use_orig_params: false") == {"b": ("use_orig_params",)}
+    assert held(titles, "requant_storage or quant_storaged") == {}  # inside a word is not the setting
+    text = "fix fsdp & qlora support\n\nadd fsdp_qlora config and bnb_4bit_quant_storage\n"
+    assert _first(text) == ("mixed-dtype", "weak")
+
+
 def test_two_cases_of_one_failure_named_alike_name_the_first_with_the_other_tied():
     """gc-frozen-inputs and ac-entries expect one error (no-grad-fn): words naming both alike named neither."""
     text = "Turned on grad checkpointing after get_peft_model: the LoRA model trains nothing\n"
