@@ -67,6 +67,9 @@ _FULL_FINETUNE = re.compile(
     r"|\bOSFT\b",
     re.IGNORECASE,
 )
+_GATHERED = re.compile(r"(?:summon\w*|gather\w*|unshard\w*)[\s_]+(?:the\s+)?$", re.IGNORECASE)
+"""What FSDP does to reach a shard's whole tensors (``summon_full_params``, which matrix.yaml's merge gathers with;
+FSDP2's ``unshard()``; "gather full parameters"): the full parameters after it are gathered, not all trained."""
 _LAYER_CLS_CONFIG = re.compile(r"transformer_layer_cls_to_wrap|FSDP_TRANSFORMER_CLS_TO_WRAP", re.IGNORECASE)
 
 CONTEXT_WORDS = (
@@ -149,7 +152,10 @@ def _read_context(text: str, frames: Tuple[Frame, ...], errors: Tuple[PastedErro
     for name, pattern, reason in ELSEWHERE:
         if _affirmed(pattern, paste.text) or pattern.search(paths):
             ctx.elsewhere.append((name, reason))
-    ctx.full_finetune = bool(_FULL_FINETUNE.search(paste.text))
+    ctx.full_finetune = any(
+        not _GATHERED.search(paste.text[max(0, m.start() - 30) : m.start()])
+        for m in _FULL_FINETUNE.finditer(paste.text)
+    )
     ctx.layer_cls_config = bool(_LAYER_CLS_CONFIG.search(paste.text))
     lowered = paste.text.lower()
     ctx.words = [w for w in CONTEXT_WORDS if w.lower() in lowered]

@@ -96,6 +96,10 @@ def test_an_exact_message_whose_traceback_runs_in_another_sharding_library_is_no
         # an API's name that holds the words is not the run's setting (FSDP1's summon_full_params)
         ("the fix calls FullyShardedDataParallel.summon_full_params() around the weight access\n", False),
         ("state_dict_type: FULL_STATE_DICT with fully_shard\n", False),
+        # FSDP gathering the full parameters of its shards (summon, gather, unshard) is not training them all
+        ("Uses FSDP.summon_full_params() to gather full parameters when needed\n", False),
+        ("adds some basic fixes such as summoning full params before merging the lora adapters\n", False),
+        ("we unshard the full parameters, then full parameter fine-tuning follows\n", True),
     ],
 )
 def test_full_fine_tuning_is_read_from_words_not_from_an_api_name(text, full):

@@ -126,11 +126,11 @@ def test_the_spent_held_out_half_holds_its_tuned_figures():
 
 
 def test_the_spent_version_4_half_holds_its_tuned_figures():
-    # heldout4/ after tuning on it (6/24 and 5/70 when it was measured once, untuned): 8/24 and 2/70, then 11/24 and
+    # heldout4/ after tuning on it (6/24 and 5/70 when it was measured once, untuned): 8/24 and 2/70, then 12/24 and
     # 2/70 after the eighth round (dev), held here
     named_first, covered, claimed, other, wrong = _figures(SPENT4)
     assert (covered, other) == (24, 70)
-    assert named_first >= 11 and claimed <= 2 and not wrong
+    assert named_first >= 12 and claimed <= 2 and not wrong
 
 
 def test_the_spent_version_5_half_holds_its_measured_figures():

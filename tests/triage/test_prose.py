@@ -150,6 +150,15 @@ def test_a_setting_is_held_inside_a_longer_identifier_that_spells_it():
     assert _first(text) == ("mixed-dtype", "weak")
 
 
+def test_a_fix_that_gathers_full_parameters_is_not_a_full_fine_tune():
+    """'gather full parameters' read as full fine-tuning, which stops every claim from words."""
+    text = (
+        "Handle FSDP-sharded parameters in LoRA ParamWrapper: with MoE layers via target_parameters the reshape fails;"
+        " the fix uses FSDP.summon_full_params() to gather full parameters when needed\n"
+    )
+    assert _first(text) == ("moe-target-parameters", "weak")
+
+
 def test_two_cases_of_one_failure_named_alike_name_the_first_with_the_other_tied():
     """gc-frozen-inputs and ac-entries expect one error (no-grad-fn): words naming both alike named neither."""
     text = "Turned on grad checkpointing after get_peft_model: the LoRA model trains nothing\n"
