@@ -852,9 +852,9 @@ def prose_words(paste: Paste) -> int:
 
 
 def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, CaseMatch]) -> None:
-    """A weak claim from the report's words (``prose``) when nothing else is claimed: the paste shows FSDP and a
-    PEFT adapter and no other stack (unless the case's title names no FSDP), and an exception line it has fits one of
-    the named case's rules."""
+    """A weak claim from the report's words (``prose``) when nothing else is claimed: the paste shows a PEFT adapter,
+    and FSDP (another stack beside it or not) unless the case's title names no FSDP, and an exception line it has fits
+    one of the named case's rules."""
     if any(m.level for m in by_case.values()) or not ctx.peft or ctx.full_finetune:
         return
     messages = frozenset(case for case, m in by_case.items() if m.hits)
@@ -870,9 +870,10 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     if found is None or ((paste.errors or _INLINE_ERROR.search(words)) and not found.message):
         return  # an exception (a line, or named in a sentence) that fits none of the case's rules is another error
     case = next(c for c in matrix.cases if c.id == found.case)
-    if (ctx.elsewhere or not ctx.fsdp) and FSDP_TITLE.search(case.title):
-        # the case's failure is FSDP's (its title says so), and the report shows no FSDP or another stack; one whose
-        # title names none (reentrant checkpointing after PEFT) is named under DeepSpeed too, as its message is
+    if not ctx.fsdp and FSDP_TITLE.search(case.title):
+        # the case's failure is FSDP's (its title says so), and the report shows no FSDP, only another stack or none;
+        # one whose title names none (reentrant checkpointing after PEFT) is named under DeepSpeed too, as its
+        # message is; a report of both stacks (a PR adding QLoRA to each) is FSDP's too
         return
     seen = by_case.get(case.id)
     if seen and any(h.against and not h.against.startswith(GENERIC_AGAINST) for h in seen.hits):
@@ -893,7 +894,7 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     notes = ["named from the report's words, not from a message that fits: weak evidence at most"]
     notes += [f"{', '.join(found.tied)} named by as many words, with the same error: one failure"] if found.tied else []
     if ctx.elsewhere:
-        notes.append(f"the report shows another stack ({ctx.elsewhere[0][1]}): the case's title names no FSDP")
+        notes.append(f"the report shows another stack too ({ctx.elsewhere[0][1]})")
     hit = Hit(rule_sig, LEVELS[2][1], notes, LEVELS[2][1], evidence, None, "words")
     by_case.setdefault(case.id, CaseMatch(case)).hits.insert(0, hit)
     by_case[case.id].against = None

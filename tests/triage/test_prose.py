@@ -120,6 +120,9 @@ def test_a_case_whose_title_names_no_fsdp_is_named_by_words_under_another_stack(
     sharded = "DeepSpeed ZeRO-3 run: LoRA with modules_to_save=['lm_head'], a trainable copy of the head\n"
     assert _first(sharded) == (None, None)
     assert _first(sharded.replace("DeepSpeed ZeRO-3", "FSDP")) == ("modules-to-save", "weak")
+    # a report of both stacks (a PR adding QLoRA to each) names an FSDP case by its words as a report of FSDP does
+    both = "Add support for FSDP+QLoRA and DeepSpeed ZeRO3+QLoRA: a new bnb_4bit_quant_storage option\n"
+    assert _first(both) == ("mixed-dtype", "weak")
 
 
 def test_an_axis_meaning_names_its_own_setting_not_the_call_it_belongs_to():
