@@ -864,17 +864,15 @@ def _by_words(matrix: Matrix, paste: Paste, ctx: Context, by_case: Dict[str, Cas
     cases = [c for c in matrix.cases if not named_kinds or named_kinds & _adapters_of(c)]
     cases = [c for c in cases if not _contradicted(c, paste.text)]
     settings = _failure_settings(matrix)
+    # a case whose failure is FSDP's (its title says so) is not named from a report that shows no FSDP (only another
+    # stack, or none), nor ties with one that is (TRL's trainers naming two FSDP cases beside gc-frozen-inputs)
+    sharded = frozenset(c.id for c in cases if FSDP_TITLE.search(c.title)) if not ctx.fsdp else frozenset()
     found = prose.named(
-        [(c.id, f"{_words_of(c)} ; {settings[c.id]}") for c in cases], words, messages, _one_failure(matrix)
+        [(c.id, f"{_words_of(c)} ; {settings[c.id]}") for c in cases], words, messages, _one_failure(matrix), sharded
     )
     if found is None or ((paste.errors or _INLINE_ERROR.search(words)) and not found.message):
         return  # an exception (a line, or named in a sentence) that fits none of the case's rules is another error
     case = next(c for c in matrix.cases if c.id == found.case)
-    if not ctx.fsdp and FSDP_TITLE.search(case.title):
-        # the case's failure is FSDP's (its title says so), and the report shows no FSDP, only another stack or none;
-        # one whose title names none (reentrant checkpointing after PEFT) is named under DeepSpeed too, as its
-        # message is; a report of both stacks (a PR adding QLoRA to each) is FSDP's too
-        return
     seen = by_case.get(case.id)
     if seen and any(h.against and not h.against.startswith(GENERIC_AGAINST) for h in seen.hits):
         return  # the paste contradicts the case's message (frames elsewhere, loading): its words do not name it

@@ -192,14 +192,17 @@ def named(
     text: str,
     messages: FrozenSet[str] = frozenset(),
     one_failure: Callable[[str, str], bool] = lambda a, b: False,
+    ruled_out: FrozenSet[str] = frozenset(),
 ) -> Optional[Named]:
     """The one case the report's words name best, with ``LEAST`` evidence and ahead of every other; None otherwise.
     ``titles`` is (case id, title) for every case; ``messages`` the cases whose rule message is in the report.
 
     Cases named as much are no answer, unless ``one_failure(first, other)`` says they are one failure met two ways
     (they expect the same error): then the first of them in ``titles`` is named, the others in ``tied``, as a message
-    that two cases expect names both."""
+    that two cases expect names both. ``ruled_out``: cases the report cannot be about (another stack's), whose
+    words still count in ``titles`` (what few titles share) but which neither are named nor tie with one that is."""
     found = [Named(case, words, case in messages, (), calls(words, text)) for case, words in held(titles, text).items()]
+    found = [n for n in found if n.case not in ruled_out]
     found.sort(key=lambda n: -n.score)
     if not found or found[0].score < LEAST:
         return None

@@ -134,10 +134,10 @@ def test_the_spent_version_4_half_holds_its_tuned_figures():
 
 
 def test_the_spent_version_5_half_holds_its_measured_figures():
-    # 18/31 and 5/62 when measured once; 23/31 after the eighth round (dev), held here
+    # 18/31 and 5/62 when measured once; 24/31 after the eighth round (dev), held here
     named_first, covered, claimed, other, wrong = _figures(SPENT5)
     assert (covered, other) == (31, 62)
-    assert named_first >= 23 and claimed <= 5 and not wrong
+    assert named_first >= 24 and claimed <= 5 and not wrong
 
 
 def test_the_corpus_is_real_pastes_each_with_its_thread():

@@ -162,6 +162,18 @@ def test_a_fix_that_gathers_full_parameters_is_not_a_full_fine_tune():
     assert _first(text) == ("moe-target-parameters", "weak")
 
 
+def test_a_case_the_report_s_stack_rules_out_does_not_tie_with_one_it_allows():
+    """Two FSDP cases named by TRL's trainers as much as gc-frozen-inputs by its words, in a report with no FSDP, made a
+    tie and no claim, though neither can be named without FSDP."""
+    text = (
+        "On a single GPU with TRL's SFTTrainer and GRPOTrainer, the vision LoRA gets zero gradients: with gradient\n"
+        "checkpointing on, the hook that makes the inputs require grad lands on the language model only.\n"
+    )
+    assert _first(text) == ("gc-frozen-inputs", "weak")
+    # with FSDP shown, the tie stands: nothing tells the cases apart
+    assert _first(text.replace("On a single GPU", "Under FSDP")) == (None, None)
+
+
 def test_two_cases_of_one_failure_named_alike_name_the_first_with_the_other_tied():
     """gc-frozen-inputs and ac-entries expect one error (no-grad-fn): words naming both alike named neither."""
     text = "Turned on grad checkpointing after get_peft_model: the LoRA model trains nothing\n"
