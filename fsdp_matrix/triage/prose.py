@@ -154,7 +154,7 @@ def _holds(text: str, term: str) -> bool:
     if "_" in term and not term.endswith("()"):
         # a library spells a setting with its own prefix or suffix (transformers' bnb_4bit_quant_storage,
         # accelerate's fsdp_use_orig_params): whole parts of one identifier, never a part of a word
-        word = rf"(?:[A-Za-z0-9]+_)*{word}(?:_[A-Za-z0-9]+)*"
+        return bool(re.search(rf"(?:(?<![A-Za-z0-9_])|(?<=[A-Za-z0-9]_)){word}(?![A-Za-z0-9])", text, re.IGNORECASE))
     return bool(re.search(rf"(?<![A-Za-z0-9_]){word}(?![A-Za-z0-9_])", text, re.IGNORECASE))
 
 
