@@ -25,9 +25,23 @@ _DTYPE_WORDS = frozenset({"bfloat16", "float16", "float32"})
 _CLASS_SUFFIX = re.compile(r"(error|exception|warning)$")
 """A class name's last word, which a report may write apart (``AssertionError`` as "assertion error")."""
 STOP = frozenset(
-    {"fsdp", "fsdp1", "fsdp2", "lora", "peft", "cpu", "cuda", "valueerror", "userwarning", "nan", "lora_a"}
+    {
+        "fsdp",
+        "fsdp1",
+        "fsdp2",
+        "lora",
+        "peft",
+        "cpu",
+        "cuda",
+        "valueerror",
+        "userwarning",
+        "nan",
+        "lora_a",
+        "peft_config",
+    }
 )
-"""Words every PEFT x FSDP report says (the matrix's own subject) or that name no setting."""
+"""Words every PEFT x FSDP report says (the matrix's own subject) or that name no setting: ``peft_config`` is how
+every TRL report hands its adapter over (trl-qlora-upcast's ``trainer`` axis names it as the trainers' argument)."""
 COMMON = 0.25
 """A word in more than this share of the cases' titles tells no case apart."""
 PAIR_COMMON = 0.1

@@ -131,6 +131,8 @@ def test_an_axis_meaning_names_its_own_setting_not_the_call_it_belongs_to():
     # the values' list after the head explains each value: its names are not the axis's setting
     meaning = "bitsandbytes 4-bit quant_storage dtype: uint8 (the default) or bf16 (prepare_model_for_kbit_training)"
     assert prose.setting_names(meaning) == {"quant_storage"}
+    # the argument every TRL report passes its adapter in is the matrix's subject, not a setting of one case
+    assert prose.setting_names("the TRL trainer given the base model and peft_config: sft (SFTTrainer)") == set()
 
 
 def test_a_setting_a_case_s_failure_turns_on_is_a_word_of_the_case():
