@@ -9,14 +9,15 @@ prefixes, a web page's entities and quotes).
 
 The corpus is split by thread into ``dev`` (the half triage is tuned on) and ``test`` (held out, measured once at the
 end), recorded in ``tests/fixtures/triage/split.json`` with the sha256 of each test paste
-(tests/triage/test_corpus.py checks it). Split version 6 (2026-11-28): ``dev`` is every paste of
-``tests/fixtures/triage/corpus/``, ``fresh/``, ``heldout3/``, ``heldout4/`` and ``heldout5/`` (versions 3's to 5's test
-halves were each measured and reported once, so they are no longer held out), ``test`` is every paste of
-``tests/fixtures/triage/heldout6/`` (pastes from threads nothing else in the repository cites, collected after version
-5's measurement; triage was not run on them before the split was fixed). No thread has pastes in both halves.
-Versions 5 to 3 (``heldout5/`` to ``heldout3/`` the test halves), 2 (the half was the folder: ``corpus/`` dev,
-``fresh/`` test) and 1 (the parity of the sha256 of the thread's URL) are kept in split.json as history;
-``Fixture.v1_half`` recomputes version 1.
+(tests/triage/test_corpus.py checks it). Split version 7 (2026-11-29): ``dev`` is every paste of
+``tests/fixtures/triage/corpus/``, ``fresh/`` and ``heldout3/`` to ``heldout6/`` (versions 3's to 6's test halves were
+each measured and reported once, so they are no longer held out), ``test`` is every paste of
+``tests/fixtures/triage/heldout7/`` (pastes from threads and pages nothing else in the repository cites, collected
+after version 6's measurement; triage was not run on them before the split was fixed). A paste quoted from a mirror,
+a proxy or a blog that retells a GitHub thread belongs to that thread (``Fixture.thread``). No thread has pastes in
+both halves. Versions 6 to 3 (``heldout6/`` to ``heldout3/`` the test halves), 2 (the half was the folder:
+``corpus/`` dev, ``fresh/`` test) and 1 (the parity of the sha256 of the thread's URL) are kept in split.json as
+history; ``Fixture.v1_half`` recomputes version 1.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import statistics
 import sys
 import time
@@ -43,17 +45,28 @@ HELDOUT3 = ROOT / "tests" / "fixtures" / "triage" / "heldout3"
 HELDOUT4 = ROOT / "tests" / "fixtures" / "triage" / "heldout4"
 HELDOUT5 = ROOT / "tests" / "fixtures" / "triage" / "heldout5"
 HELDOUT6 = ROOT / "tests" / "fixtures" / "triage" / "heldout6"
+HELDOUT7 = ROOT / "tests" / "fixtures" / "triage" / "heldout7"
 SPLIT = ROOT / "tests" / "fixtures" / "triage" / "split.json"
 HALVES = ("dev", "test")
-# split version 6: the half is the folder. corpus/ (version 1, both halves), fresh/ (version 2's test half),
-# heldout3/, heldout4/ and heldout5/ (versions 3's to 5's test halves), each measured and reported once, are dev;
-# heldout6/ is the held-out test half, collected after version 5's measurement
-FOLDERS = {"dev": (CORPUS, FRESH, HELDOUT3, HELDOUT4, HELDOUT5), "test": (HELDOUT6,)}
-SPLIT_VERSION = 6
+# split version 7: the half is the folder. corpus/ (version 1, both halves), fresh/ (version 2's test half),
+# heldout3/ to heldout6/ (versions 3's to 6's test halves), each measured and reported once, are dev; heldout7/ is the
+# held-out test half, collected after version 6's measurement
+FOLDERS = {"dev": (CORPUS, FRESH, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6), "test": (HELDOUT7,)}
+SPLIT_VERSION = 7
 SPLIT_RULE = (
+    "half = the folder: dev = tests/fixtures/triage/corpus/, tests/fixtures/triage/fresh/, "
+    "tests/fixtures/triage/heldout3/, tests/fixtures/triage/heldout4/, tests/fixtures/triage/heldout5/ and "
+    "tests/fixtures/triage/heldout6/, test = tests/fixtures/triage/heldout7/"
+)
+V6_RULE = (
     "half = the folder: dev = tests/fixtures/triage/corpus/, tests/fixtures/triage/fresh/, "
     "tests/fixtures/triage/heldout3/, tests/fixtures/triage/heldout4/ and tests/fixtures/triage/heldout5/, "
     "test = tests/fixtures/triage/heldout6/"
+)
+# where a paste's source line names the GitHub thread its page copies: a mirror or proxy of the thread, a blog post
+# that retells it, a diff viewer's copy of a pull request's commit
+ORIGINAL = re.compile(
+    r"(?:mirror of|proxy of|retelling|retells|commit of) (https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+)"
 )
 V5_RULE = (
     "half = the folder: dev = tests/fixtures/triage/corpus/, tests/fixtures/triage/fresh/, "
@@ -86,14 +99,18 @@ class Fixture:
     sha256: str = ""
     """The sha256 of the whole file (header lines included), as the split records it."""
     half: str = "dev"
-    """``dev`` or ``test``: the half its folder is in (split version 6)."""
+    """``dev`` or ``test``: the half its folder is in (split version 7)."""
     folder: str = "corpus"
-    """The folder the paste is in: ``corpus``, ``fresh`` or ``heldout3`` to ``heldout6``."""
+    """The folder the paste is in: ``corpus``, ``fresh`` or ``heldout3`` to ``heldout7``."""
+    original: str = ""
+    """The GitHub thread that the page at ``url`` copies or retells (a mirror, a proxy, a blog post), as its source
+    line names it; empty for a page that is its own thread."""
 
     @property
     def thread(self) -> str:
-        """The thread the paste is quoted from: its URL without a fragment or a trailing slash, lower-cased."""
-        return self.url.split("#", 1)[0].rstrip("/").lower()
+        """The thread the paste is quoted from: the thread its page copies, else its URL; without a fragment or a
+        trailing slash, lower-cased. Two copies of one thread are one thread, on one side of the split."""
+        return (self.original or self.url).split("#", 1)[0].rstrip("/").lower()
 
     @property
     def v1_half(self) -> str:
@@ -109,7 +126,9 @@ def _read(path: Path, half: str) -> Fixture:
     expected = lines[1].split("expected:", 1)[1].strip()
     text = "\n".join(lines[2:]) + "\n"
     expected_case = None if expected == "none" else expected
-    return Fixture(path.name, url, expected_case, text, hashlib.sha256(raw).hexdigest(), half, path.parent.name)
+    copied = ORIGINAL.search(lines[0]) if not url.startswith("https://github.com/") else None
+    digest = hashlib.sha256(raw).hexdigest()
+    return Fixture(path.name, url, expected_case, text, digest, half, path.parent.name, copied[1] if copied else "")
 
 
 def load(halves: Tuple[str, ...] = HALVES) -> List[Fixture]:
