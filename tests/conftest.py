@@ -10,15 +10,23 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 SLOW_FIRST = (
-    "test_chaos.py",
-    "runner/test_launcher.py",
-    "test_pytest_plugin.py",
+    "test_readme.py",  # the toy-case test runs the docs/matrix checks again in a copy of the repo
     "export/test_script.py",
-    "runner/test_session.py",
+    "test_chaos.py",
+    "test_standalone.py",
+    "test_triage.py",
+    "workload/test_units.py",
+    "triage/test_match.py",
+    "test_pytest_plugin.py",
+    "check/test_check.py",
     "workload/test_checkpoint.py",
-    "test_readme.py",  # the toy-case test runs the docs/matrix checks again in a copy of the repo (~2 min here)
+    "envs/test_sources.py",
+    "workload/test_collectives.py",
+    "test_cli.py",
+    "runner/test_launcher.py",
 )
-"""The files of a minute or more of `nox -s tests` on 2 cores (their module fixtures launch torchrun), longest first."""
+"""The files of 20 s or more of `nox -s tests` on 2 workers (their module fixtures launch torchrun, or they run
+subprocesses), longest first: the sums of ``--durations=0`` per file, measured 2026-11-29."""
 
 
 def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
