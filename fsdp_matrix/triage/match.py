@@ -800,7 +800,8 @@ def _ties(found: List[CaseMatch]) -> None:
     ranks it first (the case's own report) is no evidence of this paste."""
     claimed = [m for m in found if m.level]
     if len(claimed) >= 2 and claimed[0].shown == claimed[1].shown:
-        claimed[0].tied = claimed[1].case.id
+        # both ways: the second was printed strong below a likely first claim
+        claimed[0].tied, claimed[1].tied = claimed[1].case.id, claimed[0].case.id
         for hit in claimed[0].hits[:1]:
             hit.notes.append(f"{claimed[1].case.id} fits with the same evidence: nothing in the paste tells them apart")
 
