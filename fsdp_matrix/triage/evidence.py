@@ -99,8 +99,30 @@ DeepSpeed"): the report rules that stack out (axolotl#857's title: "... without 
 
 
 def _affirmed(pattern: re.Pattern[str], text: str) -> bool:
-    """Whether the text names the pattern's stack once without a negation just before it."""
-    return any(not _NEGATED.search(text[max(0, m.start() - 24) : m.start()]) for m in pattern.finditer(text))
+    """Whether the text names the pattern's stack once without a negation just before it, and not as one item of a
+    list that names FSDP too."""
+    return any(
+        not _NEGATED.search(text[max(0, m.start() - 24) : m.start()]) and not _listed_beside_fsdp(text, m)
+        for m in pattern.finditer(text)
+    )
+
+
+_LIST = re.compile(r"[\w.-]+(?:\s*,\s*[\w.-]+)+")
+"""Two or more comma-separated names on one line (a template's list of modules, a pair of tags)."""
+
+
+def _listed_beside_fsdp(text: str, found: re.Match[str]) -> bool:
+    """The stack is one item of a list whose other items name FSDP too: verl's pull-request template lists its
+    modules ("fsdp,megatron,sglang,vllm,...") in every report, which named no stack that ran (split version 7's verl
+    paste was ruled out as Megatron by it, read after that split's measurement)."""
+    start = text.rfind("\n", 0, found.start()) + 1
+    end = text.find("\n", found.end())
+    line = text[start : end if end >= 0 else len(text)]
+    for listed in _LIST.finditer(line):
+        if listed.start() <= found.start() - start and found.end() - start <= listed.end():
+            items = [item.strip().lower() for item in listed.group(0).split(",")]
+            return any("fsdp" in item for item in items if found.group(0).lower() not in item)
+    return False
 
 
 @dataclass

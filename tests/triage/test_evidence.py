@@ -33,6 +33,11 @@ def test_peft_evidence_is_an_adapter_not_an_installed_package(text, peft):
         ("FSDP instead of DeepSpeed, and then\n", []),
         ("it is not DeepSpeed, it is FSDP\n", []),
         ("no deepspeed here, but later we ran deepspeed zero3\n", ["deepspeed"]),
+        # a list of modules that names FSDP too (verl's pull-request template) names no stack that ran
+        ("{modules} include fsdp,megatron,sglang,vllm,rollout\n", []),
+        ("[fsdp, megatron] feat: dynamic batching\n", []),
+        ("we train with megatron, sglang, vllm\n", ["megatron"]),
+        ("trained with Megatron-LM; fsdp was slower\n", ["megatron"]),
     ],
 )
 def test_other_stacks_are_read_from_words_and_frames(text, elsewhere):
