@@ -142,7 +142,9 @@ def tests(session: nox.Session, combo: str) -> None:
 def heavy(session: nox.Session) -> None:
     """The end-to-end tests too long for `nox -s tests` (pytest's ``heavy`` marker): real release bisects, the
     commit bisect over a toy repo, the chaos test's long tier. The nightly CPU workflow runs it."""
-    sessions.prepared(session, MATRIX.combo("old"), TEST_TOOLS)
+    # pip: the device rehearsal test runs `device --prepare`, which fetches the device's wheels with `pip download`
+    # (uv has no download command); uv's envs come without pip (heavy failed there, 2026-11-29)
+    sessions.prepared(session, MATRIX.combo("old"), [*TEST_TOOLS, "pip"])
     results = HERE / "results" / "heavy"
     shutil.rmtree(results, ignore_errors=True)
     args = sessions.pytest_argv(LaunchOptions(results=results, combo="old", device="cpu"))
