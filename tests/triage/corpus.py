@@ -14,11 +14,11 @@ end), recorded in ``tests/fixtures/triage/split.json`` with the sha256 of each t
 each measured and reported once, so they are no longer held out), ``test`` is every paste of
 ``tests/fixtures/triage/heldout7/`` (pastes from threads and pages nothing else in the repository cites, collected
 after version 6's measurement; triage was not run on them before the split was fixed; measured once at 749660e on
-2026-11-29, and tuned on since, so spent: the next held-out half needs new pastes and split version 8). A paste quoted from a mirror,
-a proxy or a blog that retells a GitHub thread belongs to that thread (``Fixture.thread``). No thread has pastes in
-both halves. Versions 6 to 3 (``heldout6/`` to ``heldout3/`` the test halves), 2 (the half was the folder:
-``corpus/`` dev, ``fresh/`` test) and 1 (the parity of the sha256 of the thread's URL) are kept in split.json as
-history; ``Fixture.v1_half`` recomputes version 1.
+2026-11-29, and tuned on since, so spent: the next held-out half needs new pastes and split version 8). A paste
+quoted from a mirror, a proxy or a blog that retells a GitHub thread belongs to that thread (``Fixture.thread``). No
+thread has pastes in both halves. Versions 6 to 3 (``heldout6/`` to ``heldout3/`` the test halves), 2 (the half was
+the folder: ``corpus/`` dev, ``fresh/`` test) and 1 (the parity of the sha256 of the thread's URL) are kept in
+split.json as history; ``Fixture.v1_half`` recomputes version 1.
 """
 
 from __future__ import annotations
