@@ -1,5 +1,11 @@
 """The rank half of an exported script: process group, the cell run once, every rank's outcome printed on rank 0.
-Inlined after the third-party imports, so it may use torch at module level."""
+Inlined after the third-party imports, so it may use torch at module level.
+
+The outcomes travel on a gloo group of their own. On the default group, a rank that raised alone met the others'
+pending FSDP collective in its gather, and gloo aborted the process on the size mismatch (SIGABRT, ``EnforceNotMet``:
+the export of trainer-save-only-model-sharded, observed 2026-11-29), so no outcome was printed; on its own group the
+gather only waits (``--timeout``), then each rank says what it saw alone. Under the user's own torchrun nothing else
+removes the scratch folder: this node's rank 0 does, at the end."""
 
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ def rank_main(run: Callable, context_cls: type, params: Dict, pins: Dict, argv: 
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timedelta(seconds=args.timeout))
-    # under the user's own torchrun nothing else removes the scratch folder: this node's rank 0 does, at the end
+    outcomes_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.timeout))  # not FSDP's traffic
     given = os.environ.get(SCRATCH_ENV)
     scratch = Path(given or f"{tempfile.gettempdir()}/fsdp-repro-{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}")
     scratch.mkdir(parents=True, exist_ok=True)
@@ -47,7 +53,7 @@ def rank_main(run: Callable, context_cls: type, params: Dict, pins: Dict, argv: 
         mine = (error, f"===== rank {rank}: error =====\n{traceback.format_exc()}")
     outcomes = [mine] * world
     try:
-        dist.all_gather_object(outcomes, mine)  # after it, no rank uses the scratch folder
+        dist.all_gather_object(outcomes, mine, group=outcomes_group)  # after it, no rank uses the scratch folder
         dist.destroy_process_group()
     except Exception as exc:  # another rank is gone or stuck: say what this rank saw, alone
         print(f"[rank {rank}] could not gather the other ranks' outcomes ({type(exc).__name__}: {exc})", flush=True)
