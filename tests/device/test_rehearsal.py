@@ -5,6 +5,7 @@ reachable): ``heavy`` (nox -s heavy), never in nox -s tests."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +25,11 @@ def test_prepare_then_rehearse_runs_green(tmp_path):
     assert prepared.returncode == 0, prepared.stderr
     assert "(limit 64.0 MiB)" in prepared.stdout
     out = tmp_path / "out"
+    # this interpreter has the harness: run.sh builds its rehearsal venv with it (else it looks for nox -s device's env,
+    # which a fresh clone's nox -s heavy never built: "no Python with the harness", 2026-11-29)
+    env = {**os.environ, "FSDP_MATRIX_HOST_PYTHON": sys.executable}
     done = subprocess.run(["bash", str(folder / "run.sh"), "--rehearse", "--out", str(out)], capture_output=True,
-                          text=True, timeout=3600)  # fmt: skip
+                          text=True, timeout=3600, env=env)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert len(list(out.iterdir())) <= 8
     env = json.loads((out / "env.json").read_text())
