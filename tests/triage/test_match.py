@@ -77,15 +77,8 @@ MISSES = {
 }
 
 
-def _first(matrix, text):
-    if matrix is MATRIX:
-        return _first_in_matrix(text)
-    found = claims(match(matrix, parse(text)))
-    return (found[0].case.id, found[0].level) if found else (None, None)
-
-
 @functools.cache
-def _first_in_matrix(text):
+def _first(text):
     """The repository matrix's first claim on a paste, once per paste: the paste-by-paste test and each half's
     figures read the same answers (this file ran the matcher on each dev paste up to three times: 40 s of a run)."""
     found = claims(match(MATRIX, parse(text)))
@@ -102,14 +95,14 @@ def _first_in_matrix(text):
     ],
 )
 def test_the_corpus_paste_names_its_case_first_or_nothing(fx):
-    first, level = _first(MATRIX, fx.text)
+    first, level = _first(fx.text)
     assert first == fx.expected
     assert (level in ("strong", "likely", "weak")) is (first is not None)
 
 
 def _figures(fixtures):
     """(covered named first, covered, others claimed, others, names of the strong claims that were wrong)."""
-    answers = [(fx, _first(MATRIX, fx.text)) for fx in fixtures]
+    answers = [(fx, _first(fx.text)) for fx in fixtures]
     covered = [(fx, first) for fx, (first, _) in answers if fx.expected]
     other = [(fx, first) for fx, (first, _) in answers if not fx.expected]
     named_first = sum(a == fx.expected for fx, a in covered)
@@ -183,8 +176,8 @@ def test_deepspeed_zero3_is_not_claimed_and_says_why():
 
 def test_context_words_break_a_tie_between_cases_with_one_message():
     fx = next(f for f in FIXTURES if f.name.startswith("axolotlpr1559"))
-    assert _first(MATRIX, fx.text)[0] == "trl-qlora-upcast"
-    assert _first(MATRIX, fx.text.replace("DPO Trainer", "Trainer").replace("prepare_for_kbit_training", "x"))[0] == (
+    assert _first(fx.text)[0] == "trl-qlora-upcast"
+    assert _first(fx.text.replace("DPO Trainer", "Trainer").replace("prepare_for_kbit_training", "x"))[0] == (
         "mixed-dtype"
     )
 
@@ -292,7 +285,7 @@ def test_torch_2_0_s_wording_of_the_integer_check_is_mixed_dtype_s_rule_never_st
     title = (
         "LoRA on an 8-bit base under FSDP: `FlatParameter` requires uniform dtype but got torch.float32 and torch.int8"
     )
-    assert _first(MATRIX, title)[0] == "mixed-dtype"
+    assert _first(title)[0] == "mixed-dtype"
     # two floating dtypes are the uniform-dtype rules' own failure, not the integer check
     assert not [a for a in ALIASES if a.wording.search(title.replace("torch.int8", "torch.float16"))]
 
@@ -386,7 +379,7 @@ def test_another_op_s_mixed_tensor_message_is_not_the_rule_s_and_words_need_the_
     )
     assert claims(match(MATRIX, parse(said))) == []
     grpo = said.replace("Chunked loss under", "GRPO under")
-    assert _first(MATRIX, grpo)[0] == "generate-fsdp2"
+    assert _first(grpo)[0] == "generate-fsdp2"
 
 
 def test_a_dtype_mismatch_told_in_words_names_the_uniform_dtype_case_of_the_report_s_fsdp():
@@ -423,7 +416,7 @@ def test_words_of_a_case_on_another_stack_do_not_name_it():
         "nothing useful; the run itself trains fine on 8 GPUs.\n"
     )
     assert claims(match(MATRIX, parse(save))) == []
-    assert _first(MATRIX, save.replace("a LoRA model", "a QLoRA model")) == ("qlora-full-state-dict", "weak")
+    assert _first(save.replace("a LoRA model", "a QLoRA model")) == ("qlora-full-state-dict", "weak")
     sft = (
         "Training LoRA with TRL's SFTTrainer under FSDP2 (fully_shard): the optimizer step fails after the first "
         "batch of the run.\n"
@@ -431,7 +424,7 @@ def test_words_of_a_case_on_another_stack_do_not_name_it():
     assert claims(match(MATRIX, parse(sft))) == []
     assert claims(match(MATRIX, parse(sft.replace("FSDP2 (fully_shard)", "FSDPv2")))) == []  # as the Trainer says it
     fsdp1 = sft.replace("FSDP2 (fully_shard)", "FSDP1 (FullyShardedDataParallel)")
-    assert _first(MATRIX, fsdp1) == ("fsdp1-mp-optimizer-dtype", "weak")
+    assert _first(fsdp1) == ("fsdp1-mp-optimizer-dtype", "weak")
 
 
 def test_a_message_wrapped_inside_a_word_fits_its_rule_as_printed():
@@ -441,8 +434,8 @@ def test_a_message_wrapped_inside_a_word_fits_its_rule_as_printed():
     head = "Saving FSDP QLoRA weights with get_model_state_dict(full_state_dict=True, cpu_offload=True):\n"
     whole = head + "[rank1]: AttributeError: 'Params4bit' object has no attribute 'absmax'\n"
     wrapped = head + "[rank1]: AttributeError: 'Params4bit' object ha\ns no attribute 'absmax'\n"
-    assert _first(MATRIX, whole)[0] == "qlora-full-state-dict"
-    assert _first(MATRIX, wrapped) == _first(MATRIX, whole)
+    assert _first(whole)[0] == "qlora-full-state-dict"
+    assert _first(wrapped) == _first(whole)
 
 
 def test_a_title_wrapped_over_two_lines_fits_as_one_line():
@@ -450,5 +443,5 @@ def test_a_title_wrapped_over_two_lines_fits_as_one_line():
     over a paste do not add up) still fits when the quote is wrapped onto the next line."""
     title = "qlora fsdp: Must flatten tensors with uniform dtype but got torch.float32 and torch.bloat16\n"
     wrapped = title.replace(" and ", " and\n")
-    assert _first(MATRIX, title)[0] == "mixed-dtype"
-    assert _first(MATRIX, wrapped) == _first(MATRIX, title)
+    assert _first(title)[0] == "mixed-dtype"
+    assert _first(wrapped) == _first(title)
